@@ -1,0 +1,176 @@
+"""`grpo data ...`: ingest problem sets into the DuckDB store and inspect it.
+
+Exit codes: 0 ok; 1 the data is unusable (every row invalid, empty or corrupt file, store
+locked); 2 usage (missing path, unknown preset, bad column mapping).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from grpo_core import decontam
+from grpo_core.adapters import PRESETS, SourceError, SourceUnreadable, resolve_source
+from grpo_core.store import MAX_PROBLEM_CHARS, IngestReport, Store, StoreError
+from grpo_core.workspace import Workspace
+
+app = typer.Typer(help="Ingest and inspect problem sets.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+console = Console(highlight=False, soft_wrap=True)
+
+DB = typer.Option(None, "--db", help="DuckDB store file [default: <workdir>/store.duckdb].")
+WORKDIR = typer.Option(None, "--workdir", help="Workspace folder [default: $GRPO_WORKDIR or "
+                       "./.grpo].")
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _db_path(db: Optional[Path], workdir: Optional[Path]) -> Path:
+    return Path(db) if db else Workspace.at(workdir).db_path
+
+
+def _open(db: Optional[Path], workdir: Optional[Path], read_only: bool,
+          timeout: float = 0.0) -> Store:
+    try:
+        return Store.open(_db_path(db, workdir), read_only=read_only, timeout=timeout)
+    except StoreError as exc:
+        _fail(str(exc), 1)
+
+
+def _print_report(r: IngestReport) -> None:
+    console.print(f"{r.source}/{r.split} from {r.origin}: {r.total_rows} rows "
+                  f"in {r.seconds:.1f}s")
+    console.print(f"  ingested:     {r.ingested}")
+    console.print(f"  duplicates:   {r.duplicates} ({r.already_stored} already in the store)")
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.quarantined.items()))
+    console.print(f"  quarantined:  {r.quarantined_total}" + (f" ({reasons})" if reasons else ""))
+    with_ = ", ".join(f"{k} {v}" for k, v in sorted(r.contaminated_with.items()))
+    console.print(f"  contaminated: {r.contaminated}" + (f" ({with_})" if with_ else ""))
+    if r.flagged_existing:
+        console.print(f"  flagged:      {r.flagged_existing} earlier training problems overlap "
+                      "this eval set")
+    if r.repaired:
+        console.print(f"  repaired:     {r.repaired} rows with mis-escaped LaTeX (\\f, \\b, ...)")
+    for line in r.first_reasons if r.quarantined_total and not r.all_invalid else []:
+        console.print(f"  quarantined {line}")
+
+
+@app.command()
+def ingest(
+    source: str = typer.Argument(..., help=f"Preset ({', '.join(PRESETS)}), synthetic:arith, "
+                                 "a .jsonl/.json/.parquet/.csv file, or a hub id owner/name."),
+    db: Optional[Path] = DB,
+    workdir: Optional[Path] = WORKDIR,
+    split: Optional[str] = typer.Option(None, "--split", help="Split to read [default: train, "
+                                        "or test for eval-only presets]."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Local copies of the "
+                                            "presets laid out like shared/data [default: "
+                                            "$GRPO_DATA_DIR, else the hub]."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Read the first N rows."),
+    columns: Optional[str] = typer.Option(None, "--columns", help="Column mapping for files "
+                                          "and hub ids: problem=COL,answer=COL[,solution=,id=,"
+                                          "level=,subject=]."),
+    name: Optional[str] = typer.Option(None, "--name", help="Source name to store a file "
+                                       "under [default: the file stem]."),
+    max_problem_chars: int = typer.Option(MAX_PROBLEM_CHARS, "--max-problem-chars", min=100,
+                                          help="Longer problems are quarantined."),
+    ngram: int = typer.Option(decontam.DEFAULT_N, "--ngram", min=3,
+                              help="n of the decontamination n-grams."),
+    min_coverage: float = typer.Option(decontam.DEFAULT_MIN_COVERAGE, "--min-coverage",
+                                       min=0.01, max=1.0, help="Share of an eval problem's "
+                                       "n-grams a training problem must hold to be flagged."),
+    lock_timeout: float = typer.Option(0.0, "--lock-timeout", min=0,
+                                       help="Seconds to wait for a store held by another "
+                                       "process."),
+) -> None:
+    """Validate SOURCE and add it to the store; print counts."""
+    try:
+        adapter = resolve_source(source, split=split, data_dir=data_dir, columns=columns,
+                                 limit=limit, name=name)
+    except SourceError as exc:
+        _fail(str(exc), 2)
+    except SourceUnreadable as exc:
+        _fail(str(exc), 1)
+    with _open(db, workdir, read_only=False, timeout=lock_timeout) as store:
+        try:
+            report = store.ingest(adapter, max_problem_chars=max_problem_chars, ngram=ngram,
+                                  min_coverage=min_coverage)
+        except SourceUnreadable as exc:
+            _fail(str(exc), 1)
+    if report.total_rows == 0:
+        _fail(f"{adapter.origin}: no rows (empty source)", 1)
+    _print_report(report)
+    if report.all_invalid:
+        _fail(f"{adapter.origin}: all {report.total_rows} rows invalid, nothing ingested; "
+              f"first reasons: {'; '.join(report.first_reasons[:3])}", 1)
+
+
+@app.command()
+def stats(
+    db: Optional[Path] = DB,
+    workdir: Optional[Path] = WORKDIR,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Per source and split: problems, contaminated, quarantined."""
+    path = _db_path(db, workdir)
+    if not path.exists():
+        _fail(f"no store at {path} (run `grpo data ingest` first)", 2)
+    with _open(db, workdir, read_only=True) as store:
+        rows = store.stats()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"problem store {path}")
+    for col in ("source", "split", "role", "problems", "contaminated", "quarantined"):
+        table.add_column(col, justify="right" if col in ("problems", "contaminated",
+                                                         "quarantined") else "left")
+    for r in rows:
+        table.add_row(r["source"], r["split"], r["role"], str(r["problems"]),
+                      str(r["contaminated"]), str(r["quarantined"]))
+    table.add_row("total", "", "", str(sum(r["problems"] for r in rows)),
+                  str(sum(r["contaminated"] for r in rows)),
+                  str(sum(r["quarantined"] for r in rows)), style="bold")
+    console.print(table)
+
+
+@app.command()
+def quarantine(
+    db: Optional[Path] = DB,
+    workdir: Optional[Path] = WORKDIR,
+    source: Optional[str] = typer.Option(None, "--source", help="Only this source."),
+    split: Optional[str] = typer.Option(None, "--split", help="Only this split."),
+    limit: int = typer.Option(20, "--limit", min=1, help="Rows to show."),
+) -> None:
+    """List quarantined rows: source, split, row and reason."""
+    path = _db_path(db, workdir)
+    if not path.exists():
+        _fail(f"no store at {path} (run `grpo data ingest` first)", 2)
+    with _open(db, workdir, read_only=True) as store:
+        rows = store.quarantined(source, split)
+    for r in rows[:limit]:
+        console.print(f"{r['source']}/{r['split']} row {r['row_index']}: {r['reason']}")
+    console.print(f"{len(rows)} quarantined rows" + (f" ({limit} shown)" if len(rows) > limit
+                                                     else ""))
+
+
+@app.command("decontam")
+def decontaminate(
+    db: Optional[Path] = DB,
+    workdir: Optional[Path] = WORKDIR,
+    ngram: int = typer.Option(decontam.DEFAULT_N, "--ngram", min=3, help="n of the n-grams."),
+    min_coverage: float = typer.Option(decontam.DEFAULT_MIN_COVERAGE, "--min-coverage",
+                                       min=0.01, max=1.0, help="Share of an eval problem's "
+                                       "n-grams a training problem must hold to be flagged."),
+) -> None:
+    """Recompute every contamination flag against all eval sets in the store."""
+    with _open(db, workdir, read_only=False) as store:
+        counts = store.decontaminate(ngram=ngram, min_coverage=min_coverage)
+    console.print(f"contaminated training problems: {sum(counts.values())}"
+                  + "".join(f"\n  {k}: {v}" for k, v in sorted(counts.items())))

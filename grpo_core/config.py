@@ -1,0 +1,349 @@
+"""The pipeline's config schema: every GRPO knob is a field with the papers' default.
+
+A config is YAML validated by pydantic. `load_config(path, overrides)` returns a
+`PipelineConfig` or raises `ConfigError`, whose message names the offending field, so
+the CLI can print one line and exit 2 before any work starts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot run. `field` is the dotted path of the culprit."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"config error: {field}: {message}" if field else f"config error: {message}")
+
+
+class _Section(BaseModel):
+    # Unknown keys are errors: a typo must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ProjectConfig(_Section):
+    name: str = "grpo"
+    """MLflow experiment and registered-model name stem."""
+    recipe: str = "custom"
+    """Label of the recipe (r1_zero, sft_grpo, ...), tagged on every run."""
+    seed: int = 0
+    """Seeds data generation, sampling and training."""
+    workdir: str | None = None
+    """Local state (DuckDB, MLflow, checkpoints); default ./.grpo or $GRPO_WORKDIR."""
+
+
+class ModelConfig(_Section):
+    name_or_path: str = "builtin:tiny-arith"
+    """Hugging Face id, local path, or `builtin:tiny-arith` (built offline in-process)."""
+    template: Literal["auto", "r1_zero", "chat"] = "auto"
+    """Prompt template: R1-Zero text template for base models, chat template for instruct."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """auto: bfloat16 on GPU, float32 on CPU."""
+    gguf_file: str | None = None
+    """GGUF file inside name_or_path, when the weights are GGUF."""
+
+
+class DataSource(_Section):
+    source: str
+    """Preset (gsm8k, math, math500, aime24, aime25, amc23), synthetic:arith, file path or hub id."""
+    split: str | None = None
+    """Split to read; default: the source's train split."""
+    limit: int | None = Field(default=None, ge=1)
+    """Keep at most this many problems (after shuffling with the seed)."""
+    columns: dict[str, str] | None = None
+    """Column mapping for generic files: {problem: col, answer: col, solution: col, ...}."""
+    levels: list[int] | None = None
+    """Synthetic task: difficulty levels to generate (1-5)."""
+
+
+class DataConfig(_Section):
+    train: list[DataSource] = Field(default_factory=lambda: [DataSource(source="synthetic:arith")])
+    """Training pool sources."""
+    data_dir: str | None = None
+    """Local copies laid out like shared/data; default $GRPO_DATA_DIR."""
+    decontaminate: bool = True
+    """Exclude training problems sharing an n-gram with an eval set."""
+    decontam_ngram: int = Field(default=8, ge=3)
+    """n of the decontamination n-gram (after normalisation)."""
+    max_problem_chars: int = Field(default=20000, ge=100)
+    """Rows with longer problem text are quarantined as absurd."""
+
+
+class RolloutConfig(_Section):
+    backend: Literal["auto", "hf", "vllm"] = "auto"
+    """auto: vllm when installed and a GPU is present, else hf."""
+    batch_size: int = Field(default=64, ge=1)
+    """Sequences generated per forward batch (hf backend)."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Completion budget for filtering/eval sampling."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """vLLM tensor parallel size."""
+    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
+    """vLLM share of GPU memory."""
+
+
+class FilterConfig(_Section):
+    enabled: bool = True
+    """Keep only prompts the current policy solves within the band."""
+    k: int = Field(default=8, ge=1)
+    """Samples per prompt to estimate its pass rate."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature of the estimate (the rollout temperature)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    band: tuple[float, float] = (0.3, 0.7)
+    """Keep prompts whose pass rate lies in [lo, hi]."""
+    max_problems: int | None = Field(default=None, ge=1)
+    """Estimate at most this many problems per round (sampled with the seed)."""
+    refilter_each_round: bool = True
+    """Re-estimate pass rates under the current policy before every round."""
+
+    @field_validator("band")
+    @classmethod
+    def _band_ordered(cls, band: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = band
+        if not (0.0 <= lo <= hi <= 1.0):
+            raise ValueError(f"band must satisfy 0 <= lo <= hi <= 1, got [{lo}, {hi}]")
+        return band
+
+
+class SFTConfig(_Section):
+    enabled: bool = False
+    """Run the SFT cold start before GRPO (the SFT+GRPO recipe)."""
+    max_steps: int = Field(default=200, ge=1)
+    learning_rate: float = Field(default=1e-3, gt=0)
+    batch_size: int = Field(default=16, ge=1)
+    max_length: int = Field(default=256, ge=16)
+    max_examples: int | None = Field(default=None, ge=1)
+
+
+class KLSchedule(_Section):
+    kind: Literal["constant", "linear", "cosine"] = "constant"
+    """constant uses grpo.beta; linear/cosine go from beta_start to beta_end."""
+    beta_start: float = Field(default=0.1, ge=0)
+    beta_end: float = Field(default=0.01, ge=0)
+
+
+class GRPOConfig(_Section):
+    rounds: int = Field(default=1, ge=1)
+    """Iterative GRPO rounds, re-filtering between them."""
+    num_generations: int = Field(default=8, ge=2)
+    """G: completions per prompt (a group)."""
+    beta: float = Field(default=0.04, ge=0)
+    """KL coefficient (KL to the frozen reference is in the loss, not the reward)."""
+    epsilon: float = Field(default=0.2, gt=0)
+    """PPO-style clip epsilon."""
+    epsilon_high: float | None = Field(default=None, gt=0)
+    """Upper clip (DAPO clip-higher); None means epsilon."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "grpo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Std-normalise advantages within each group (the paper)."""
+    advantage_eps: float = Field(default=1e-8, gt=0)
+    """eps in A = (r - mean) / (std + eps)."""
+    temperature: float = Field(default=1.0, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    learning_rate: float = Field(default=1e-6, gt=0)
+    max_completion_length: int = Field(default=64, ge=1)
+    num_iterations: int = Field(default=1, ge=1)
+    """mu: optimisation passes per batch of generations."""
+    max_steps: int = Field(default=20, ge=1)
+    """Optimizer steps per round."""
+    prompts_per_step: int = Field(default=4, ge=1)
+    """Prompts per optimizer step (batch = prompts_per_step * num_generations completions)."""
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    save_steps: int = Field(default=10, ge=1)
+    """Checkpoint every N steps (resume continues from the last one)."""
+    kl_schedule: KLSchedule = Field(default_factory=KLSchedule)
+    collapse_threshold: float = Field(default=0.9, ge=0, le=1)
+    """Flag collapse when the fraction of zero-variance groups exceeds this ..."""
+    collapse_patience: int = Field(default=5, ge=1)
+    """... for this many consecutive steps."""
+    skip_update_below: float | None = None
+    """Skip the update when every reward in the batch is below this (seeds' option)."""
+    kl_ceiling: float | None = Field(default=None, gt=0)
+    """Stop the round when KL exceeds this (divergence guard)."""
+    use_vllm: bool = False
+    """Generate with vLLM inside TRL (GPU)."""
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    bf16: bool | None = None
+    """None: bf16 on GPU, fp32 on CPU."""
+    logging_steps: int = Field(default=1, ge=1)
+
+
+class LengthRewardConfig(_Section):
+    min_tokens: int = Field(default=200, ge=0)
+    max_tokens: int = Field(default=800, ge=1)
+    penalty: float = Field(default=-0.5, le=0)
+    """Reward at zero length / at twice max_tokens; linear in between."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "LengthRewardConfig":
+        if self.min_tokens > self.max_tokens:
+            raise ValueError("min_tokens must be <= max_tokens")
+        return self
+
+
+class KeywordRewardConfig(_Section):
+    keywords: list[str] = Field(
+        default_factory=lambda: ["therefore", "so", "thus", "hence", "because", "因此", "所以"]
+    )
+    per_hit: float = Field(default=0.1, ge=0)
+    max_reward: float = Field(default=0.5, ge=0)
+
+
+class RepetitionRewardConfig(_Section):
+    ngram: int = Field(default=3, ge=1)
+    max_penalty: float = Field(default=-0.5, le=0)
+
+
+class RewardsConfig(_Section):
+    funcs: list[str] = Field(default_factory=lambda: ["accuracy", "format"])
+    """Reward functions by registry name (grpo_core.rewards.REWARDS)."""
+    weights: list[float] | None = None
+    """One weight per function; None means all 1.0."""
+    format_reward: float = 0.5
+    """+format_reward for <think>..</think><answer>..</answer>, minus it otherwise."""
+    length: LengthRewardConfig = Field(default_factory=LengthRewardConfig)
+    reasoning_keywords: KeywordRewardConfig = Field(default_factory=KeywordRewardConfig)
+    repetition: RepetitionRewardConfig = Field(default_factory=RepetitionRewardConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RewardsConfig":
+        from grpo_core.rewards import REWARDS  # late: rewards imports nothing from here
+
+        if not self.funcs:
+            raise ValueError("funcs: at least one reward function is needed")
+        unknown = [f for f in self.funcs if f not in REWARDS]
+        if unknown:
+            raise ValueError(f"funcs: unknown reward {unknown[0]!r}; known: {sorted(REWARDS)}")
+        if self.weights is not None and len(self.weights) != len(self.funcs):
+            raise ValueError(
+                f"weights: {len(self.weights)} weights for {len(self.funcs)} reward functions"
+            )
+        return self
+
+    def resolved_weights(self) -> list[float]:
+        return list(self.weights) if self.weights is not None else [1.0] * len(self.funcs)
+
+
+class EvalConfig(_Section):
+    benchmarks: list[str] = Field(default_factory=lambda: ["synthetic"])
+    """gsm8k, math500, aime24, aime25, amc23, synthetic, or any ingested source."""
+    limit: int | None = Field(default=None, ge=1)
+    """Evaluate at most this many problems per benchmark (the first N, fixed)."""
+    samples: int = Field(default=4, ge=1)
+    """k for avg@k, maj@k, pass@k."""
+    temperature: float = Field(default=0.6, ge=0)
+    """R1 convention for sampled eval."""
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    max_new_tokens: int = Field(default=64, ge=1)
+    greedy: bool = True
+    """Also report greedy accuracy."""
+    bootstrap: int = Field(default=1000, ge=10)
+    """Bootstrap resamples for the 95% CIs."""
+    primary_metric: str = "greedy_accuracy"
+    """Metric that decides champion promotion."""
+
+
+class TrackingConfig(_Section):
+    tracking_uri: str | None = None
+    """MLflow tracking URI; default $MLFLOW_TRACKING_URI or SQLite under the workdir."""
+    experiment: str | None = None
+    """MLflow experiment; default project.name."""
+    register_model: bool = True
+
+
+class PipelineConfig(_Section):
+    project: ProjectConfig = Field(default_factory=ProjectConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    def hash(self) -> str:
+        """Content hash of the resolved config (cache keys, MLflow tags)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(dotted, f"{part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=c` -> ("a.b", c), with c parsed as YAML (numbers, lists, booleans)."""
+    if "=" not in text:
+        raise ConfigError(text, "an override must look like key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(text, "empty key in override")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _first_error(err: ValidationError) -> ConfigError:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int) or True)
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        msg = "unknown field"
+    msg = msg.removeprefix("Value error, ")
+    return ConfigError(loc, msg)
+
+
+def config_from_dict(tree: dict, overrides: list[str] | None = None) -> PipelineConfig:
+    tree = json.loads(json.dumps(tree or {}))  # deep copy, plain types
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+    try:
+        return PipelineConfig.model_validate(tree)
+    except ValidationError as err:
+        raise _first_error(err) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Read, override and validate a config. No side effects; raises ConfigError."""
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("config", f"file not found: {p}")
+        try:
+            tree = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("config", f"cannot read {p}: {exc}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError("config", f"{p} is not valid YAML: {exc}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError("config", f"{p} must hold a mapping at the top level")
+        tree.pop("extends", None)
+    return config_from_dict(tree, overrides)

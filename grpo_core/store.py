@@ -1,0 +1,435 @@
+"""The DuckDB problem store: validated problems, quarantined rows, and an ingest log.
+
+    with Store.open(workspace.db_path) as store:
+        report = store.ingest(resolve_source("gsm8k", data_dir="../shared/data"))
+        pool = store.problems("gsm8k", "train")       # contaminated rows left out
+
+Tables: `problems` (the Problem columns + row_index, ingest_id, ingested_at, contaminated,
+contaminated_with), `quarantine` (source, split, row_index, code, reason, raw row as JSON),
+`ingest_log` (source fingerprint and counts). One ingest is one transaction: a failure
+leaves the store exactly as it was. Rows are unique per (source, split, fingerprint), so
+re-ingesting a source adds nothing. DuckDB admits one writing process at a time; a second
+one gets `StoreLockedError` (after waiting up to `timeout` seconds).
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from grpo_core import decontam
+from grpo_core.adapters import Adapter, BadRow, Rejection
+from grpo_core.problems import Problem
+
+MAX_PROBLEM_CHARS = 20000
+MAX_ANSWER_CHARS = 1000
+MAX_RAW_CHARS = 65536  # raw rows kept in quarantine are cut here
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS problems (
+    source VARCHAR NOT NULL, split VARCHAR NOT NULL, fingerprint VARCHAR NOT NULL,
+    id VARCHAR, problem VARCHAR NOT NULL, answer VARCHAR NOT NULL, solution VARCHAR,
+    level INTEGER, subject VARCHAR, row_index BIGINT, ingest_id VARCHAR,
+    ingested_at TIMESTAMP, contaminated BOOLEAN NOT NULL DEFAULT FALSE,
+    contaminated_with VARCHAR,
+    PRIMARY KEY (source, split, fingerprint));
+CREATE TABLE IF NOT EXISTS quarantine (
+    source VARCHAR, split VARCHAR, row_index BIGINT, code VARCHAR, reason VARCHAR,
+    raw VARCHAR, source_fingerprint VARCHAR, ingest_id VARCHAR, quarantined_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS ingest_log (
+    ingest_id VARCHAR PRIMARY KEY, source VARCHAR, split VARCHAR, origin VARCHAR,
+    source_fingerprint VARCHAR, total_rows BIGINT, ingested BIGINT, quarantined BIGINT,
+    duplicates BIGINT, contaminated BIGINT, repaired BIGINT, started_at TIMESTAMP,
+    finished_at TIMESTAMP);
+"""
+_PROBLEM_SCHEMA = pa.schema([
+    ("source", pa.string()), ("split", pa.string()), ("fingerprint", pa.string()),
+    ("id", pa.string()), ("problem", pa.string()), ("answer", pa.string()),
+    ("solution", pa.string()), ("level", pa.int32()), ("subject", pa.string()),
+    ("row_index", pa.int64())])
+_QUARANTINE_SCHEMA = pa.schema([
+    ("source", pa.string()), ("split", pa.string()), ("row_index", pa.int64()),
+    ("code", pa.string()), ("reason", pa.string()), ("raw", pa.string())])
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used: one line."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the DuckDB write lock."""
+
+
+# ----------------------------------------------------------------------------- validation
+
+_MIS_ESCAPED = {"\x07": "\\a", "\x08": "\\b", "\x0b": "\\v", "\x0c": "\\f"}
+# JSON written with "\frac" unescaped decodes to form feed + "rac" (seen in aime25).
+_REPAIRABLE = re.compile(r"[\x07\x08\x0b\x0c](?=[A-Za-z])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# A UTF-8 lead byte followed by continuation bytes, all read as cp1252/Latin-1: mojibake.
+_MOJIBAKE = re.compile("[\u00c2-\u00f4][\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d"
+                       "\u017e\u0192\u02c6\u02dc\u2013\u2014\u2018-\u201a\u201c-\u201e"
+                       "\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122]+")
+
+
+def undecodable(text: str) -> str | None:
+    """Why `text` is not clean Unicode text (None if it is)."""
+    if "\x00" in text:
+        return "NUL byte"
+    if m := _SURROGATE.search(text):
+        return f"invalid UTF-8 byte 0x{ord(m.group()) & 0xFF:02X} (mixed encodings?)"
+    if "\ufffd" in text:
+        return "U+FFFD replacement character (decoded lossily upstream)"
+    if m := _CONTROL.search(text):
+        return f"control character U+{ord(m.group()):04X}"
+    for m in _MOJIBAKE.finditer(text):
+        for codec in ("cp1252", "latin-1"):
+            try:
+                fixed = m.group().encode(codec).decode("utf-8")
+            except UnicodeError:
+                continue
+            return f"mojibake {m.group()!r} (UTF-8 read as {codec}; meant {fixed!r})"
+    return None
+
+
+def check_text(p: Problem) -> tuple[Problem, bool] | Rejection:
+    """Repair mis-escaped LaTeX control characters, then refuse any other bad text."""
+    changes = {}
+    for name in ("problem", "answer", "solution"):
+        value = getattr(p, name)
+        fixed = _REPAIRABLE.sub(lambda m: _MIS_ESCAPED[m.group()], value) if value else value
+        if fixed != value:
+            changes[name] = fixed
+    if changes:
+        p = replace(p, **changes, fingerprint="")  # fingerprint recomputed on the fixed text
+    for name in ("problem", "answer", "solution", "subject", "id"):
+        value = getattr(p, name)
+        if value and (why := undecodable(value)):
+            return Rejection("undecodable", f"{name}: {why}")
+    return p, bool(changes)
+
+
+def check_size(p: Problem, max_chars: int) -> Rejection | None:
+    for name, limit in (("problem", max_chars), ("answer", MAX_ANSWER_CHARS),
+                        ("solution", 4 * max_chars)):
+        if len(getattr(p, name)) > limit:
+            return Rejection("too_long", f"{name} is {len(getattr(p, name))} chars (max {limit})")
+    return None
+
+
+def check_gold(p: Problem) -> Rejection | None:
+    from grpo_core.answers import parse_gold
+
+    try:
+        ok = parse_gold(p.answer) is not None
+    except Exception:  # noqa: BLE001 - a gold that crashes the parser is unparseable
+        ok = False
+    return None if ok else Rejection("unparseable_answer", f"gold {p.answer[:80]!r} does not parse")
+
+
+def _validate(adapter: Adapter, index: int, raw: Any,
+              max_chars: int) -> tuple[Problem, bool] | Rejection:
+    if isinstance(raw, BadRow):
+        return raw.rejection
+    p = adapter.convert(index, raw)
+    if isinstance(p, Rejection):
+        return p
+    return check_size(p, max_chars) or check_text(p)
+
+
+def _raw_json(raw: Any) -> str:
+    if isinstance(raw, Problem):
+        raw = raw.to_row()
+    text = json.dumps(raw, ensure_ascii=True, default=repr)
+    return text if len(text) <= MAX_RAW_CHARS else text[:MAX_RAW_CHARS] + "...[truncated]"
+
+
+# ----------------------------------------------------------------------------- report
+
+
+@dataclass
+class IngestReport:
+    """Counts of one ingest. Always: total_rows == ingested + quarantined + duplicates."""
+
+    source: str
+    split: str
+    origin: str
+    total_rows: int = 0
+    ingested: int = 0
+    duplicates: int = 0  # same fingerprint as an earlier row of this ingest or the store
+    already_stored: int = 0  # of the duplicates, those already in the store
+    quarantined: dict[str, int] = field(default_factory=dict)  # reason code -> rows
+    contaminated: int = 0  # ingested rows flagged as overlapping an eval set
+    contaminated_with: dict[str, int] = field(default_factory=dict)  # eval set -> rows
+    flagged_existing: int = 0  # earlier training rows flagged by this (eval) source
+    repaired: int = 0  # ingested rows whose mis-escaped LaTeX was repaired
+    first_reasons: list[str] = field(default_factory=list)  # "row 3: code: detail"
+    seconds: float = 0.0
+
+    @property
+    def quarantined_total(self) -> int:
+        return sum(self.quarantined.values())
+
+    @property
+    def all_invalid(self) -> bool:
+        return self.total_rows > 0 and self.quarantined_total == self.total_rows
+
+    def _reject(self, index: int, why: Rejection) -> None:
+        self.quarantined[why.code] = self.quarantined.get(why.code, 0) + 1
+        if len(self.first_reasons) < 5:
+            self.first_reasons.append(f"row {index}: {why}")
+
+
+# ----------------------------------------------------------------------------- store
+
+
+class Store:
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, read_only: bool):
+        self.con, self.path, self.read_only = con, path, read_only
+
+    @classmethod
+    def open(cls, path: str | Path, read_only: bool = False, timeout: float = 0.0) -> "Store":
+        """Open (creating if needed) the store; wait up to `timeout` s for a lock."""
+        path = Path(path).expanduser()
+        if read_only and not path.exists():
+            raise StoreError(f"no store at {path} (ingest something first)")
+        if not read_only:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                con = duckdb.connect(str(path), read_only=read_only)
+                break
+            except duckdb.Error as exc:
+                msg = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                if "lock" not in msg.lower():
+                    raise StoreError(f"cannot open store {path}: {msg}") from None
+                if time.monotonic() >= deadline:
+                    holder = re.search(r"\(PID \d+\)", msg)
+                    raise StoreLockedError(
+                        f"store {path} is locked by another process"
+                        f"{' ' + holder.group() if holder else ''}: DuckDB allows one writer at"
+                        " a time; wait for it to finish or use another --db") from None
+                time.sleep(0.2)
+        if not read_only:
+            con.execute(SCHEMA)
+        return cls(con, path, read_only)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- writing ------------------------------------------------------------------
+
+    def ingest(self, adapter: Adapter, *, max_problem_chars: int = MAX_PROBLEM_CHARS,
+               ngram: int = decontam.DEFAULT_N,
+               min_coverage: float = decontam.DEFAULT_MIN_COVERAGE) -> IngestReport:
+        """Validate every row of `adapter` and add it in one transaction."""
+        t0 = time.perf_counter()
+        report = IngestReport(adapter.source, adapter.split, adapter.origin)
+        src, split = adapter.source, adapter.split
+        stored = {r[0] for r in self.con.execute(
+            "SELECT fingerprint FROM problems WHERE source = ? AND split = ?",
+            [src, split]).fetchall()}
+        accepted: list[tuple[int, Problem]] = []
+        rejected: list[tuple[int, Rejection, Any]] = []
+        seen: set[str] = set()
+        for index, raw in adapter.rows():
+            report.total_rows += 1
+            checked = _validate(adapter, index, raw, max_problem_chars)
+            if not isinstance(checked, Rejection):
+                p, repaired = checked
+                if p.fingerprint in stored or p.fingerprint in seen:
+                    report.duplicates += 1
+                    report.already_stored += p.fingerprint in stored
+                    continue
+                checked = check_gold(p)  # the costly check runs once per distinct row
+                if checked is None:
+                    seen.add(p.fingerprint)
+                    report.repaired += repaired
+                    accepted.append((index, p))
+                    continue
+            report._reject(index, checked)
+            rejected.append((index, checked, raw.raw if isinstance(raw, BadRow) else raw))
+        report.ingested = len(accepted)
+        if report.total_rows:
+            self._write(adapter, report, accepted, rejected, ngram, min_coverage)
+        report.seconds = time.perf_counter() - t0
+        assert report.total_rows == report.ingested + report.quarantined_total + \
+            report.duplicates, "ingest lost rows"
+        return report
+
+    def _write(self, adapter: Adapter, report: IngestReport, accepted, rejected,
+               ngram: int, min_coverage: float) -> None:
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        ingest_id = uuid.uuid4().hex[:12]
+        src, split = adapter.source, adapter.split
+        rows = [(src, split, p.fingerprint, p.id, p.problem, p.answer, p.solution, p.level,
+                 p.subject, i) for i, p in accepted]
+        problems = pa.Table.from_pylist(
+            [dict(zip(_PROBLEM_SCHEMA.names, r)) for r in rows], schema=_PROBLEM_SCHEMA)
+        bad = pa.Table.from_pylist(
+            [dict(zip(_QUARANTINE_SCHEMA.names, (src, split, i, w.code, str(w), _raw_json(raw))))
+             for i, w, raw in rejected], schema=_QUARANTINE_SCHEMA)
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.register("_new_problems", problems)
+            con.execute(
+                "INSERT INTO problems (source, split, fingerprint, id, problem, answer, solution,"
+                " level, subject, row_index, ingest_id, ingested_at) SELECT n.*, ?, ? FROM "
+                "_new_problems n ANTI JOIN problems p USING (source, split, fingerprint)",
+                [ingest_id, now])
+            con.register("_new_quarantine", bad)
+            con.execute(
+                "INSERT INTO quarantine SELECT q.*, ?, ?, ? FROM _new_quarantine q WHERE NOT "
+                "EXISTS (SELECT 1 FROM quarantine o WHERE o.source = q.source AND o.split = "
+                "q.split AND o.row_index = q.row_index AND o.source_fingerprint = ?)",
+                [adapter.fingerprint, ingest_id, now, adapter.fingerprint])
+            self._decontaminate_new(report, ingest_id, ngram, min_coverage)
+            con.execute(
+                "INSERT INTO ingest_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [ingest_id, src, split, adapter.origin, adapter.fingerprint, report.total_rows,
+                 report.ingested, report.quarantined_total, report.duplicates,
+                 report.contaminated, report.repaired, now,
+                 datetime.now(timezone.utc).replace(tzinfo=None)])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            for view in ("_new_problems", "_new_quarantine"):
+                try:
+                    con.unregister(view)
+                except duckdb.Error:
+                    pass
+
+    def _decontaminate_new(self, report: IngestReport, ingest_id: str, n: int,
+                           min_coverage: float) -> None:
+        """Flag what this ingest can newly contaminate (flags are only ever added)."""
+        evals_sql = decontam.eval_predicate()
+        if decontam.is_eval(report.source, report.split):
+            evals = self._texts(f"source = ? AND split = ?", [report.source, report.split])
+            train = self._texts(f"NOT ({evals_sql}) AND NOT contaminated", [])
+        else:
+            evals = self._texts(evals_sql, [])
+            train = self._texts("ingest_id = ?", [ingest_id])
+        flags = decontam.find_contaminated(train, evals, n=n, min_coverage=min_coverage)
+        self._flag(flags)
+        for label in flags.values():
+            if decontam.is_eval(report.source, report.split):
+                report.flagged_existing += 1
+            else:
+                report.contaminated += 1
+                report.contaminated_with[label] = report.contaminated_with.get(label, 0) + 1
+
+    def _texts(self, where: str, params: list) -> list[tuple[tuple, str]]:
+        rows = self.con.execute(
+            f"SELECT source, split, fingerprint, problem FROM problems WHERE {where}",
+            params).fetchall()
+        return [((s, sp, fp), text) for s, sp, fp, text in rows]
+
+    def _flag(self, flags: dict[tuple, str]) -> None:
+        if not flags:
+            return
+        table = pa.table({"source": [k[0] for k in flags], "split": [k[1] for k in flags],
+                          "fingerprint": [k[2] for k in flags], "label": list(flags.values())})
+        self.con.register("_flags", table)
+        try:
+            self.con.execute(
+                "UPDATE problems SET contaminated = TRUE, contaminated_with = f.label FROM "
+                "_flags f WHERE problems.source = f.source AND problems.split = f.split AND "
+                "problems.fingerprint = f.fingerprint")
+        finally:
+            self.con.unregister("_flags")
+
+    def decontaminate(self, ngram: int = decontam.DEFAULT_N,
+                      min_coverage: float = decontam.DEFAULT_MIN_COVERAGE) -> dict[str, int]:
+        """Recompute every flag from scratch (e.g. with another n); counts per eval set."""
+        evals_sql = decontam.eval_predicate()
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute("UPDATE problems SET contaminated = FALSE, contaminated_with = NULL")
+            flags = decontam.find_contaminated(self._texts(f"NOT ({evals_sql})", []),
+                                               self._texts(evals_sql, []), n=ngram,
+                                               min_coverage=min_coverage)
+            self._flag(flags)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        counts: dict[str, int] = {}
+        for label in flags.values():
+            counts[label] = counts.get(label, 0) + 1
+        return counts
+
+    # -- reading ------------------------------------------------------------------
+
+    def _has_tables(self) -> bool:
+        names = {r[0] for r in self.con.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}
+        return {"problems", "quarantine", "ingest_log"} <= names
+
+    def problems(self, source: str | None = None, split: str | None = None,
+                 exclude_contaminated: bool = True, limit: int | None = None) -> list[Problem]:
+        """Problems in ingest order; contaminated ones left out unless asked for."""
+        if not self._has_tables():
+            return []
+        rows = self.con.execute(
+            "SELECT id, source, split, problem, answer, solution, level, subject, fingerprint "
+            "FROM problems WHERE (?::VARCHAR IS NULL OR source = ?) AND (?::VARCHAR IS NULL OR "
+            "split = ?) AND NOT (? AND contaminated) ORDER BY source, split, row_index "
+            "LIMIT ?", [source, source, split, split, exclude_contaminated,
+                        limit if limit is not None else 2**62]).fetchall()
+        names = ("id", "source", "split", "problem", "answer", "solution", "level", "subject",
+                 "fingerprint")
+        return [Problem(**dict(zip(names, r))) for r in rows]
+
+    def quarantined(self, source: str | None = None, split: str | None = None) -> list[dict]:
+        if not self._has_tables():
+            return []
+        cur = self.con.execute(
+            "SELECT source, split, row_index, code, reason, raw FROM quarantine WHERE "
+            "(?::VARCHAR IS NULL OR source = ?) AND (?::VARCHAR IS NULL OR split = ?) "
+            "ORDER BY source, split, row_index", [source, source, split, split])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def stats(self) -> list[dict]:
+        """One row per (source, split): problems, contaminated, quarantined, role."""
+        if not self._has_tables():
+            return []
+        rows = self.con.execute(
+            "WITH p AS (SELECT source, split, count(*) AS problems, count(*) FILTER "
+            "(WHERE contaminated) AS contaminated FROM problems GROUP BY ALL), "
+            "q AS (SELECT source, split, count(*) AS quarantined FROM quarantine GROUP BY ALL) "
+            "SELECT source, split, coalesce(problems, 0), coalesce(contaminated, 0), "
+            "coalesce(quarantined, 0) FROM p FULL OUTER JOIN q USING (source, split) "
+            "ORDER BY source, split").fetchall()
+        return [{"source": s, "split": sp, "role": "eval" if decontam.is_eval(s, sp) else "train",
+                 "problems": n, "contaminated": c, "quarantined": q} for s, sp, n, c, q in rows]
+
+    def contamination(self) -> dict[tuple[str, str], dict[str, int]]:
+        """{(train source, split): {eval set: flagged rows}}."""
+        out: dict[tuple[str, str], dict[str, int]] = {}
+        if not self._has_tables():
+            return out
+        for s, sp, label, n in self.con.execute(
+                "SELECT source, split, contaminated_with, count(*) FROM problems WHERE "
+                "contaminated GROUP BY ALL ORDER BY ALL").fetchall():
+            out.setdefault((s, sp), {})[label] = n
+        return out

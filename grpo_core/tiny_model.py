@@ -1,0 +1,182 @@
+"""`builtin:tiny-arith`: a small Llama-style *base* model built offline, in-process.
+
+It is pretrained briefly on plain arithmetic text (sums written out, sometimes with a
+\\boxed{} answer, as math web text has) so that it continues text, has never seen the
+<think>/<answer> format, and solves some problems but not most. Built deterministically
+from a seed in about a minute on 2 cores and cached under the workspace, keyed by its
+recipe, so later stages load it from disk.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from grpo_core.progress import Bar
+from grpo_core.prompts import CHAT_SYSTEM_PROMPT, R1_ZERO_TEMPLATE
+from grpo_core.synthetic import generate_problems
+
+BUILTIN_PREFIX = "builtin:"
+REASONING_TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Everything that determines the built model; its hash names the cache folder."""
+
+    seed: int = 0
+    hidden_size: int = 96
+    num_layers: int = 3
+    num_heads: int = 4
+    intermediate_size: int = 256
+    vocab_size: int = 512
+    pretrain_steps: int = 900
+    batch_size: int = 32
+    seq_len: int = 96
+    learning_rate: float = 3e-3
+    corpus_problems: int = 3000
+    version: int = 1  # bump when the build code changes meaning
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _corpus(recipe: TinyRecipe) -> list[str]:
+    """Plain arithmetic documents from the *train* split only: eval problems never leak."""
+    rng = random.Random(recipe.seed)
+    docs = []
+    for p in generate_problems("train", recipe.corpus_problems, seed=recipe.seed):
+        steps = p.solution.rsplit(" The answer is", 1)[0]
+        style = rng.random()
+        if style < 0.35:
+            docs.append(f"{steps}")
+        elif style < 0.7:
+            docs.append(f"Question: {p.problem}\nAnswer: {steps} The answer is \\boxed{{{p.answer}}}.")
+        else:
+            docs.append(f"User: {p.problem} Assistant: {steps} So the answer is \\boxed{{{p.answer}}}.")
+    return docs
+
+
+def build_tokenizer(texts: list[str], vocab_size: int):
+    """Byte-level BPE with single-digit tokens (arithmetic needs per-digit tokens).
+
+    The reasoning tags are ordinary added tokens, not special ones: TRL decodes with
+    skip_special_tokens=True, which would strip special tags and break the rewards.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|pad|>", "<|bos|>", "<|eos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # The templates are tokenizer text too, so prompts compress to words, not bytes.
+    tok.train_from_iterator(texts + [R1_ZERO_TEMPLATE, CHAT_SYSTEM_PROMPT] * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
+        pad_token="<|pad|>",
+        padding_side="left",
+    )
+    fast.add_tokens(REASONING_TAGS)
+    return fast
+
+
+def _pretrain(model, tokenizer, docs: list[str], recipe: TinyRecipe, progress: bool) -> float:
+    import torch
+
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for doc in docs:
+        stream += tokenizer(doc, add_special_tokens=False)["input_ids"] + [eos]
+    data = torch.tensor(stream, dtype=torch.long)
+    n_chunks = (len(data) - 1) // recipe.seq_len
+    gen = torch.Generator().manual_seed(recipe.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=recipe.learning_rate, total_steps=recipe.pretrain_steps, pct_start=0.1
+    )
+    model.train()
+    bar = Bar(recipe.pretrain_steps, "pretraining builtin:tiny-arith", progress)
+    loss_val = float("nan")
+    for _ in range(recipe.pretrain_steps):
+        starts = torch.randint(0, n_chunks, (recipe.batch_size,), generator=gen) * recipe.seq_len
+        batch = torch.stack([data[s : s + recipe.seq_len] for s in starts.tolist()])
+        out = model(input_ids=batch, labels=batch)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        loss_val = out.loss.item()
+        bar.advance(info=f"loss {loss_val:.3f}")
+    bar.close()
+    model.eval()
+    return loss_val
+
+
+def build_tiny_model(out_dir: str | Path, recipe: TinyRecipe = TinyRecipe(), progress: bool = False) -> Path:
+    """Build, pretrain and save the tiny base model (tokenizer + weights) to out_dir."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(recipe.seed)
+    docs = _corpus(recipe)
+    tokenizer = build_tokenizer(docs, recipe.vocab_size)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_heads,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    t0 = time.time()
+    loss = _pretrain(model, tokenizer, docs, recipe, progress)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    meta = {"recipe": asdict(recipe), "final_loss": loss, "pretrain_seconds": time.time() - t0}
+    (out / "builtin.json").write_text(json.dumps(meta, indent=2))
+    return out
+
+
+def ensure_builtin(name: str, cache_root: str | Path, progress: bool = False) -> Path:
+    """Path of the cached built-in model `name`, building it once (atomically) if absent."""
+    kind = name.removeprefix(BUILTIN_PREFIX)
+    if kind != "tiny-arith":
+        raise ValueError(f"unknown built-in model {name!r}; known: builtin:tiny-arith")
+    recipe = TinyRecipe()
+    final = Path(cache_root) / f"tiny-arith-{recipe.key()}"
+    if (final / "builtin.json").is_file():
+        return final
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_tiny_model(tmp, recipe, progress=progress)
+    try:
+        tmp.rename(final)  # a concurrent builder may have won: keep theirs
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

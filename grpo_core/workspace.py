@@ -1,0 +1,54 @@
+"""Where local state lives: one folder (default ./.grpo) for the DuckDB store, MLflow,
+checkpoints and cached built-in models. Resolution order: explicit argument, then
+$GRPO_WORKDIR, then ./.grpo. Nothing is created until a stage asks for a path."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_WORKDIR = ".grpo"
+
+
+def resolve_workdir(explicit: str | os.PathLike | None = None) -> Path:
+    raw = explicit or os.environ.get("GRPO_WORKDIR") or DEFAULT_WORKDIR
+    return Path(raw).expanduser().resolve()
+
+
+def resolve_data_dir(explicit: str | os.PathLike | None = None) -> Path | None:
+    """Local copies of the presets (laid out like shared/data), or None for the hub."""
+    raw = explicit or os.environ.get("GRPO_DATA_DIR")
+    return Path(raw).expanduser().resolve() if raw else None
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @classmethod
+    def at(cls, explicit: str | os.PathLike | None = None) -> "Workspace":
+        return cls(resolve_workdir(explicit))
+
+    def ensure(self) -> "Workspace":
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "store.duckdb"
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.root / "mlflow.db"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.root / "mlartifacts"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"

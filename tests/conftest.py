@@ -1,0 +1,35 @@
+"""Shared fixtures. Add new ones below in their own section; keep each fixture small.
+
+- `shared_data`: the reference data folder (../shared/data relative to the project root,
+  or $GRPO_SHARED_DATA); tests that use it are skipped, with the reason, when it is absent.
+- `tmp_workdir`: a fresh workspace folder, exported as $GRPO_WORKDIR for the test.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """Where the reference data should be (it may not exist)."""
+    raw = os.environ.get("GRPO_SHARED_DATA")
+    return Path(raw) if raw else Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"reference data not found at {path} (set GRPO_SHARED_DATA to its folder)")
+    return path
+
+
+@pytest.fixture
+def tmp_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    workdir = tmp_path / "workdir"
+    monkeypatch.setenv("GRPO_WORKDIR", str(workdir))
+    return workdir

@@ -1,0 +1,238 @@
+"""Eval metrics against brute-force enumeration and known values."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_core.metrics import (
+    avg_at_k,
+    bootstrap_ci,
+    k_grid,
+    maj_at_k,
+    majority_vote,
+    pass_at_k,
+    problem_scores,
+    summarise,
+)
+
+# ---------------------------------------------------------------- pass@k
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_pass_at_k_equals_fraction_of_k_subsets_with_a_correct_sample(n):
+    for c in range(n + 1):
+        samples = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(range(n), k))
+            hits = sum(any(samples[i] for i in s) for s in subsets)
+            assert pass_at_k(n, c, k) == pytest.approx(hits / len(subsets), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_matches_exact_binomials_for_large_n():
+    # The product form must not lose precision where the binomials are astronomically big.
+    for n, c, k in [(200, 3, 50), (500, 1, 10), (1000, 999, 1), (300, 30, 100)]:
+        exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+        assert pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-9)
+
+
+@pytest.mark.parametrize("n,c,k", [(4, 1, 5), (4, 5, 1), (4, -1, 1), (4, 1, 0), (0, 0, 1)])
+def test_pass_at_k_rejects_impossible_arguments(n, c, k):
+    with pytest.raises(ValueError):
+        pass_at_k(n, c, k)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_properties(nck):
+    n, c, k = nck
+    p = pass_at_k(n, c, k)
+    assert 0.0 <= p <= 1.0
+    assert pass_at_k(n, c, 1) == pytest.approx(c / n)  # pass@1 is the plain success rate
+    if k < n:
+        assert pass_at_k(n, c, k + 1) >= p - 1e-12  # more tries never hurt
+    if c < n:
+        assert pass_at_k(n, c + 1, k) >= p - 1e-12
+    assert (p == 0.0) == (c == 0)
+
+
+def test_avg_at_k():
+    assert avg_at_k([True, False, True, True]) == 0.75
+    assert avg_at_k([False] * 8) == 0.0
+    with pytest.raises(ValueError):
+        avg_at_k([])
+
+
+# ---------------------------------------------------------------- majority vote
+
+
+def brute_force_winner(answers):
+    """The answer that beats every other on (count, earlier first occurrence), pairwise."""
+    voted = [a for a in answers if a is not None]
+    if not voted:
+        return None
+    for a in set(voted):
+        if all(
+            voted.count(a) > voted.count(b)
+            or (voted.count(a) == voted.count(b) and answers.index(a) < answers.index(b))
+            for b in set(voted) - {a}
+        ):
+            return a
+    raise AssertionError("no winner")
+
+
+def test_majority_vote_and_maj_at_k_match_brute_force_on_every_short_sequence():
+    alphabet = ["1", "2", "3", None]
+    for k in range(1, 6):
+        for answers in itertools.product(alphabet, repeat=k):
+            answers = list(answers)
+            flags = [a == "2" for a in answers]  # "2" is the gold answer
+            winner = brute_force_winner(answers)
+            assert majority_vote(answers) == winner, answers
+            assert maj_at_k(answers, flags) == (1.0 if winner == "2" else 0.0), answers
+
+
+def test_majority_vote_ties_break_by_first_occurrence():
+    assert majority_vote(["b", "a", "a", "b"]) == "b"
+    assert majority_vote(["a", "b", "b", "a"]) == "a"
+    assert majority_vote([None, "x", None, None]) == "x"  # None abstains, never wins
+    assert majority_vote([None, None]) is None
+    assert majority_vote([]) is None
+
+
+def test_majority_vote_canonicalises_and_returns_first_written_form():
+    answers = ["0.5", "7", "1/2", "7", "\\frac{1}{2}"]
+    canon = {"0.5": "1/2", "1/2": "1/2", "\\frac{1}{2}": "1/2", "7": "7"}.get
+    assert majority_vote(answers) == "7"
+    assert majority_vote(answers, canon=canon) == "0.5"
+    keys = [canon(a) for a in answers]
+    assert majority_vote(answers, keys=keys) == "0.5"
+    keys[0] = None  # an unparseable answer abstains even if its text is present
+    assert majority_vote(answers, keys=keys) == "7"  # 7 and 1/2 tie at 2, 7 appears first
+    with pytest.raises(ValueError):
+        majority_vote(answers, keys=keys[:2])
+
+
+def test_maj_at_k_reads_correctness_of_the_winner():
+    assert maj_at_k(["4", "5", "5"], [True, False, False]) == 0.0
+    assert maj_at_k(["4", "4", "5"], [True, True, False]) == 1.0
+    assert maj_at_k([None, None], [False, False]) == 0.0
+    with pytest.raises(ValueError):
+        maj_at_k(["4"], [True, False])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.sampled_from("abcde")), max_size=12))
+def test_majority_vote_properties(answers):
+    w = majority_vote(answers)
+    voted = [a for a in answers if a is not None]
+    if not voted:
+        assert w is None
+        return
+    assert w in voted
+    assert all(voted.count(w) >= voted.count(b) for b in voted)
+    assert w == brute_force_winner(answers)
+
+
+# ---------------------------------------------------------------- bootstrap CI
+
+
+def test_bootstrap_ci_contains_mean_and_is_deterministic():
+    rng = np.random.default_rng(1)
+    values = rng.random(50) < 0.4
+    mean, lo, hi = bootstrap_ci(values)
+    assert mean == pytest.approx(values.mean())
+    assert lo <= mean <= hi and 0.0 <= lo < hi <= 1.0
+    assert bootstrap_ci(values, seed=0) == (mean, lo, hi)
+    assert bootstrap_ci(values, seed=1) != (mean, lo, hi)
+
+
+def test_bootstrap_ci_narrows_with_n_at_the_expected_rate():
+    rng = np.random.default_rng(2)
+    small = rng.random(30) < 0.5
+    large = rng.random(3000) < 0.5
+    w_small = np.subtract(*bootstrap_ci(small)[2:0:-1])
+    w_large = np.subtract(*bootstrap_ci(large)[2:0:-1])
+    assert w_large < w_small / 5  # sqrt(100) = 10 in theory
+    # For a large sample the percentile interval approaches mean +- 1.96 * se.
+    se = large.std() / math.sqrt(large.size)
+    assert w_large == pytest.approx(2 * 1.96 * se, rel=0.15)
+
+
+def test_bootstrap_ci_edge_cases():
+    assert bootstrap_ci([1.0]) == (1.0, 1.0, 1.0)
+    assert bootstrap_ci([0.3] * 7) == pytest.approx((0.3, 0.3, 0.3))
+    m, lo, hi = bootstrap_ci([0.3] * 7)
+    assert lo <= m <= hi  # rounding in resampled means must not exclude the mean
+    with pytest.raises(ValueError):
+        bootstrap_ci([])
+    with pytest.raises(ValueError):
+        bootstrap_ci([1.0, 0.0], alpha=1.5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=60), st.integers(0, 2**31))
+def test_bootstrap_ci_properties(values, seed):
+    mean, lo, hi = bootstrap_ci(values, n_resamples=200, seed=seed)
+    assert min(values) - 1e-12 <= lo <= mean <= hi <= max(values) + 1e-12
+
+
+# ---------------------------------------------------------------- summarise
+
+
+def test_k_grid():
+    assert k_grid(1) == [1]
+    assert k_grid(8) == [1, 2, 4, 8]
+    assert k_grid(6) == [1, 2, 4, 6]
+    assert k_grid(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def _records():
+    return [
+        {"greedy_correct": True, "greedy_truncated": False, "level": 1, "subject": "add",
+         "sample_correct": [True, True, False, True], "sample_answers": ["3", "3", "4", "3"],
+         "sample_truncated": [False, False, False, False]},
+        {"greedy_correct": False, "greedy_truncated": True, "level": 2, "subject": "add",
+         "sample_correct": [False, True, False, False], "sample_answers": ["9", "8", "9", None],
+         "sample_truncated": [False, False, False, True]},
+        {"greedy_correct": None, "level": 10, "subject": "mul",
+         "sample_correct": [False] * 5, "sample_answers": [None] * 5},
+    ]
+
+
+def test_summarise_values_breakdowns_and_json():
+    s = summarise(_records(), n_resamples=200)
+    json.dumps(s, allow_nan=False)  # straight to JSON / MLflow
+    assert s["n_problems"] == 3 and s["k"] == 4 and s["ks"] == [1, 2, 4]
+    assert s["greedy_accuracy"]["mean"] == 0.5 and s["greedy_accuracy"]["n"] == 2
+    assert s["avg@4"]["mean"] == pytest.approx((0.75 + 0.25 + 0.0) / 3)
+    assert s["maj@4"]["mean"] == pytest.approx(1 / 3)
+    assert s["pass@1"]["mean"] == pytest.approx((0.75 + 0.25 + 0.0) / 3)
+    assert s["pass@4"]["mean"] == pytest.approx((1 + 1 + 0) / 3)
+    # The third problem has 5 samples: pass@k uses all of them, avg@4 the first 4.
+    assert problem_scores(_records()[2], [1, 4])["pass@4"] == 0.0
+    for name in ("greedy_accuracy", "avg@4", "maj@1", "maj@2", "maj@4", "pass@1", "pass@2", "pass@4"):
+        block = s[name]
+        assert block["lo"] <= block["mean"] <= block["hi"], name
+    assert s["truncation_rate"] == {"greedy": 0.5, "samples": 0.125, "all": pytest.approx(2 / 10)}
+    assert list(s["by_level"]) == ["1", "2", "10"]  # numeric order, str keys
+    assert s["by_level"]["2"]["pass@4"]["mean"] == 1.0
+    assert s["by_subject"]["add"]["n_problems"] == 2
+    assert s["by_subject"]["mul"]["greedy_accuracy"] is None
+
+
+def test_summarise_greedy_only_and_canon():
+    s = summarise([{"greedy_correct": True}, {"greedy_correct": False}], n_resamples=100)
+    assert s["k"] == 0 and s["ks"] == [] and "pass@1" not in s and "by_level" not in s
+    assert s["greedy_accuracy"]["mean"] == 0.5
+    assert s["truncation_rate"] == {"greedy": None, "samples": None, "all": None}
+    rec = {"sample_correct": [False, True, True], "sample_answers": ["5", "0.5", "1/2"]}
+    canon = {"0.5": "1/2"}.get
+    assert summarise([rec], n_resamples=10)["maj@2"]["mean"] == 0.0  # tie 5 vs 0.5 -> 5
+    assert summarise([rec], canon=lambda a: canon(a, a), n_resamples=10)["maj@3"]["mean"] == 1.0

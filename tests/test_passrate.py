@@ -1,0 +1,200 @@
+"""Pass-rate statistics: Wilson interval, band selection, histogram, rank correlation, advantages."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_core.passrate import (
+    classify,
+    group_advantages,
+    histogram,
+    plot_histogram,
+    select_band,
+    spearman,
+    wilson_interval,
+    zero_variance_fraction,
+)
+
+# ---------------------------------------------------------------- Wilson interval
+
+
+@pytest.mark.parametrize(
+    "c,n,lo,hi",
+    [
+        (5, 10, 0.2366, 0.7634),  # textbook values (Newcombe 1998 style tables)
+        (1, 10, 0.0179, 0.4042),
+        (0, 8, 0.0, 0.3244),
+        (8, 8, 0.6756, 1.0),
+        (4, 8, 0.2152, 0.7848),
+    ],
+)
+def test_wilson_known_values(c, n, lo, hi):
+    got = wilson_interval(c, n)
+    assert got == pytest.approx((lo, hi), abs=1e-4)
+
+
+def test_wilson_edges():
+    assert wilson_interval(0, 0) == (0.0, 1.0)  # no data: no information
+    assert wilson_interval(0, 5)[0] == 0.0
+    assert wilson_interval(5, 5)[1] == 1.0
+    for bad in [(-1, 5), (6, 5), (0, -1)]:
+        with pytest.raises(ValueError):
+            wilson_interval(*bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 500).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_wilson_bounds_solve_the_score_equation(cn):
+    c, n = cn
+    z, p_hat = 1.96, c / n
+    lo, hi = wilson_interval(c, n, z)
+    assert 0.0 <= lo <= p_hat <= hi <= 1.0
+    # The Wilson bounds are the p where |p_hat - p| = z * sqrt(p (1 - p) / n).
+    for p in (lo, hi):
+        if 0.0 < p < 1.0:
+            assert abs(p_hat - p) == pytest.approx(z * math.sqrt(p * (1 - p) / n), abs=1e-9)
+    # More samples at the same rate give a narrower interval.
+    lo2, hi2 = wilson_interval(4 * c, 4 * n, z)
+    assert hi2 - lo2 < hi - lo
+
+
+# ---------------------------------------------------------------- band
+
+
+def test_classify_is_inclusive_at_both_edges():
+    assert classify(0.3) == classify(0.7) == classify(3 / 10) == classify(7 / 10) == "in_band"
+    assert classify(np.mean([1, 1, 1, 0, 0, 0, 0, 0, 0, 0])) == "in_band"
+    assert classify(0.1 + 0.2) == "in_band"  # 0.30000000000000004
+    assert classify(0.29) == classify(0.0) == "too_hard"
+    assert classify(0.71) == classify(1.0) == "too_easy"
+    assert classify(0.5, band=(0.5, 0.5)) == "in_band"
+    assert classify(1.0, band=(0.0, 1.0)) == "in_band"
+    with pytest.raises(ValueError):
+        classify(0.5, band=(0.7, 0.3))
+
+
+def test_select_band_keeps_order_and_counts_all_classes():
+    est = [{"problem_id": f"p{i}", "pass_rate": r} for i, r in enumerate([0.0, 0.5, 1.0, 0.375, 0.75, 0.3])]
+    kept, counts = select_band(est)
+    assert [e["problem_id"] for e in kept] == ["p1", "p3", "p5"]
+    assert counts == {"too_easy": 2, "in_band": 3, "too_hard": 1}
+    assert select_band([]) == ([], {"too_easy": 0, "in_band": 0, "too_hard": 0})
+
+
+# ---------------------------------------------------------------- histogram
+
+
+def test_histogram_has_one_bin_per_attainable_rate():
+    h = histogram([0.0, 1 / 8, 1 / 8, 0.5, 1.0, 1.0, 1.0], bins=8)
+    assert h["counts"] == [1, 2, 0, 0, 1, 0, 0, 0, 3]
+    assert h["centres"] == [j / 8 for j in range(9)]
+    assert len(h["edges"]) == 10
+    assert histogram([], bins=4)["counts"] == [0] * 5
+    assert histogram([0.33], bins=4)["counts"] == [0, 1, 0, 0, 0]  # off-grid: nearest bin
+    with pytest.raises(ValueError):
+        histogram([1.2])
+    with pytest.raises(ValueError):
+        histogram([0.5], bins=0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 32).flatmap(lambda k: st.tuples(st.just(k), st.lists(st.integers(0, k), max_size=50))))
+def test_histogram_puts_each_j_over_k_in_bin_j(k_js):
+    k, js = k_js
+    counts = histogram([j / k for j in js], bins=k)["counts"]
+    assert counts == [js.count(j) for j in range(k + 1)]
+
+
+def test_plot_histogram_writes_a_png(tmp_path):
+    path = plot_histogram([0.0, 0.25, 0.5, 0.5, 1.0], (0.3, 0.7), tmp_path / "sub" / "h.png", bins=4)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- Spearman
+
+
+def test_spearman_known_values():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [9, 4, 1, 0]) == pytest.approx(-1.0)
+    # Ties: x ranks [1, 2.5, 2.5, 4], y ranks [1, 2, 3, 4] -> r = 4.5 / sqrt(4.5 * 5).
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / math.sqrt(4.5 * 5))
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+    assert math.isnan(spearman([1], [2]))
+    with pytest.raises(ValueError):
+        spearman([1, 2], [1, 2, 3])
+
+
+def test_spearman_detects_pass_rate_falling_with_level():
+    levels = [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4 + [5] * 4
+    rates = [1, 0.875, 1, 0.75, 0.75, 0.5, 0.625, 0.875, 0.5, 0.25, 0.375, 0.5,
+             0.125, 0.25, 0, 0.25, 0, 0, 0.125, 0]
+    assert spearman(levels, rates) < -0.8
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 8)), min_size=2, max_size=40))
+def test_spearman_matches_scipy(pairs):
+    stats = pytest.importorskip("scipy.stats")
+    x, y = zip(*pairs)
+    ours = spearman(x, y)
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        assert math.isnan(ours)
+    else:
+        assert ours == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+
+
+# ---------------------------------------------------------------- groups and advantages
+
+
+def test_zero_variance_fraction():
+    assert zero_variance_fraction([1, 1, 1, 1, 0, 1, 0, 1], 4) == 0.5
+    assert zero_variance_fraction([0.5] * 8 + [0, 0, 0, 0, 0, 0, 0, 1.5], 8) == 0.5
+    assert zero_variance_fraction([0.1 + 0.2, 0.3], 2) == 1.0  # float noise still counts as flat
+    assert zero_variance_fraction([], 8) == 0.0
+    with pytest.raises(ValueError):
+        zero_variance_fraction([1, 0, 1], 2)
+
+
+def test_group_advantages_known_values():
+    # Group 1: mean 0.5, unbiased std sqrt(1/3) over [1, 0, 1, 0]; group 2 is flat.
+    adv = group_advantages([1, 0, 1, 0, 0.1, 0.1, 0.1, 0.1], 4)
+    s = math.sqrt(1 / 3)
+    assert adv[:4] == pytest.approx([0.5 / s, -0.5 / s, 0.5 / s, -0.5 / s], rel=1e-6)
+    assert adv[4:].tolist() == [0.0, 0.0, 0.0, 0.0]  # exactly zero: nothing to learn
+    assert group_advantages([1, 0], 2, scale="none").tolist() == [0.5, -0.5]
+    batch = group_advantages([1, 0, 1, 1], 2, scale="batch")
+    assert batch.tolist() == pytest.approx([0.5 / 0.5, -0.5 / 0.5, 0.0, 0.0], rel=1e-6)  # std([1,0,1,1], ddof=1) = 0.5
+    assert group_advantages([3.0], 1).tolist() == [0.0]
+    with pytest.raises(ValueError):
+        group_advantages([1, 0], 2, scale="rank")
+    with pytest.raises(ValueError):
+        group_advantages([1, 0, 1], 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(2, 8).flatmap(
+        lambda g: st.tuples(st.just(g), st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.5, -0.5]),
+                                                 min_size=g, max_size=8 * g).map(lambda r: r[: len(r) // g * g]))
+    ),
+    st.sampled_from(["group", "batch", "none"]),
+)
+def test_group_advantages_properties(g_rewards, scale):
+    g, rewards = g_rewards
+    adv = group_advantages(rewards, g, scale=scale).reshape(-1, g)
+    groups = np.asarray(rewards, dtype=float).reshape(-1, g)
+    assert np.isfinite(adv).all()
+    assert np.allclose(adv.sum(axis=1), 0.0, atol=1e-6)  # centred within each group
+    flat = np.ptp(groups, axis=1) == 0
+    assert (adv[flat] == 0.0).all()
+    if scale == "group":
+        # Non-flat groups come out with unit (unbiased) std, up to eps.
+        assert np.allclose(adv[~flat].std(axis=1, ddof=1), 1.0, atol=1e-6)
+    # Ordering inside a group is preserved: a better reward never gets a lower advantage.
+    for r, a in zip(groups, adv):
+        order = np.argsort(r, kind="stable")
+        assert (np.diff(a[order]) >= -1e-12).all()
