@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -22,9 +22,14 @@ app = typer.Typer(help="Ingest and inspect problem sets.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 console = Console(highlight=False, soft_wrap=True)
 
-DB = typer.Option(None, "--db", help="DuckDB store file [default: <workdir>/store.duckdb].")
-WORKDIR = typer.Option(None, "--workdir", help="Workspace folder [default: $GRPO_WORKDIR or "
-                       "./.grpo].")
+DB = Annotated[Path | None, typer.Option(
+    "--db", help="DuckDB store file [default: <workdir>/store.duckdb].")]
+WORKDIR = Annotated[Path | None, typer.Option(
+    "--workdir", help="Workspace folder [default: $GRPO_WORKDIR or ./.grpo].")]
+NGRAM = Annotated[int, typer.Option("--ngram", min=3, help="n of the decontamination n-grams.")]
+COVERAGE = Annotated[float, typer.Option(
+    "--min-coverage", min=0.01, max=1.0,
+    help="Share of an eval problem's n-grams a training problem must hold to be flagged.")]
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -32,11 +37,11 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _db_path(db: Optional[Path], workdir: Optional[Path]) -> Path:
+def _db_path(db: Path | None, workdir: Path | None) -> Path:
     return Path(db) if db else Workspace.at(workdir).db_path
 
 
-def _open(db: Optional[Path], workdir: Optional[Path], read_only: bool,
+def _open(db: Path | None, workdir: Path | None, read_only: bool,
           timeout: float = 0.0) -> Store:
     try:
         return Store.open(_db_path(db, workdir), read_only=read_only, timeout=timeout)
@@ -64,31 +69,32 @@ def _print_report(r: IngestReport) -> None:
 
 @app.command()
 def ingest(
-    source: str = typer.Argument(..., help=f"Preset ({', '.join(PRESETS)}), synthetic:arith, "
-                                 "a .jsonl/.json/.parquet/.csv file, or a hub id owner/name."),
-    db: Optional[Path] = DB,
-    workdir: Optional[Path] = WORKDIR,
-    split: Optional[str] = typer.Option(None, "--split", help="Split to read [default: train, "
-                                        "or test for eval-only presets]."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Local copies of the "
-                                            "presets laid out like shared/data [default: "
-                                            "$GRPO_DATA_DIR, else the hub]."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Read the first N rows."),
-    columns: Optional[str] = typer.Option(None, "--columns", help="Column mapping for files "
-                                          "and hub ids: problem=COL,answer=COL[,solution=,id=,"
-                                          "level=,subject=]."),
-    name: Optional[str] = typer.Option(None, "--name", help="Source name to store a file "
-                                       "under [default: the file stem]."),
-    max_problem_chars: int = typer.Option(MAX_PROBLEM_CHARS, "--max-problem-chars", min=100,
-                                          help="Longer problems are quarantined."),
-    ngram: int = typer.Option(decontam.DEFAULT_N, "--ngram", min=3,
-                              help="n of the decontamination n-grams."),
-    min_coverage: float = typer.Option(decontam.DEFAULT_MIN_COVERAGE, "--min-coverage",
-                                       min=0.01, max=1.0, help="Share of an eval problem's "
-                                       "n-grams a training problem must hold to be flagged."),
-    lock_timeout: float = typer.Option(0.0, "--lock-timeout", min=0,
-                                       help="Seconds to wait for a store held by another "
-                                       "process."),
+    source: Annotated[str, typer.Argument(help=(
+        f"Preset ({', '.join(PRESETS)}), synthetic:arith, a .jsonl/.json/.parquet/.csv "
+        "file, or a hub id owner/name."))],
+    db: DB = None,
+    workdir: WORKDIR = None,
+    split: Annotated[str | None, typer.Option(
+        "--split", help="Split to read [default: train, or test for eval-only presets].")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(
+        "--data-dir", help="Local copies of the presets laid out like shared/data "
+        "[default: $GRPO_DATA_DIR, else the hub].")] = None,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", min=1, help="Read the first N rows.")] = None,
+    columns: Annotated[str | None, typer.Option(
+        "--columns", help="Column mapping for files and hub ids: problem=COL,answer=COL"
+        "[,solution=COL,id=COL,level=COL,subject=COL].")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", help="Source name to store a file under [default: the file stem].")] = None,
+    max_problem_chars: Annotated[int, typer.Option(
+        "--max-problem-chars", min=100, help="Longer problems are quarantined.")
+    ] = MAX_PROBLEM_CHARS,
+    ngram: NGRAM = decontam.DEFAULT_N,
+    min_coverage: COVERAGE = decontam.DEFAULT_MIN_COVERAGE,
+    lock_timeout: Annotated[float, typer.Option(
+        "--lock-timeout", min=0, help="Seconds to wait for a store held by another process.")
+    ] = 0.0,
 ) -> None:
     """Validate SOURCE and add it to the store; print counts."""
     try:
@@ -114,9 +120,9 @@ def ingest(
 
 @app.command()
 def stats(
-    db: Optional[Path] = DB,
-    workdir: Optional[Path] = WORKDIR,
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    db: DB = None,
+    workdir: WORKDIR = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, not a table.")] = False,
 ) -> None:
     """Per source and split: problems, contaminated, quarantined."""
     path = _db_path(db, workdir)
@@ -142,11 +148,11 @@ def stats(
 
 @app.command()
 def quarantine(
-    db: Optional[Path] = DB,
-    workdir: Optional[Path] = WORKDIR,
-    source: Optional[str] = typer.Option(None, "--source", help="Only this source."),
-    split: Optional[str] = typer.Option(None, "--split", help="Only this split."),
-    limit: int = typer.Option(20, "--limit", min=1, help="Rows to show."),
+    db: DB = None,
+    workdir: WORKDIR = None,
+    source: Annotated[str | None, typer.Option("--source", help="Only this source.")] = None,
+    split: Annotated[str | None, typer.Option("--split", help="Only this split.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Rows to show.")] = 20,
 ) -> None:
     """List quarantined rows: source, split, row and reason."""
     path = _db_path(db, workdir)
@@ -162,12 +168,10 @@ def quarantine(
 
 @app.command("decontam")
 def decontaminate(
-    db: Optional[Path] = DB,
-    workdir: Optional[Path] = WORKDIR,
-    ngram: int = typer.Option(decontam.DEFAULT_N, "--ngram", min=3, help="n of the n-grams."),
-    min_coverage: float = typer.Option(decontam.DEFAULT_MIN_COVERAGE, "--min-coverage",
-                                       min=0.01, max=1.0, help="Share of an eval problem's "
-                                       "n-grams a training problem must hold to be flagged."),
+    db: DB = None,
+    workdir: WORKDIR = None,
+    ngram: NGRAM = decontam.DEFAULT_N,
+    min_coverage: COVERAGE = decontam.DEFAULT_MIN_COVERAGE,
 ) -> None:
     """Recompute every contamination flag against all eval sets in the store."""
     with _open(db, workdir, read_only=False) as store:

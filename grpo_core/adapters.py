@@ -18,11 +18,13 @@ import csv
 import hashlib
 import itertools
 import json
+import logging
 import math
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 from grpo_core.problems import Problem
 
@@ -169,8 +171,9 @@ class Adapter:
         elif rule == "boxed" and not answer:
             gold = answers.gold_from_math_solution(solution or "")
             why = "no answer column and no \\boxed{} in solution"
-        else:
-            gold = answers.normalise_gold(answer or "", self.source)
+        else:  # the column as is; normalise_gold("math") would look for \boxed in it
+            src = "" if self.source in ("math", "gsm8k") else self.source
+            gold = answers.normalise_gold(answer or "", src)
             why = "no answer"
         if not gold or not gold.strip():
             return "", Rejection("missing_answer", why)
@@ -393,11 +396,20 @@ def hub_adapter(hub_id: str, *, split: str | None = None, config: str | None = N
 
     split = split or "train"
     hub_split = preset.hub_splits.get(split, split) if preset else split
+    quiet = [logging.getLogger(n) for n in ("huggingface_hub", "datasets", "fsspec")]
+    levels = [q.level for q in quiet]
+    for q in quiet:  # offline, the hub client logs every retry: the error below says it all
+        q.setLevel(logging.ERROR)
     try:
         ds = datasets.load_dataset(hub_id, config, split=hub_split)
     except Exception as exc:  # noqa: BLE001 - offline, missing, gated: all one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SourceError(f"cannot load hub dataset {hub_id} ({hub_split}): {first}") from None
+        hint = " (offline? point --data-dir at local copies)" if preset else ""
+        raise SourceError(f"cannot load hub dataset {hub_id} ({hub_split}): {first}{hint}"
+                          ) from None
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     explicit = parse_columns(columns)

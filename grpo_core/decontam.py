@@ -17,7 +17,7 @@ Lower `min_coverage` to catch looser rephrasings at the price of flagging siblin
 from __future__ import annotations
 
 from collections import Counter
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 from grpo_core.problems import normalise_text
 

@@ -14,7 +14,8 @@ def normalise_text(text: str) -> str:
 def fingerprint(problem: str, answer: str) -> str:
     """Content hash of a problem: equal text and gold answer mean the same problem."""
     key = normalise_text(problem) + "\x1f" + normalise_text(answer)
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    # surrogatepass: a row holding invalid bytes still gets a fingerprint (and is quarantined)
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 @dataclass

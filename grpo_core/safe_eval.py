@@ -22,7 +22,8 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 MAX_ANSWER_CHARS = 512
 MAX_NESTING = 50
@@ -111,6 +112,16 @@ def _digits_before(text: str, i: int) -> int:
     return j - k
 
 
+_NUMERIC_NOISE = re.compile(r"\\(?:cdot|times|left|right|div)\b|\\[!,;: ]|\s")
+_NUMERIC_ONLY = re.compile(r"[0-9.+\-*/^!(){}\[\]]*")
+
+
+def _numeric(text: str) -> bool:
+    """Only numbers and operators: an exact big-integer computation if sympy evaluates it.
+    (With a letter or a function in it, sympy keeps the expression symbolic.)"""
+    return _NUMERIC_ONLY.fullmatch(_NUMERIC_NOISE.sub("", text)) is not None
+
+
 def risky_reason(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
     """Why `text` must not reach sympy, or None when it is safe to parse. Linear time."""
     if len(text) > max_chars:
@@ -124,21 +135,22 @@ def risky_reason(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
         return f"nesting deeper than {MAX_NESTING}"
     if any(len(run) > MAX_NUMBER_DIGITS for run in _DIGITS.findall(text)):
         return f"a number longer than {MAX_NUMBER_DIGITS} digits"
-    if "^" not in text and "!" not in text and "\\" not in text:
+    if "^" not in text and "*" not in text and "!" not in text and "\\" not in text:
         return None
+    # math-verify's plain-expression path reads `**` as a power too.
+    text = text.replace("**", "^ ")  # same length: bracket positions stay valid
     match_open = {o: c for c, o in match.items()}
     for i, ch in enumerate(text):
         if ch == "^":
             operand, after = _operand_after(text, i + 1, match_open)
-            if "^" in operand or "!" in operand or "\\exp" in operand:
-                return "nested exponent"
             if any(len(r) > MAX_EXPONENT_DIGITS for r in _DIGITS.findall(operand)):
                 return "huge exponent"
-            rest = text[after:].lstrip(" ")
-            if rest.startswith("^") or rest.startswith("!"):
+            if ("^" in operand or "!" in operand) and _numeric(operand):
+                return "nested exponent"
+            if text[after:].lstrip(" ").startswith(("^", "!")):
                 return "exponent chain"
             base = _group_before(text, i - 1, match)
-            if base is not None and ("^" in base or "!" in base):
+            if base is not None and ("^" in base or "!" in base) and _numeric(base + operand):
                 return "power of a power"
         elif ch == "!":
             if text[i + 1 : i + 2] == "!" or _digits_before(text, i - 1) > MAX_FACTORIAL_DIGITS:
@@ -162,7 +174,7 @@ _REFIRE_S = 0.05  # re-raise every 50 ms if something swallowed the first except
 
 
 class _Token:
-    __slots__ = ("tid", "active", "fired")
+    __slots__ = ("active", "fired", "tid")
 
     def __init__(self, tid: int):
         self.tid, self.active, self.fired = tid, True, False
@@ -255,5 +267,5 @@ def _restore_sympy_flags() -> None:
         global_parameters.evaluate = True
         global_parameters.distribute = True
         global_parameters.exp_is_pow = False
-    except Exception:  # sympy missing or changed: nothing to restore
+    except Exception:  # noqa: BLE001, S110 - sympy missing or changed: nothing to restore
         pass

@@ -17,10 +17,13 @@ import json
 import re
 import time
 import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import duckdb
 import pyarrow as pa
@@ -126,6 +129,29 @@ def check_size(p: Problem, max_chars: int) -> Rejection | None:
     return None
 
 
+GOLD_DEADLINE_S = 2.0  # per gold at ingest; the reward-time deadline is far tighter
+
+
+@contextmanager
+def patient_gold_parsing(seconds: float = GOLD_DEADLINE_S) -> Iterator[None]:
+    """Raise answers' per-gold deadline while ingesting.
+
+    parse_gold returns None both for an unparseable gold and for one that overran its
+    (reward-time, 0.3 s) deadline; on a loaded machine the latter quarantined hundreds of
+    valid MATH rows. Whether a row is valid must not depend on the machine's load.
+    """
+    from grpo_core import answers
+
+    old = getattr(answers, "GOLD_DEADLINE_S", None)
+    if old is not None:
+        answers.GOLD_DEADLINE_S = max(old, seconds)
+    try:
+        yield
+    finally:
+        if old is not None:
+            answers.GOLD_DEADLINE_S = old
+
+
 def check_gold(p: Problem) -> Rejection | None:
     from grpo_core.answers import parse_gold
 
@@ -189,6 +215,29 @@ class IngestReport:
             self.first_reasons.append(f"row {index}: {why}")
 
 
+def _check_rows(adapter: Adapter, report: IngestReport, stored: set[str], accepted: list,
+                rejected: list, max_chars: int) -> None:
+    """Sort every row into accepted, rejected or duplicate (counted in `report`)."""
+    seen: set[str] = set()
+    for index, raw in adapter.rows():
+        report.total_rows += 1
+        checked = _validate(adapter, index, raw, max_chars)
+        if not isinstance(checked, Rejection):
+            p, repaired = checked
+            if p.fingerprint in stored or p.fingerprint in seen:
+                report.duplicates += 1
+                report.already_stored += p.fingerprint in stored
+                continue
+            checked = check_gold(p)  # the costly check runs once per distinct row
+            if checked is None:
+                seen.add(p.fingerprint)
+                report.repaired += repaired
+                accepted.append((index, p))
+                continue
+        report._reject(index, checked)
+        rejected.append((index, checked, raw.raw if isinstance(raw, BadRow) else raw))
+
+
 # ----------------------------------------------------------------------------- store
 
 
@@ -197,7 +246,7 @@ class Store:
         self.con, self.path, self.read_only = con, path, read_only
 
     @classmethod
-    def open(cls, path: str | Path, read_only: bool = False, timeout: float = 0.0) -> "Store":
+    def open(cls, path: str | Path, read_only: bool = False, timeout: float = 0.0) -> Store:
         """Open (creating if needed) the store; wait up to `timeout` s for a lock."""
         path = Path(path).expanduser()
         if read_only and not path.exists():
@@ -227,10 +276,10 @@ class Store:
     def close(self) -> None:
         self.con.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- writing ------------------------------------------------------------------
@@ -247,24 +296,8 @@ class Store:
             [src, split]).fetchall()}
         accepted: list[tuple[int, Problem]] = []
         rejected: list[tuple[int, Rejection, Any]] = []
-        seen: set[str] = set()
-        for index, raw in adapter.rows():
-            report.total_rows += 1
-            checked = _validate(adapter, index, raw, max_problem_chars)
-            if not isinstance(checked, Rejection):
-                p, repaired = checked
-                if p.fingerprint in stored or p.fingerprint in seen:
-                    report.duplicates += 1
-                    report.already_stored += p.fingerprint in stored
-                    continue
-                checked = check_gold(p)  # the costly check runs once per distinct row
-                if checked is None:
-                    seen.add(p.fingerprint)
-                    report.repaired += repaired
-                    accepted.append((index, p))
-                    continue
-            report._reject(index, checked)
-            rejected.append((index, checked, raw.raw if isinstance(raw, BadRow) else raw))
+        with patient_gold_parsing():
+            _check_rows(adapter, report, stored, accepted, rejected, max_problem_chars)
         report.ingested = len(accepted)
         if report.total_rows:
             self._write(adapter, report, accepted, rejected, ngram, min_coverage)
@@ -275,7 +308,7 @@ class Store:
 
     def _write(self, adapter: Adapter, report: IngestReport, accepted, rejected,
                ngram: int, min_coverage: float) -> None:
-        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        now = datetime.now(UTC).replace(tzinfo=None)
         ingest_id = uuid.uuid4().hex[:12]
         src, split = adapter.source, adapter.split
         rows = [(src, split, p.fingerprint, p.id, p.problem, p.answer, p.solution, p.level,
@@ -286,8 +319,7 @@ class Store:
             [dict(zip(_QUARANTINE_SCHEMA.names, (src, split, i, w.code, str(w), _raw_json(raw))))
              for i, w, raw in rejected], schema=_QUARANTINE_SCHEMA)
         con = self.con
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with self._transaction():
             con.register("_new_problems", problems)
             con.execute(
                 "INSERT INTO problems (source, split, fingerprint, id, problem, answer, solution,"
@@ -306,24 +338,14 @@ class Store:
                 [ingest_id, src, split, adapter.origin, adapter.fingerprint, report.total_rows,
                  report.ingested, report.quarantined_total, report.duplicates,
                  report.contaminated, report.repaired, now,
-                 datetime.now(timezone.utc).replace(tzinfo=None)])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        finally:
-            for view in ("_new_problems", "_new_quarantine"):
-                try:
-                    con.unregister(view)
-                except duckdb.Error:
-                    pass
+                 datetime.now(UTC).replace(tzinfo=None)])
 
     def _decontaminate_new(self, report: IngestReport, ingest_id: str, n: int,
                            min_coverage: float) -> None:
         """Flag what this ingest can newly contaminate (flags are only ever added)."""
         evals_sql = decontam.eval_predicate()
         if decontam.is_eval(report.source, report.split):
-            evals = self._texts(f"source = ? AND split = ?", [report.source, report.split])
+            evals = self._texts("source = ? AND split = ?", [report.source, report.split])
             train = self._texts(f"NOT ({evals_sql}) AND NOT contaminated", [])
         else:
             evals = self._texts(evals_sql, [])
@@ -349,33 +371,39 @@ class Store:
         table = pa.table({"source": [k[0] for k in flags], "split": [k[1] for k in flags],
                           "fingerprint": [k[2] for k in flags], "label": list(flags.values())})
         self.con.register("_flags", table)
-        try:
-            self.con.execute(
-                "UPDATE problems SET contaminated = TRUE, contaminated_with = f.label FROM "
-                "_flags f WHERE problems.source = f.source AND problems.split = f.split AND "
-                "problems.fingerprint = f.fingerprint")
-        finally:
-            self.con.unregister("_flags")
+        self.con.execute(
+            "UPDATE problems SET contaminated = TRUE, contaminated_with = f.label FROM _flags f "
+            "WHERE problems.source = f.source AND problems.split = f.split AND "
+            "problems.fingerprint = f.fingerprint")
 
     def decontaminate(self, ngram: int = decontam.DEFAULT_N,
                       min_coverage: float = decontam.DEFAULT_MIN_COVERAGE) -> dict[str, int]:
         """Recompute every flag from scratch (e.g. with another n); counts per eval set."""
         evals_sql = decontam.eval_predicate()
-        self.con.execute("BEGIN TRANSACTION")
-        try:
+        with self._transaction():
             self.con.execute("UPDATE problems SET contaminated = FALSE, contaminated_with = NULL")
             flags = decontam.find_contaminated(self._texts(f"NOT ({evals_sql})", []),
                                                self._texts(evals_sql, []), n=ngram,
                                                min_coverage=min_coverage)
             self._flag(flags)
+        return dict(Counter(flags.values()))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """All or nothing; temporary views registered inside are dropped either way."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            yield
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
             raise
-        counts: dict[str, int] = {}
-        for label in flags.values():
-            counts[label] = counts.get(label, 0) + 1
-        return counts
+        finally:
+            for view in ("_new_problems", "_new_quarantine", "_flags"):
+                try:
+                    self.con.unregister(view)
+                except duckdb.Error:
+                    pass
 
     # -- reading ------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """`synthetic:arith`: generated arithmetic word problems with exact answers.
 
 Difficulty levels 1-5 grow in digits, operands and operations. Train and eval are
-disjoint by construction: each expression is assigned to a split by a hash of its
-canonical form, so no eval expression can ever be generated for training, whatever the
-seed or the counts. Everything is reproducible from the seed.
+disjoint by construction: each problem text is assigned to a split by a hash, so no eval
+problem can ever be generated for training, whatever the seed or the counts (arithmetic
+facts are shared, as they are between any two real math sets). Reproducible from the seed.
 """
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def _draw(level: int, rng: random.Random) -> Expr:
     raise ValueError(f"level must be 1-5, got {level}")
 
 
-def split_of(expr: Expr) -> str:
-    digest = hashlib.sha256(expr.text.encode()).digest()
+def split_of(problem_text: str) -> str:
+    digest = hashlib.sha256(problem_text.encode()).digest()
     return "eval" if digest[0] % EVAL_SHARE == 0 else "train"
 
 
@@ -96,26 +96,27 @@ def generate_problems(
     active = list(levels or LEVELS)
     rng = random.Random(f"{SOURCE}/{want}/{seed}")
     seen: set[str] = set()
-    misses = {lv: 0 for lv in active}  # consecutive misses: level 1 has only 81 sums
+    misses = {lv: 0 for lv in active}  # consecutive misses: level 1 has few distinct texts
     out: list[Problem] = []
     while len(out) < n:
         if not active:
             raise ValueError(f"cannot draw {n} distinct {want} problems at levels {levels}")
         level = active[len(out) % len(active)]
         expr = _draw(level, rng)
-        if split_of(expr) != want or expr.text in seen:
+        text = _wording(expr, rng)
+        if split_of(text) != want or text in seen:
             misses[level] += 1
             if misses[level] > 2000:  # this level's pool is exhausted
                 active.remove(level)
             continue
         misses[level] = 0
-        seen.add(expr.text)
+        seen.add(text)
         _, value = expr.steps()
         out.append(
             Problem(
                 source=SOURCE,
                 split=want,
-                problem=_wording(expr, rng),
+                problem=text,
                 answer=str(value),
                 solution=solution_text(expr),
                 level=level,
@@ -124,3 +125,16 @@ def generate_problems(
             )
         )
     return out
+
+
+def arithmetic_facts(seed: int = 0, n_two_digit: int = 600) -> list[str]:
+    """Arithmetic facts as a textbook states them ("7 + 5 = 12."): the general knowledge a
+    base model brings from pretraining. No problem text, of either split, is in here."""
+    rng = random.Random(f"{SOURCE}/facts/{seed}")
+    facts = [f"{a} + {b} = {a + b}." for a in range(10) for b in range(10)]
+    facts += [f"{a} - {b} = {a - b}." for a in range(10) for b in range(a + 1)]
+    for _ in range(n_two_digit):
+        a, b = rng.randint(10, 99), rng.randint(1, 9)
+        facts.append(f"{a} + {b} = {a + b}." if rng.random() < 0.5 else f"{a} - {b} = {a - b}.")
+    rng.shuffle(facts)
+    return facts

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from grpo_core.progress import Bar
 from grpo_core.prompts import CHAT_SYSTEM_PROMPT, R1_ZERO_TEMPLATE
-from grpo_core.synthetic import generate_problems
+from grpo_core.synthetic import arithmetic_facts, generate_problems
 
 BUILTIN_PREFIX = "builtin:"
 REASONING_TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
@@ -35,10 +35,10 @@ class TinyRecipe:
     num_heads: int = 4
     intermediate_size: int = 256
     vocab_size: int = 512
-    pretrain_steps: int = 900
-    batch_size: int = 32
-    seq_len: int = 96
-    learning_rate: float = 3e-3
+    pretrain_steps: int = 1000
+    batch_size: int = 16  # whole documents per step
+    seq_len: int = 160  # longer than the R1-Zero prompt (~90 tokens) plus an answer
+    learning_rate: float = 2e-3
     corpus_problems: int = 3000
     version: int = 1  # bump when the build code changes meaning
 
@@ -46,19 +46,40 @@ class TinyRecipe:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
 
 
+# Generic lead-in sentences, as transcripts on the web have: the model learns to find the
+# question after a long preamble (the R1-Zero prompt is ~90 tokens), not the template.
+FILLER = [
+    "The following is a conversation with a patient tutor.",
+    "A chat between a student and a teacher about numbers.",
+    "Read the question carefully and answer it.",
+    "This page collects practice questions with worked answers.",
+    "Each exercise below is followed by its solution.",
+    "The teacher explains every step of the calculation in the reply.",
+    "Below, a learner asks questions and a helper replies with the result.",
+    "Questions are short and the replies give the final number at the end.",
+    # The R1-Zero preamble's first sentences (not the one naming the tags): a base model
+    # has read instructions like these; it has never seen a <think>/<answer> completion.
+    "A conversation between User and Assistant.",
+    "The user asks a question, and the Assistant solves it.",
+    "The assistant first thinks about the reasoning process in the mind and then provides the user with the answer.",
+]
+
+
 def _corpus(recipe: TinyRecipe) -> list[str]:
-    """Plain arithmetic documents from the *train* split only: eval problems never leak."""
+    """Arithmetic facts and worked *train* problems: eval problems never leak."""
     rng = random.Random(recipe.seed)
-    docs = []
+    facts = arithmetic_facts(recipe.seed)
+    docs = [" ".join(facts[i : i + 8]) for i in range(0, len(facts), 8)] * 3
     for p in generate_problems("train", recipe.corpus_problems, seed=recipe.seed):
         steps = p.solution.rsplit(" The answer is", 1)[0]
         style = rng.random()
-        if style < 0.35:
-            docs.append(f"{steps}")
-        elif style < 0.7:
+        if style < 0.2:
+            docs.append(steps)
+        elif style < 0.5:
             docs.append(f"Question: {p.problem}\nAnswer: {steps} The answer is \\boxed{{{p.answer}}}.")
         else:
-            docs.append(f"User: {p.problem} Assistant: {steps} So the answer is \\boxed{{{p.answer}}}.")
+            lead = " ".join(rng.sample(FILLER, rng.randint(0, 6)))
+            docs.append(f"{lead} User: {p.problem} Assistant: {steps} So the answer is \\boxed{{{p.answer}}}.".strip())
     return docs
 
 
@@ -96,14 +117,12 @@ def build_tokenizer(texts: list[str], vocab_size: int):
 
 
 def _pretrain(model, tokenizer, docs: list[str], recipe: TinyRecipe, progress: bool) -> float:
+    """Causal-LM training on whole documents (one per row, right-padded, pads masked)."""
     import torch
 
-    eos = tokenizer.eos_token_id
-    stream: list[int] = []
-    for doc in docs:
-        stream += tokenizer(doc, add_special_tokens=False)["input_ids"] + [eos]
-    data = torch.tensor(stream, dtype=torch.long)
-    n_chunks = (len(data) - 1) // recipe.seq_len
+    bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    encoded = [[bos] + ids[: recipe.seq_len - 2] + [eos]
+               for ids in tokenizer(docs, add_special_tokens=False)["input_ids"]]
     gen = torch.Generator().manual_seed(recipe.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(
@@ -113,9 +132,13 @@ def _pretrain(model, tokenizer, docs: list[str], recipe: TinyRecipe, progress: b
     bar = Bar(recipe.pretrain_steps, "pretraining builtin:tiny-arith", progress)
     loss_val = float("nan")
     for _ in range(recipe.pretrain_steps):
-        starts = torch.randint(0, n_chunks, (recipe.batch_size,), generator=gen) * recipe.seq_len
-        batch = torch.stack([data[s : s + recipe.seq_len] for s in starts.tolist()])
-        out = model(input_ids=batch, labels=batch)
+        rows = [encoded[i] for i in torch.randint(0, len(encoded), (recipe.batch_size,), generator=gen).tolist()]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = torch.tensor(row)
+        labels = ids.masked_fill(ids == pad, -100)
+        out = model(input_ids=ids, attention_mask=(ids != pad).long(), labels=labels)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -126,6 +149,19 @@ def _pretrain(model, tokenizer, docs: list[str], recipe: TinyRecipe, progress: b
     bar.close()
     model.eval()
     return loss_val
+
+
+def _mean_init_tags(model, tokenizer) -> None:
+    """Give the never-seen tag tokens the mean embedding, as resize_token_embeddings does
+    for new tokens: random rows would make the model's first step after <think> noise."""
+    import torch
+
+    ids = tokenizer.convert_tokens_to_ids(REASONING_TAGS)
+    emb = model.get_input_embeddings().weight
+    with torch.no_grad():
+        keep = torch.ones(emb.shape[0], dtype=torch.bool)
+        keep[ids] = False
+        emb[ids] = emb[keep].mean(0)
 
 
 def build_tiny_model(out_dir: str | Path, recipe: TinyRecipe = TinyRecipe(), progress: bool = False) -> Path:
@@ -152,6 +188,7 @@ def build_tiny_model(out_dir: str | Path, recipe: TinyRecipe = TinyRecipe(), pro
     model = LlamaForCausalLM(config)
     t0 = time.time()
     loss = _pretrain(model, tokenizer, docs, recipe, progress)
+    _mean_init_tags(model, tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     out = Path(out_dir)

@@ -110,6 +110,20 @@ def test_hub_presets_go_through_load_dataset(shared_data, monkeypatch):
     assert set(PRESETS) == {"gsm8k", "math", "math500", "aime24", "aime25", "amc23"}
 
 
+def test_hub_math_with_or_without_an_answer_column(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"problem": "P?", "solution": "so $\\boxed{7}$", "answer": None, "level": "Level 2",
+             "type": "Algebra"},
+            {"problem": "Q?", "solution": "long", "answer": "\\frac{1}{3}", "level": "Level ?",
+             "type": "Geometry"}]
+    monkeypatch.delenv("GRPO_DATA_DIR", raising=False)
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda *a, **k: datasets.Dataset.from_list(rows))
+    p, q = _problems(resolve_source("math", split="test"))
+    assert (p.answer, p.level, p.subject, p.split) == ("7", 2, "Algebra", "test")
+    assert (q.answer, q.level, q.subject) == ("\\frac{1}{3}", None, "Geometry")
+
+
 def test_unreachable_hub_id_is_a_source_error(monkeypatch):
     datasets = pytest.importorskip("datasets")
 

@@ -18,10 +18,11 @@ def test_ngram_keys_normalise_and_short_texts():
 
 
 def test_verbatim_and_embedded_eval_problem_is_flagged():
+    other = ("Natalia sold clips to 48 of her friends in April, and then she sold half as "
+             "many clips in May.")
     train = [("copy", EVAL.upper()),
              ("embedded", "Solve this problem carefully. " + EVAL + " Show your work."),
-             ("other", "Natalia sold clips to 48 of her friends in April, and then she sold "
-                       "half as many clips in May.")]
+             ("other", other)]
     flags = decontam.find_contaminated(train, [(("aime24", "test", "fp"), EVAL)])
     assert flags == {"copy": "aime24/test", "embedded": "aime24/test"}
 
@@ -29,8 +30,7 @@ def test_verbatim_and_embedded_eval_problem_is_flagged():
 def test_stock_phrases_and_one_word_siblings_are_not_contamination():
     ev = "Determine the number of ways to arrange the letters of the word ELLIPSE."
     train = [("sibling", "Determine the number of ways to arrange the letters of the word CIRCLE."),
-             ("stock", "What is 3/8 of 24? Express your answer as a decimal to the nearest "
-                       "tenth.")]
+             ("stock", "What is 3/8 of 24? Express your answer as a decimal to the nearest tenth.")]
     evals = [("e", ev), ("f", "Find x. Express your answer as a decimal to the nearest tenth.")]
     assert decontam.find_contaminated(train, evals) == {}
     # The coverage threshold is the knob: at 0.8 the sibling (4 of 5 n-grams) is flagged.

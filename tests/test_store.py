@@ -90,7 +90,7 @@ def test_shared_counts_as_measured(shared_store):
     store, reports = shared_store
     got = {k: (r.ingested, r.quarantined_total, r.duplicates) for k, r in reports.items()}
     print("\n(ingested, quarantined, duplicates):", got)
-    # Measured on shared/data: every row valid; GSM8K train holds exact repeats.
+    # Measured on shared/data (no exact duplicates in any file).
     assert got == MEASURED
     assert reports["aime25", "test"].repaired == 2  # "\frac" written as form feed + "rac"
     assert all("\x0c" not in p.problem for p in store.problems("aime25", "test"))
@@ -103,7 +103,7 @@ MEASURED = {("gsm8k", "train"): (7473, 0, 0), ("math", "train"): (4500, 0, 0),
 
 
 def test_shared_contamination(shared_store):
-    store, reports = shared_store
+    store, _ = shared_store
     contamination = store.contamination()
     print("\ncontamination (train source/split -> eval set -> rows):", contamination)
     assert contamination.get(("math", "train"), {}).get("math500/test", 0) == 0
@@ -163,8 +163,27 @@ def test_bad_rows_are_quarantined_with_reasons(store, tmp_path):
     assert json.loads(q[9]["raw"]) == {"problem": 12345, "answer": "1"}
     assert "broken" in json.loads(q[1]["raw"])["line"]
     assert r.first_reasons[0] == q[1]["reason"].join(["row 1: ", ""])
-    fixed = [p for p in store.problems("bad") if "rac" in p.problem][0]
+    fixed = next(p for p in store.problems("bad") if "rac" in p.problem)
     assert fixed.problem == "Compute \\frac{1}{2} + \\frac{1}{2}."
+
+
+def test_csv_and_parquet_bad_rows(store, tmp_path):
+    csv_path = tmp_path / "mixed.csv"
+    csv_path.write_bytes(b"problem,answer\nWhat is 2 times 3?,6\n"
+                         b"Caf\xe9 bill is 4; what is double?,8\n,5\n")
+    r = store.ingest(resolve_source(str(csv_path)))
+    assert (r.ingested, r.quarantined) == (1, {"undecodable": 1, "empty_problem": 1})
+    again = store.ingest(resolve_source(str(csv_path)))
+    assert (again.ingested, again.duplicates, again.quarantined_total) == (0, 1, 2)
+    assert len(store.quarantined("mixed")) == 2  # a re-ingest does not repeat quarantine rows
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq_path = tmp_path / "cols.parquet"
+    pq.write_table(pa.table({"problem": ["What is 5 minus 2?", None], "answer": [3, 4]}), pq_path)
+    r = store.ingest(resolve_source(str(pq_path)))
+    assert (r.ingested, r.quarantined) == (1, {"missing_problem": 1})
+    assert store.problems("cols")[0].answer == "3"
 
 
 def test_nothing_in_the_store_is_lost_or_altered(store, tmp_path):
@@ -243,12 +262,15 @@ def test_open_errors(tmp_path):
         Store.open(tmp_path / "junk.duckdb")
 
 
+HOLD_LOCK = ("import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+             "print('ready', flush=True); time.sleep(60)")
+
+
 def test_second_process_gets_a_clear_lock_error(tmp_path):
     path = tmp_path / "store.duckdb"
     Store.open(path).close()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
-         "print('ready', flush=True); time.sleep(60)", str(path)],
+        [sys.executable, "-c", HOLD_LOCK, str(path)],
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"

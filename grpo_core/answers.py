@@ -1,0 +1,442 @@
+"""Final-answer extraction and equivalence checking, safe on model output.
+
+    completion --extract_answer--> "\\frac{1}{2}" --verify(parse_gold("0.5"), .)--> True
+
+Plain numbers (GSM8K, AIME, AMC, most of MATH) are compared exactly with `Fraction`;
+everything else goes through math-verify (LaTeX -> sympy via an ANTLR parser; nothing is
+ever `eval`ed). Golds are parsed once and cached, so the G completions of a group share one
+parse. Every math-verify call is bounded by `grpo_core.safe_eval` (input limits plus a
+per-call deadline that works in any thread).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections import OrderedDict
+from fractions import Fraction
+from typing import Any
+
+from grpo_core.safe_eval import TIMED_OUT, call_with_deadline, risky_reason
+
+BUDGET_S = 0.8  # checking one completion, gold parse included when it is not cached yet
+GOLD_DEADLINE_S = 0.6  # parsing one gold answer (once per problem)
+MAX_GOLD_CHARS = 1024
+
+# --- extraction ------------------------------------------------------------------------
+
+MAX_BOXED_SCAN = 100_000  # \boxed{} is looked for in the last 100k chars only
+_BOX_CMD = re.compile(r"\\(?:boxed|fbox|framebox)\s*\{")
+_BRACE = re.compile(r"[{}]")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last brace-matched `\\boxed{...}` (or `\\fbox`, `\\framebox`).
+
+    One left-to-right pass over the braces with an explicit stack: linear time, no
+    recursion, so unbalanced or 10,000-deep input is fine.
+    """
+    if not isinstance(text, str) or "\\" not in text:
+        return None
+    text = text[-MAX_BOXED_SCAN:]  # bounds the Python loop below on megabyte input
+    opens = [m.end() - 1 for m in _BOX_CMD.finditer(text)]
+    if not opens:
+        return None
+    wanted = set(opens)
+    closes: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE.finditer(text, opens[0]):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            start = stack.pop()
+            if start in wanted:
+                closes[start] = m.start()
+    for start in reversed(opens):
+        if start in closes:
+            return text[start + 1 : closes[start]]
+    return None
+
+
+def extract_answer(completion: str) -> str | None:
+    """The model's final answer: the content of the last `<answer>...</answer>`, else the
+    last `\\boxed{...}`, else None."""
+    if not isinstance(completion, str):
+        return None
+    end = completion.rfind("</answer>")
+    if end != -1:
+        start = completion.rfind("<answer>", 0, end)
+        if start != -1:
+            # The first closing tag after that opening one: <answer><answer>5</answer></answer> -> 5
+            end = completion.find("</answer>", start)
+            content = completion[start + len("<answer>") : end].strip()
+            if content:
+                return content
+    boxed = extract_boxed(completion)
+    return boxed.strip() if boxed is not None else None
+
+
+# --- gold answers per dataset ------------------------------------------------------------
+
+def gold_from_gsm8k(answer_field: str) -> str | None:
+    """GSM8K: the text after the last `####`, commas and `$` removed."""
+    if not isinstance(answer_field, str) or "####" not in answer_field:
+        return None
+    gold = answer_field.rsplit("####", 1)[1].replace(",", "").replace("$", "").strip()
+    return gold or None
+
+
+def gold_from_math_solution(solution: str) -> str | None:
+    """MATH: the content of the last `\\boxed{}` of the reference solution."""
+    boxed = extract_boxed(solution)
+    return boxed.strip() if boxed and boxed.strip() else None
+
+
+_FLOAT_INT = re.compile(r"^(-?\d+)\.0*$")
+
+
+def normalise_gold(value: Any, source: str = "") -> str | None:
+    """The gold answer text of a dataset row's answer field, by source.
+
+    gsm8k: worked solution ending in `#### n`; math: a solution with `\\boxed{}`;
+    math500/aime/amc and anything else: the `answer` column (AMC floats like 27.0 mean 27).
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if not isinstance(value, str):
+        return None
+    src = (source or "").lower()
+    if src.startswith("gsm8k") or "####" in value:
+        return gold_from_gsm8k(value)
+    if src == "math" or (src.startswith("math") and "\\boxed" in value and len(value) > 200):
+        return gold_from_math_solution(value)
+    text = value.strip()
+    m = _FLOAT_INT.match(text)
+    if m and src.startswith(("amc", "aime")):
+        return m.group(1)
+    return text or None
+
+
+# --- plain-number fast path ------------------------------------------------------------
+
+_NUM_RE = re.compile(
+    r"^(?P<sign>[-+\u2212]?)\s*(?:\\?\$)?\s*(?:"
+    r"(?P<int>[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)?(?P<dec>\.[0-9]+)?"  # 1,234.5 | 12 | .5
+    r"|(?P<num>[0-9]+)\s*/\s*(?P<den>[0-9]+)"  # 3/4
+    r"|\\[dt]?frac\s*\{\s*(?P<fsign>-?)\s*(?P<fnum>[0-9]+)\s*\}\s*\{\s*(?P<fden>[0-9]+)\s*\}"
+    r"|\\[dt]?frac(?P<snum>[0-9])(?P<sden>[0-9])"  # \frac34
+    r")\s*(?P<pct>\\?%)?$"
+)
+_WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_SPACING = re.compile(r"\\[!,;: ]|\\(?:quad|qquad)\b|~")
+
+
+def _strip_wrappers(text: str) -> str:
+    """Remove math delimiters, one enclosing \\boxed{}, a trailing period, LaTeX spacing."""
+    s = text.strip()
+    for _ in range(3):
+        before = s
+        for left, right in _WRAPPERS:
+            if len(s) > len(left) + len(right) and s.startswith(left) and s.endswith(right):
+                s = s[len(left) : -len(right)].strip()
+        m = _BOX_CMD.match(s)
+        if m and s.endswith("}"):
+            inner = extract_boxed(s)
+            if inner is not None and m.end() + len(inner) + 1 == len(s):
+                s = inner.strip()
+        s = s.rstrip(".").strip()
+        if s == before:
+            break
+    return _SPACING.sub("", s).replace("{,}", ",").strip()
+
+
+def as_number(text: str) -> tuple[Fraction, bool, bool] | None:
+    """(value, written as a decimal, has a percent sign) for a plain number, else None.
+
+    Accepts ints, decimals, a/b, \\frac{a}{b}, thousands separators, a leading $ and a
+    trailing %. Anything else (units, LaTeX expressions) returns None.
+    """
+    if not isinstance(text, str) or len(text) > 200:
+        return None
+    m = _NUM_RE.match(_strip_wrappers(text))
+    if m is None:
+        return None
+    g = m.groupdict()
+    negative = g["sign"] in ("-", "\u2212")
+    if g["int"] is not None or g["dec"] is not None:
+        digits = (g["int"] or "0").replace(",", "") + (g["dec"] or "")
+        if len(digits) > 100:
+            return None
+        value, is_dec = Fraction(digits), g["dec"] is not None
+    else:
+        num = g["num"] or g["fnum"] or g["snum"]
+        den = g["den"] or g["fden"] or g["sden"]
+        if num is None or len(num) + len(den) > 100 or int(den) == 0:
+            return None
+        value, is_dec = Fraction(int(num), int(den)), False
+        negative ^= g["fsign"] == "-"
+    return (-value if negative else value), is_dec, g["pct"] is not None
+
+
+def numbers_equal(gold: tuple[Fraction, bool, bool], pred: tuple[Fraction, bool, bool]) -> bool:
+    """Exact equality, with math-verify's conventions: `50%` matches both 50 and 0.5, and
+    when either side is written as a decimal both are compared rounded to 6 places."""
+    gv, g_dec, g_pct = gold
+    pv, p_dec, p_pct = pred
+    golds = {gv, gv / 100} if g_pct else {gv}
+    preds = {pv, pv / 100} if p_pct else {pv}
+    if golds & preds:
+        return True
+    if g_dec or p_dec:
+        return any(round(a, 6) == round(b, 6) for a in golds for b in preds)
+    return False
+
+
+# --- math-verify path ------------------------------------------------------------------
+
+class _DropTimeoutWarning(logging.Filter):
+    # We disable math-verify's signal timeouts on purpose (they break off the main thread)
+    # and bound time ourselves; its one-off warning about that is noise.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutWarning())
+
+_COMMANDS = re.compile(r"\\[A-Za-z]+")
+_TEXT_ARGS = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
+_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+def _looks_like_prose(text: str) -> bool:
+    """`18 dollars`, `The answer is 5`: words outside LaTeX commands and \\text{}."""
+    return bool(_WORD.search(_COMMANDS.sub(" ", _TEXT_ARGS.sub(" ", text))))
+
+
+def _mv_candidates(text: str) -> list[str]:
+    """Strings to hand math-verify's parse, best first. A bare LaTeX answer is wrapped in
+    \\boxed{} (parse then reads all of it, not just its first number)."""
+    if "\\boxed" in text or "\\fbox" in text or "$" in text or "\\(" in text or "\\[" in text:
+        return [text]
+    boxed = "\\boxed{" + text + "}"
+    return [text, boxed] if _looks_like_prose(text) else [boxed, text]
+
+
+_MV: dict = {}
+# One of each construct MATH answers use: the first parse of each pays sympy's lazy imports
+# and cache fills (up to ~0.3 s apiece on a busy machine), which must not eat a deadline.
+_WARM_UP = [
+    ("\\frac{1}{2}", "0.5"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)"),
+    ("3\\sqrt{13}", "\\sqrt{117}"), ("[-2, 7)", "(-2, 7]"), ("\\{1, 2\\}", "1, 2"),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}"),
+    ("\\text{(C)}", "C"), ("x^2 + 1", "x = 1"), ("6 - 5i", "6+5i"), ("90^\\circ", "50\\%"),
+    ("\\sin x \\cos x", "\\log_2 8"), ("\\infty", "-\\infty"), ("x \\ge 2", "1.5"),
+]
+
+
+def warm_up() -> None:
+    """Import math-verify and pay its first-use costs now (idempotent, ~1-2 s once)."""
+    _math_verify()
+
+
+def _math_verify() -> tuple:
+    """(parse, verify) of math-verify, imported and warmed up on first use.
+
+    Never inside a deadline: an import interrupted half-way would leave a broken module.
+    """
+    if not _MV:
+        from math_verify import parse, verify
+
+        for gold, pred in _WARM_UP:
+            for text in (gold, pred):
+                try:
+                    verify(parse("\\boxed{" + gold + "}", parsing_timeout=None),
+                           parse("\\boxed{" + text + "}", parsing_timeout=None),
+                           timeout_seconds=None)
+                except Exception:  # noqa: BLE001, S110 - warming only
+                    pass
+        _MV["fns"] = (parse, verify)
+    return _MV["fns"]
+
+
+def _mv_parse(text: str) -> list:
+    parse, _ = _MV["fns"]
+    for candidate in _mv_candidates(text):
+        parsed = parse(candidate, parsing_timeout=None)
+        if parsed:
+            return parsed
+    return []
+
+
+def _mv_equal(gold_parsed: list, pred_text: str) -> bool:
+    _, mv_verify = _MV["fns"]
+    pred_parsed = _mv_parse(pred_text)
+    return bool(pred_parsed) and mv_verify(gold_parsed, pred_parsed, timeout_seconds=None)
+
+
+_CANON_DROP = re.compile(r"\s+|\\left\b|\\right\b|\\displaystyle\b|\\[!,;: ]")
+
+
+def _canon(text: str) -> str:
+    """Cosmetic normal form: equal canon strings are certainly the same answer."""
+    return _CANON_DROP.sub("", _strip_wrappers(text)).replace("\\dfrac", "\\frac").replace(
+        "\\tfrac", "\\frac"
+    )
+
+
+class _LRU:
+    """A small thread-safe LRU map (functools.lru_cache cannot skip caching timeouts)."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize, self._data, self._lock = maxsize, OrderedDict(), threading.Lock()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        with self._lock:
+            if key not in self._data:
+                return default
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            if len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+_GOLDS = _LRU(8192)
+_VERDICTS = _LRU(65536)
+_MISSING = object()
+
+
+class GoldAnswer:
+    """A gold answer parsed once, reusable across the G completions of a group.
+
+    `number` is set for plain numbers (compared exactly, math-verify never needed);
+    otherwise `parsed` holds math-verify's parse, made once by `parse_gold`.
+    """
+
+    __slots__ = ("canon", "number", "parsed", "text")
+
+    def __init__(self, text: str, number: tuple | None, parsed: list | None):
+        self.text = text
+        self.number = number
+        self.canon = _canon(text)
+        self.parsed = parsed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GoldAnswer) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"GoldAnswer({self.text!r})"
+
+
+def _gold_key(text: Any) -> str | None:
+    if not isinstance(text, str):
+        text = normalise_gold(text)
+        if text is None:
+            return None
+    if "\\boxed" in text or "\\fbox" in text:
+        text = extract_boxed(text) or text
+    return _strip_wrappers(text)
+
+
+def parse_gold(text: Any, seconds: float = GOLD_DEADLINE_S) -> GoldAnswer | None:
+    """Parse a gold answer once (cached by its text). None when it cannot be parsed."""
+    if isinstance(text, GoldAnswer):
+        return text
+    try:
+        key = _gold_key(text)
+        if not key:
+            return None
+        hit = _GOLDS.get(key, _MISSING)
+        if hit is not _MISSING:
+            return hit
+        number = as_number(key)
+        if number is not None:
+            gold = GoldAnswer(key, number, None)
+        elif risky_reason(key, max_chars=MAX_GOLD_CHARS):
+            gold = None
+        else:
+            _math_verify()
+            parsed = call_with_deadline(_mv_parse, key, seconds=seconds)
+            if parsed is TIMED_OUT:
+                return None  # not remembered: a less busy moment may parse it
+            gold = GoldAnswer(key, None, parsed) if parsed else None
+        _GOLDS.put(key, gold)
+        return gold
+    except Exception:  # noqa: BLE001 - a gold we cannot read is "no gold", never a crash
+        return None
+
+
+def _mv_check(gold: GoldAnswer, pred: str) -> bool:
+    if gold.parsed is None:  # a plain-number gold meeting a non-number prediction
+        gold.parsed = _mv_parse(gold.text)
+    return bool(gold.parsed) and _mv_equal(gold.parsed, pred)
+
+
+def _verify_uncached(gold: GoldAnswer, pred: str, seconds: float) -> bool | None:
+    stripped = _strip_wrappers(pred)
+    if not stripped:
+        return False
+    if gold.number is not None:
+        number = as_number(stripped)
+        if number is not None:
+            return numbers_equal(gold.number, number)
+    canon = _canon(stripped)
+    if canon and canon == gold.canon:
+        return True
+    if risky_reason(stripped):
+        return False
+    _math_verify()
+    result = call_with_deadline(_mv_check, gold, stripped, seconds=seconds)
+    return None if result is TIMED_OUT else result
+
+
+def verify(gold: GoldAnswer | None, predicted: str | None, seconds: float = BUDGET_S) -> bool:
+    """Is `predicted` (an extracted answer) equivalent to the gold? Never raises; takes at
+    most about `seconds` (a timeout counts as wrong and is not cached)."""
+    if gold is None or not isinstance(predicted, str):
+        return False
+    pred = predicted.strip()
+    if not pred or len(pred) > 4 * MAX_GOLD_CHARS:
+        return False
+    key = (gold.text, pred)
+    hit = _VERDICTS.get(key)
+    if hit is not None:
+        return hit
+    try:
+        result = _verify_uncached(gold, pred, seconds)
+    except Exception:  # noqa: BLE001 - hostile input is a wrong answer, not a crash
+        result = False
+    if result is None:
+        return False
+    _VERDICTS.put(key, result)
+    return result
+
+
+def is_equivalent(gold_text: Any, pred_text: str | None) -> bool:
+    """Convenience: parse_gold + verify."""
+    return verify(parse_gold(gold_text), pred_text)
+
+
+def clear_caches() -> None:
+    """Forget parsed golds and verdicts (benchmarks start cold)."""
+    _GOLDS.clear()
+    _VERDICTS.clear()
