@@ -244,7 +244,8 @@ def _decode(path: Path) -> str:
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     index = 0
-    for lineno, line in enumerate(_decode(path).splitlines(), start=1):
+    # split("\n"), not splitlines(): U+2028 or NEL may sit raw inside a JSON string.
+    for lineno, line in enumerate(_decode(path).split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -20,8 +20,8 @@ from typing import Any
 
 from grpo_core.safe_eval import TIMED_OUT, call_with_deadline, risky_reason
 
-BUDGET_S = 0.8  # checking one completion, gold parse included when it is not cached yet
-GOLD_DEADLINE_S = 0.6  # parsing one gold answer (once per problem)
+BUDGET_S = 0.7  # checking one completion, gold parse included when it is not cached yet
+GOLD_DEADLINE_S = 0.5  # parsing one gold answer (once per problem)
 MAX_GOLD_CHARS = 1024
 
 # --- extraction ------------------------------------------------------------------------

@@ -216,10 +216,12 @@ def test_bad_lines_become_bad_rows(tmp_path):
                      b'{"problem": "broken", "answer": \n'
                      b'\n'
                      b'{"problem": "caf\xe9 latin-1?", "answer": "2"}\n'
-                     b'[1, 2]\n')
+                     b'[1, 2]\r\n'
+                     b'{"problem": "raw \xe2\x80\xa8 separator \xc2\x85 inside", "answer": "3"}\n')
     adapter = resolve_source(str(path))
     rows = list(adapter.rows())
-    assert [i for i, _ in rows] == [0, 1, 2, 3]  # blank lines are not rows
+    assert [i for i, _ in rows] == [0, 1, 2, 3, 4]  # blank lines are not rows
+    assert rows[4][1]["problem"] == "raw \u2028 separator \x85 inside"  # one line, not three
     assert isinstance(rows[1][1], BadRow) and rows[1][1].rejection.code == "malformed_json"
     assert "line 2" in rows[1][1].rejection.detail
     assert "\udce9" in rows[2][1]["problem"]  # kept for the store to quarantine as undecodable

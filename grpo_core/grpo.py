@@ -1,0 +1,248 @@
+"""One GRPO round with TRL's GRPOTrainer, plus what TRL lacks: a KL schedule, a collapse
+monitor, a divergence guard, optional skipped updates, and a record of every completion
+with its per-function rewards and advantage."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from grpo_core.config import PipelineConfig
+from grpo_core.problems import Problem
+from grpo_core.prompts import render_prompt
+from grpo_core.rewards import build_reward_funcs
+
+RolloutSink = Callable[[int, list[dict]], None]  # (global step, one dict per completion)
+
+
+@dataclass
+class RoundResult:
+    output_dir: str  # the trained model (tokenizer included)
+    steps: int
+    history: list[dict] = field(default_factory=list)  # TRL's logged metrics per step
+    findings: list[str] = field(default_factory=list)  # rules that fired (collapse, NaN, KL)
+    stopped_early: bool = False
+
+
+def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None):
+    """Every GRPO knob set explicitly from our config: TRL's defaults differ from the paper."""
+    import torch
+    from trl import GRPOConfig
+
+    g = cfg.grpo
+    on_gpu = torch.cuda.is_available()
+    bf16 = g.bf16 if g.bf16 is not None else on_gpu
+    beta = g.beta if g.kl_schedule.kind == "constant" else g.kl_schedule.beta_start
+    kw = dict(
+        output_dir=output_dir,
+        num_generations=g.num_generations,
+        per_device_train_batch_size=g.prompts_per_step * g.num_generations,
+        gradient_accumulation_steps=g.gradient_accumulation_steps,
+        beta=beta,
+        epsilon=g.epsilon,
+        epsilon_high=g.epsilon_high if g.epsilon_high is not None else g.epsilon,
+        loss_type=g.loss_type,
+        scale_rewards=g.scale_rewards,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=0,
+        learning_rate=g.learning_rate,
+        max_completion_length=g.max_completion_length,
+        num_iterations=g.num_iterations,
+        max_steps=g.max_steps,
+        save_steps=g.save_steps,
+        save_strategy="steps",
+        logging_steps=g.logging_steps,
+        seed=cfg.project.seed,
+        data_seed=cfg.project.seed,
+        bf16=bf16,
+        use_cpu=not on_gpu,
+        report_to=report_to or [],
+        use_vllm=g.use_vllm,
+        vllm_mode=g.vllm_mode,
+        vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
+    return GRPOConfig(**kw)
+
+
+def kl_beta(step: int, total: int, cfg: PipelineConfig) -> float:
+    """beta at a step under the configured schedule (the seeds' 0.1 -> 0.01 decay)."""
+    sched = cfg.grpo.kl_schedule
+    if sched.kind == "constant":
+        return cfg.grpo.beta
+    frac = min(max(step / max(total, 1), 0.0), 1.0)
+    if sched.kind == "linear":
+        return sched.beta_start + (sched.beta_end - sched.beta_start) * frac
+    return sched.beta_end + 0.5 * (sched.beta_start - sched.beta_end) * (1 + math.cos(math.pi * frac))
+
+
+def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list):
+    from transformers import TrainerCallback
+
+    g = cfg.grpo
+
+    class KLSchedule(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if g.kl_schedule.kind != "constant" and trainer_ref:
+                trainer_ref[0].beta = kl_beta(state.global_step, state.max_steps, cfg)
+
+    class Monitor(TrainerCallback):
+        """Collapse monitor and divergence guard, on TRL's logged metrics."""
+
+        def __init__(self):
+            self.collapsed_for = 0
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = dict(logs or {})
+            if "loss" not in logs and "reward" not in logs:
+                return
+            logs["step"] = state.global_step
+            if trainer_ref:
+                logs["beta"] = trainer_ref[0].beta
+            result.history.append(logs)
+            frac = logs.get("frac_reward_zero_std")
+            if frac is not None:
+                self.collapsed_for = self.collapsed_for + 1 if frac > g.collapse_threshold else 0
+                if self.collapsed_for == g.collapse_patience:
+                    result.findings.append(
+                        f"collapse: frac_reward_zero_std > {g.collapse_threshold} for "
+                        f"{g.collapse_patience} steps (step {state.global_step}); re-filter difficulty "
+                        "or raise temperature"
+                    )
+            for key in ("loss", "reward", "grad_norm"):
+                v = logs.get(key)
+                if v is not None and not math.isfinite(v):
+                    self._stop(control, f"divergence: {key} is {v} at step {state.global_step}")
+                    return
+            kl = logs.get("kl")
+            if g.kl_ceiling is not None and kl is not None and kl > g.kl_ceiling:
+                self._stop(control, f"divergence: kl {kl:.4g} above kl_ceiling {g.kl_ceiling} "
+                                    f"at step {state.global_step}")
+
+        def _stop(self, control, finding: str):
+            result.findings.append(finding)
+            result.stopped_early = True
+            control.should_training_stop = True
+            control.should_save = False  # keep the last good checkpoint as the last one
+
+    return [KLSchedule(), Monitor()]
+
+
+def _trainer_class():
+    from trl import GRPOTrainer
+
+    class RecordingGRPOTrainer(GRPOTrainer):
+        """Hands every scored completion to a sink; optionally skips hopeless batches."""
+
+        rollout_sink: RolloutSink | None = None
+        skip_update_below: float | None = None
+        skipped_updates: int = 0
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            logs = self._logs
+            n = len(out["advantages"])
+            rewards = {name: list(vals)[-n:] for name, vals in logs["rewards"].items()}
+            weights = self.reward_weights.tolist()
+            totals = [sum(w * (r[i] if r[i] == r[i] else 0.0) for w, r in zip(weights, rewards.values()))
+                      for i in range(n)]
+            if self.skip_update_below is not None and totals and max(totals) < self.skip_update_below:
+                out["advantages"] = out["advantages"] * 0.0  # no signal: do not move the policy
+                self.skipped_updates += 1
+            if self.rollout_sink is not None:
+                prompts, completions = list(logs["prompt"])[-n:], list(logs["completion"])[-n:]
+                advantages = out["advantages"].tolist()
+                rows = []
+                for i in range(n):
+                    rows.append({
+                        "prompt": prompts[i],
+                        "completion": completions[i] if isinstance(completions[i], str)
+                        else completions[i][-1]["content"],
+                        "answer": inputs[i].get("answer") if i < len(inputs) else None,
+                        "problem_id": inputs[i].get("problem_id") if i < len(inputs) else None,
+                        "rewards": {k: v[i] for k, v in rewards.items()},
+                        "reward": totals[i],
+                        "advantage": advantages[i] if i < len(advantages) else None,
+                    })
+                self.rollout_sink(self.state.global_step, rows)
+            return out
+
+    return RecordingGRPOTrainer
+
+
+def grpo_dataset(problems: list[Problem], template: str, tokenizer):
+    from datasets import Dataset
+
+    return Dataset.from_list([
+        {"prompt": render_prompt(p.problem, template, tokenizer), "answer": p.answer, "problem_id": p.id}
+        for p in problems
+    ])
+
+
+def last_checkpoint(output_dir: str | Path) -> str | None:
+    ckpts = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    return str(ckpts[-1]) if ckpts else None
+
+
+def run_grpo_round(
+    model_path: str,
+    problems: list[Problem],
+    cfg: PipelineConfig,
+    output_dir: str | Path,
+    template: str,
+    rollout_sink: RolloutSink | None = None,
+    resume: bool = False,
+    report_to: list[str] | None = None,
+    extra_callbacks: list | None = None,
+) -> RoundResult:
+    """Train one round; the model lands in output_dir/final. With resume, continue from
+    the last checkpoint in output_dir (a killed round picks up where it stopped)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_core.models import configure_threads
+
+    configure_threads()
+    if not problems:
+        raise ValueError("GRPO round has no problems to train on (the filter kept none?)")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    funcs, weights = build_reward_funcs(cfg.rewards)
+    args = trl_grpo_args(cfg, str(out), report_to)
+    args.reward_weights = weights
+    result = RoundResult(output_dir=str(out / "final"), steps=0)
+    trainer_ref: list = []
+    cls = _trainer_class()
+    trainer = cls(
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=grpo_dataset(problems, template, tokenizer),
+        processing_class=tokenizer,
+        callbacks=_callbacks(cfg, result, trainer_ref) + list(extra_callbacks or []),
+    )
+    trainer_ref.append(trainer)
+    trainer.rollout_sink = rollout_sink
+    trainer.skip_update_below = cfg.grpo.skip_update_below
+    ckpt = last_checkpoint(out) if resume else None
+    trainer.train(resume_from_checkpoint=ckpt)
+    result.steps = trainer.state.global_step
+    if trainer.skipped_updates:
+        result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward below "
+                               f"{cfg.grpo.skip_update_below}")
+    if result.stopped_early:
+        # Keep the last good checkpoint as the round's model, not the diverged weights.
+        good = last_checkpoint(out)
+        result.output_dir = good or model_path
+    else:
+        trainer.save_model(result.output_dir)
+        tokenizer.save_pretrained(result.output_dir)
+    return result
