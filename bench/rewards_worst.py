@@ -6,6 +6,7 @@ Each completion is scored alone (one call per completion), from the main thread 
 from a thread pool, and the slowest calls are printed per reward. The bound to hold is
 1 s per completion; no canary file may appear.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from hostile_corpus import hostile_completions  # noqa: E402
+from hostile_corpus import hostile_completions
 
-from grpo_core.answers import warm_up  # noqa: E402
-from grpo_core.rewards import REWARDS  # noqa: E402
+from grpo_core.answers import warm_up
+from grpo_core.rewards import REWARDS
 
 GOLDS = ["5", "\\frac{1}{2}", "\\left( 3, \\frac{\\pi}{2} \\right)"]
 
@@ -40,7 +41,9 @@ def main() -> None:
     warm_up()
     canary = Path(tempfile.mkdtemp()) / "CANARY"
     corpus = hostile_completions(str(canary))
-    jobs = [(n, label, c, GOLDS[i % len(GOLDS)]) for n in REWARDS for i, (label, c) in enumerate(corpus)]
+    jobs = [
+        (n, label, c, GOLDS[i % len(GOLDS)]) for n in REWARDS for i, (label, c) in enumerate(corpus)
+    ]
     print(f"{len(corpus)} hostile completions x {len(REWARDS)} rewards, golds {GOLDS}")
     for mode in ("main thread", f"{args.threads} threads"):
         start = time.perf_counter()
@@ -52,7 +55,9 @@ def main() -> None:
         print(f"\n== {mode}: {time.perf_counter() - start:.1f} s in all")
         print(f"{'reward':20} {'max s':>7} {'p99 s':>7} {'mean ms':>8}  slowest inputs")
         for name in REWARDS:
-            rows = sorted(((t, label) for t, (n, label, _, _) in zip(times, jobs) if n == name), reverse=True)
+            rows = sorted(
+                ((t, label) for t, (n, label, _, _) in zip(times, jobs) if n == name), reverse=True
+            )
             ts = sorted(t for t, _ in rows)
             p99 = ts[int(0.99 * (len(ts) - 1))]
             slow = ", ".join(f"{label} {t:.2f}" for t, label in rows[: args.top])

@@ -4,7 +4,11 @@ Each command group lives in its own module (flows/cli_<group>.py) and is mounted
 """
 from __future__ import annotations
 
+import importlib
+
 import typer
+
+from flows.cli_common import CONFIG, SET, load_or_exit
 
 app = typer.Typer(
     help="GRPO with verifiable rewards: data, filtering, SFT, GRPO rounds, evaluation.",
@@ -12,12 +16,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True, add_completion=False)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(config: CONFIG = None, set_: SET = None) -> None:
+    """Print the resolved config (defaults filled in, overrides applied) as YAML."""
+    cfg = load_or_exit(config, set_)
+    typer.echo(f"# config hash {cfg.hash()}")
+    typer.echo(cfg.to_yaml().rstrip())
 
 
 def _mount() -> None:
     from flows import cli_data
 
     app.add_typer(cli_data.app, name="data", help="Ingest and inspect problem sets.")
+    for name in ("flows.cli_stages", "flows.cli_train", "flows.cli_run"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(app)
 
 
 _mount()

@@ -8,9 +8,9 @@ ever `eval`ed). Golds are parsed once and cached, so the G completions of a grou
 parse. Every math-verify call is bounded by `grpo_core.safe_eval` (input limits plus a
 per-call deadline that works in any thread).
 """
+
 from __future__ import annotations
 
-import logging
 import math
 import re
 import threading
@@ -18,7 +18,22 @@ from collections import OrderedDict
 from fractions import Fraction
 from typing import Any
 
-from grpo_core.safe_eval import TIMED_OUT, call_with_deadline, risky_reason
+from grpo_core.safe_eval import (
+    TIMED_OUT,
+    call_with_deadline,
+    cannot_be_equal,
+    math_verify_fns,
+    mv_parse,
+    profile,
+    risky_reason,
+    warm_up,
+)
+
+__all__ = [
+    "GoldAnswer", "as_number", "clear_caches", "extract_answer", "extract_boxed",
+    "gold_from_gsm8k", "gold_from_math_solution", "is_equivalent", "normalise_gold",
+    "numbers_equal", "parse_gold", "verify", "warm_up",
+]  # fmt: skip
 
 BUDGET_S = 0.7  # checking one completion, gold parse included when it is not cached yet
 GOLD_DEADLINE_S = 0.5  # parsing one gold answer (once per problem)
@@ -78,6 +93,7 @@ def extract_answer(completion: str) -> str | None:
 
 
 # --- gold answers per dataset ------------------------------------------------------------
+
 
 def gold_from_gsm8k(answer_field: str) -> str | None:
     """GSM8K: the text after the last `####`, commas and `$` removed."""
@@ -199,96 +215,15 @@ def numbers_equal(gold: tuple[Fraction, bool, bool], pred: tuple[Fraction, bool,
     return False
 
 
-# --- math-verify path ------------------------------------------------------------------
-
-class _DropTimeoutWarning(logging.Filter):
-    # We disable math-verify's signal timeouts on purpose (they break off the main thread)
-    # and bound time ourselves; its one-off warning about that is noise.
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Timeout is disabled" not in record.getMessage()
-
-
-for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_DropTimeoutWarning())
-
-_COMMANDS = re.compile(r"\\[A-Za-z]+")
-_TEXT_ARGS = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
-_WORD = re.compile(r"[A-Za-z]{2,}")
-
-
-def _looks_like_prose(text: str) -> bool:
-    """`18 dollars`, `The answer is 5`: words outside LaTeX commands and \\text{}."""
-    return bool(_WORD.search(_COMMANDS.sub(" ", _TEXT_ARGS.sub(" ", text))))
-
-
-def _mv_candidates(text: str) -> list[str]:
-    """Strings to hand math-verify's parse, best first. A bare LaTeX answer is wrapped in
-    \\boxed{} (parse then reads all of it, not just its first number)."""
-    if "\\boxed" in text or "\\fbox" in text or "$" in text or "\\(" in text or "\\[" in text:
-        return [text]
-    boxed = "\\boxed{" + text + "}"
-    return [text, boxed] if _looks_like_prose(text) else [boxed, text]
-
-
-_MV: dict = {}
-# One of each construct MATH answers use: the first parse of each pays sympy's lazy imports
-# and cache fills (up to ~0.3 s apiece on a busy machine), which must not eat a deadline.
-_WARM_UP = [
-    ("\\frac{1}{2}", "0.5"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)"),
-    ("3\\sqrt{13}", "\\sqrt{117}"), ("[-2, 7)", "(-2, 7]"), ("\\{1, 2\\}", "1, 2"),
-    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}"),
-    ("\\text{(C)}", "C"), ("x^2 + 1", "x = 1"), ("6 - 5i", "6+5i"), ("90^\\circ", "50\\%"),
-    ("\\sin x \\cos x", "\\log_2 8"), ("\\infty", "-\\infty"), ("x \\ge 2", "1.5"),
-]
-
-
-def warm_up() -> None:
-    """Import math-verify and pay its first-use costs now (idempotent, ~1-2 s once)."""
-    _math_verify()
-
-
-def _math_verify() -> tuple:
-    """(parse, verify) of math-verify, imported and warmed up on first use.
-
-    Never inside a deadline: an import interrupted half-way would leave a broken module.
-    """
-    if not _MV:
-        from math_verify import parse, verify
-
-        for gold, pred in _WARM_UP:
-            for text in (gold, pred):
-                try:
-                    verify(parse("\\boxed{" + gold + "}", parsing_timeout=None),
-                           parse("\\boxed{" + text + "}", parsing_timeout=None),
-                           timeout_seconds=None)
-                except Exception:  # noqa: BLE001, S110 - warming only
-                    pass
-        _MV["fns"] = (parse, verify)
-    return _MV["fns"]
-
-
-def _mv_parse(text: str) -> list:
-    parse, _ = _MV["fns"]
-    for candidate in _mv_candidates(text):
-        parsed = parse(candidate, parsing_timeout=None)
-        if parsed:
-            return parsed
-    return []
-
-
-def _mv_equal(gold_parsed: list, pred_text: str) -> bool:
-    _, mv_verify = _MV["fns"]
-    pred_parsed = _mv_parse(pred_text)
-    return bool(pred_parsed) and mv_verify(gold_parsed, pred_parsed, timeout_seconds=None)
-
-
 _CANON_DROP = re.compile(r"\s+|\\left\b|\\right\b|\\displaystyle\b|\\[!,;: ]")
 
 
 def _canon(text: str) -> str:
     """Cosmetic normal form: equal canon strings are certainly the same answer."""
-    return _CANON_DROP.sub("", _strip_wrappers(text)).replace("\\dfrac", "\\frac").replace(
-        "\\tfrac", "\\frac"
+    return (
+        _CANON_DROP.sub("", _strip_wrappers(text))
+        .replace("\\dfrac", "\\frac")
+        .replace("\\tfrac", "\\frac")
     )
 
 
@@ -319,6 +254,7 @@ class _LRU:
 
 _GOLDS = _LRU(8192)
 _VERDICTS = _LRU(65536)
+_PRED_PARSES = _LRU(4096)
 _MISSING = object()
 
 
@@ -329,13 +265,14 @@ class GoldAnswer:
     otherwise `parsed` holds math-verify's parse, made once by `parse_gold`.
     """
 
-    __slots__ = ("canon", "number", "parsed", "text")
+    __slots__ = ("canon", "number", "parsed", "profile", "text")
 
     def __init__(self, text: str, number: tuple | None, parsed: list | None):
         self.text = text
         self.number = number
         self.canon = _canon(text)
         self.parsed = parsed
+        self.profile: tuple | None = None  # (value, varies), see _profile; made on first use
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GoldAnswer) and other.text == self.text
@@ -374,8 +311,8 @@ def parse_gold(text: Any, seconds: float = GOLD_DEADLINE_S) -> GoldAnswer | None
         elif risky_reason(key, max_chars=MAX_GOLD_CHARS):
             gold = None
         else:
-            _math_verify()
-            parsed = call_with_deadline(_mv_parse, key, seconds=seconds)
+            math_verify_fns()
+            parsed = call_with_deadline(mv_parse, key, seconds=seconds)
             if parsed is TIMED_OUT:
                 return None  # not remembered: a less busy moment may parse it
             gold = GoldAnswer(key, None, parsed) if parsed else None
@@ -386,9 +323,26 @@ def parse_gold(text: Any, seconds: float = GOLD_DEADLINE_S) -> GoldAnswer | None
 
 
 def _mv_check(gold: GoldAnswer, pred: str) -> bool:
+    pred_parsed = _PRED_PARSES.get(pred)
+    if pred_parsed is None:
+        pred_parsed = mv_parse(pred)
+        _PRED_PARSES.put(pred, pred_parsed)  # the same wrong answer recurs across prompts
+    if not pred_parsed:
+        return False
+    if gold.profile is None:
+        gold.profile = (
+            (complex(gold.number[0]), False)
+            if gold.number and not gold.number[2]
+            else profile(gold.parsed)
+            if gold.parsed
+            else (None, False)
+        )
+    if cannot_be_equal(gold.profile, profile(pred_parsed)):
+        return False
     if gold.parsed is None:  # a plain-number gold meeting a non-number prediction
-        gold.parsed = _mv_parse(gold.text)
-    return bool(gold.parsed) and _mv_equal(gold.parsed, pred)
+        gold.parsed = mv_parse(gold.text)
+    _, mv_verify = math_verify_fns()
+    return bool(gold.parsed) and mv_verify(gold.parsed, pred_parsed, timeout_seconds=None)
 
 
 def _verify_uncached(gold: GoldAnswer, pred: str, seconds: float) -> bool | None:
@@ -404,7 +358,7 @@ def _verify_uncached(gold: GoldAnswer, pred: str, seconds: float) -> bool | None
         return True
     if risky_reason(stripped):
         return False
-    _math_verify()
+    math_verify_fns()
     result = call_with_deadline(_mv_check, gold, stripped, seconds=seconds)
     return None if result is TIMED_OUT else result
 
@@ -438,5 +392,5 @@ def is_equivalent(gold_text: Any, pred_text: str | None) -> bool:
 
 def clear_caches() -> None:
     """Forget parsed golds and verdicts (benchmarks start cold)."""
-    _GOLDS.clear()
-    _VERDICTS.clear()
+    for cache in (_GOLDS, _VERDICTS, _PRED_PARSES):
+        cache.clear()

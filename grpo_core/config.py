@@ -145,7 +145,8 @@ class GRPOConfig(_Section):
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Std-normalise advantages within each group (the paper)."""
     advantage_eps: float = Field(default=1e-8, gt=0)
-    """eps in A = (r - mean) / (std + eps)."""
+    """eps in A = (r - mean) / (std + eps) for the advantages we log; TRL 1.x trains with
+    its own fixed 1e-4 (not configurable there)."""
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     learning_rate: float = Field(default=1e-6, gt=0)
@@ -311,7 +312,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def _first_error(err: ValidationError) -> ConfigError:
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int) or True)
+    loc = ".".join(str(p) for p in e["loc"])
     msg = e["msg"]
     if e["type"] == "extra_forbidden":
         msg = "unknown field"
@@ -330,20 +331,38 @@ def config_from_dict(tree: dict, overrides: list[str] | None = None) -> Pipeline
         raise _first_error(err) from None
 
 
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_tree(p: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """A YAML mapping, with `extends: other.yaml` (relative to this file) merged underneath."""
+    if not p.is_file():
+        raise ConfigError("config", f"file not found: {p}")
+    if p.resolve() in chain:
+        raise ConfigError("extends", f"cycle through {p}")
+    try:
+        tree = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("config", f"cannot read {p}: {exc}") from None
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "syntax error"
+        raise ConfigError("config", f"{p} is not valid YAML: {first}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError("config", f"{p} must hold a mapping at the top level")
+    parent = tree.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ConfigError("extends", "must be a path to another YAML file")
+        base = _read_tree((p.parent / parent), chain + (p.resolve(),))
+        tree = _deep_merge(base, tree)
+    return tree
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
     """Read, override and validate a config. No side effects; raises ConfigError."""
-    tree: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError("config", f"file not found: {p}")
-        try:
-            tree = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError("config", f"cannot read {p}: {exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError("config", f"{p} is not valid YAML: {exc}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError("config", f"{p} must hold a mapping at the top level")
-        tree.pop("extends", None)
+    tree = _read_tree(Path(path)) if path is not None else {}
     return config_from_dict(tree, overrides)

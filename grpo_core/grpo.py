@@ -64,6 +64,7 @@ def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | N
         vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        activation_checkpointing=False,  # avoids the gradient_checkpointing deprecation warning
         remove_unused_columns=False,
     )
     return GRPOConfig(**kw)

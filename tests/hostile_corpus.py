@@ -5,6 +5,7 @@ file that must never appear: every code-injection payload tries to create it. Pa
 crossed with the places a reward reads an answer from (answer tags, \\boxed{}, math mode,
 bare text), so each reaches extraction, the number fast path, and math-verify.
 """
+
 from __future__ import annotations
 
 MB = 1_000_000
@@ -14,7 +15,7 @@ def _injections(canary: str) -> list[str]:
     cmd = f"touch {canary}"
     return [
         f"__import__('os').system('{cmd}')",
-        f"__import__(\"os\").system(\"{cmd}\")",
+        f'__import__("os").system("{cmd}")',
         f"exec(\"import os; os.system('{cmd}')\")",
         f"eval(\"__import__('os').system('{cmd}')\")",
         f"open('{canary}', 'w').write('x')",
@@ -27,7 +28,7 @@ def _injections(canary: str) -> list[str]:
         f"1; import os; os.system('{cmd}')",
         f"2**2; __import__('pathlib').Path('{canary}').touch()",
         f"getattr(__import__('os'), 'system')('{cmd}')",
-        f"\\input{{/etc/passwd}}",
+        "\\input{/etc/passwd}",
         f"\\include{{{canary}}}",
         f"\\write18{{{cmd}}}",
         f"\\immediate\\write18{{{cmd}}}",
@@ -231,9 +232,19 @@ def hostile_completions(canary: str) -> list[tuple[str, str]]:
 def odd_completions() -> list:
     """Completions of the wrong shape, as a buggy caller or dataset might pass them."""
     return [
-        None, 5, 3.5, b"<answer>5</answer>", {"content": "<answer>5</answer>"},
-        [], [{}], [{"role": "assistant"}], [{"role": "assistant", "content": None}],
-        [{"role": "assistant", "content": 5}], [{"role": "assistant", "content": ["x", 5]}],
+        None,
+        5,
+        3.5,
+        b"<answer>5</answer>",
+        {"content": "<answer>5</answer>"},
+        [],
+        [{}],
+        [{"role": "assistant"}],
+        [{"role": "assistant", "content": None}],
+        [{"role": "assistant", "content": 5}],
+        [{"role": "assistant", "content": ["x", 5]}],
         [{"role": "assistant", "content": [{"type": "text", "text": "<answer>5</answer>"}]}],
-        ["<answer>5</answer>"], [None], object(),
+        ["<answer>5</answer>"],
+        [None],
+        object(),
     ]

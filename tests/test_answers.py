@@ -1,4 +1,5 @@
 """Answer extraction, gold answers per dataset, equivalence, time bounds, real data."""
+
 from __future__ import annotations
 
 import json
@@ -31,6 +32,7 @@ def _warm() -> None:
 
 
 # --- extraction --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("completion", "expected"),
@@ -73,6 +75,7 @@ def test_extract_answer_non_string() -> None:
 
 # --- gold answers per dataset -----------------------------------------------------------
 
+
 def test_gold_from_gsm8k() -> None:
     assert gold_from_gsm8k("a\n#### 18") == "18"
     assert gold_from_gsm8k("x #### 3 #### $1,234") == "1234"
@@ -110,13 +113,24 @@ def test_normalise_gold(value, source: str, expected: str | None) -> None:
 
 # --- numbers -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("text", "value"),
     [
-        ("18", Fraction(18)), ("-3", Fraction(-3)), ("1,234", Fraction(1234)), ("0.5", Fraction(1, 2)),
-        ("$18", Fraction(18)), ("\\$18.00", Fraction(18)), ("3/4", Fraction(3, 4)),
-        ("\\frac{3}{4}", Fraction(3, 4)), ("-\\dfrac{1}{2}", Fraction(-1, 2)), ("\\frac12", Fraction(1, 2)),
-        ("\\boxed{025}", Fraction(25)), ("$5$", Fraction(5)), ("5.", Fraction(5)), (".5", Fraction(1, 2)),
+        ("18", Fraction(18)),
+        ("-3", Fraction(-3)),
+        ("1,234", Fraction(1234)),
+        ("0.5", Fraction(1, 2)),
+        ("$18", Fraction(18)),
+        ("\\$18.00", Fraction(18)),
+        ("3/4", Fraction(3, 4)),
+        ("\\frac{3}{4}", Fraction(3, 4)),
+        ("-\\dfrac{1}{2}", Fraction(-1, 2)),
+        ("\\frac12", Fraction(1, 2)),
+        ("\\boxed{025}", Fraction(25)),
+        ("$5$", Fraction(5)),
+        ("5.", Fraction(5)),
+        (".5", Fraction(1, 2)),
     ],
 )
 def test_as_number(text: str, value: Fraction) -> None:
@@ -124,7 +138,9 @@ def test_as_number(text: str, value: Fraction) -> None:
     assert parsed is not None and parsed[0] == value
 
 
-@pytest.mark.parametrize("text", ["x", "5 apples", "1/0", "2^3", "\\sqrt{2}", "", "1e5", "9" * 101, "٣"])
+@pytest.mark.parametrize(
+    "text", ["x", "5 apples", "1/0", "2^3", "\\sqrt{2}", "", "1e5", "9" * 101, "٣"]
+)
 def test_as_number_rejects(text: str) -> None:
     assert as_number(text) is None
 
@@ -132,18 +148,42 @@ def test_as_number_rejects(text: str) -> None:
 # --- equivalence ------------------------------------------------------------------------
 
 EQUIVALENT = [
-    ("18", "18"), ("18", "18.00"), ("18", "$18"), ("1234", "1,234"), ("72", "72.0"),
-    ("0.5", "\\frac{1}{2}"), ("\\frac12", "0.5"), ("50\\%", "0.5"), ("50", "50\\%"),
-    ("\\frac{1}{3}", "0.333333"), ("025", "25"), ("-1", "-1.0"),
+    ("18", "18"),
+    ("18", "18.00"),
+    ("18", "$18"),
+    ("1234", "1,234"),
+    ("72", "72.0"),
+    ("0.5", "\\frac{1}{2}"),
+    ("\\frac12", "0.5"),
+    ("50\\%", "0.5"),
+    ("50", "50\\%"),
+    ("\\frac{1}{3}", "0.333333"),
+    ("025", "25"),
+    ("-1", "-1.0"),
     ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
-    ("\\text{Evelyn}", "Evelyn"), ("3\\sqrt{13}", "\\sqrt{117}"), ("5", "x = 5"),
-    ("18", "18 dollars"), ("p - q", "-q+p"), ("\\frac{\\sqrt3}{2}", "0.8660254"),
-    ("6 - 5i", "6-5i"), ("x^2+1", "1+x^2"), ("[-2, 7]", "[-2,7]"), ("\\frac{14}{3}", "\\dfrac{14}{3}"),
-    ("\\frac{1}{2}", "$\\frac{1}{2}$"), ("5", "\\boxed{5}"),
+    ("\\text{Evelyn}", "Evelyn"),
+    ("3\\sqrt{13}", "\\sqrt{117}"),
+    ("5", "x = 5"),
+    ("18", "18 dollars"),
+    ("p - q", "-q+p"),
+    ("\\frac{\\sqrt3}{2}", "0.8660254"),
+    ("6 - 5i", "6-5i"),
+    ("x^2+1", "1+x^2"),
+    ("[-2, 7]", "[-2,7]"),
+    ("\\frac{14}{3}", "\\dfrac{14}{3}"),
+    ("\\frac{1}{2}", "$\\frac{1}{2}$"),
+    ("5", "\\boxed{5}"),
 ]
 NOT_EQUIVALENT = [
-    ("18", "19"), ("0.333", "\\frac13"), ("\\frac{1}{2}", "\\frac{1}{3}"), ("5", "x = 6"),
-    ("x^2+1", "x^2-1"), ("[-2, 7]", "(-2, 7)"), ("6 - 5i", "6+5i"), ("18", ""), ("18", "eighteen"),
+    ("18", "19"),
+    ("0.333", "\\frac13"),
+    ("\\frac{1}{2}", "\\frac{1}{3}"),
+    ("5", "x = 6"),
+    ("x^2+1", "x^2-1"),
+    ("[-2, 7]", "(-2, 7)"),
+    ("6 - 5i", "6+5i"),
+    ("18", ""),
+    ("18", "eighteen"),
 ]
 
 
@@ -161,8 +201,24 @@ def test_number_fast_path_agrees_with_math_verify() -> None:
     from math_verify import parse
     from math_verify import verify as mv_verify
 
-    numbers = ["18", "18.0", "1,234", "1234", "0.5", "\\frac{1}{2}", "50\\%", "50", "3/4", "0.75",
-               "-2", "-2.00", "\\frac{1}{3}", "0.333333", "7", "007"]
+    numbers = [
+        "18",
+        "18.0",
+        "1,234",
+        "1234",
+        "0.5",
+        "\\frac{1}{2}",
+        "50\\%",
+        "50",
+        "3/4",
+        "0.75",
+        "-2",
+        "-2.00",
+        "\\frac{1}{3}",
+        "0.333333",
+        "7",
+        "007",
+    ]
     for g in numbers:
         for p in numbers:
             theirs = mv_verify(parse(f"${g}$"), parse(f"${p}$"))
@@ -172,10 +228,19 @@ def test_number_fast_path_agrees_with_math_verify() -> None:
 def test_gold_parsed_once_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
     A.clear_caches()
     calls: list[str] = []
-    real = A._mv_parse
-    monkeypatch.setattr(A, "_mv_parse", lambda text: calls.append(text) or real(text))
+    real = A.mv_parse
+    monkeypatch.setattr(A, "mv_parse", lambda text: calls.append(text) or real(text))
     gold = "\\frac{\\sqrt{3}}{2}"
-    preds = ["\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}", "0.866", "1", "\\sqrt{3}/2", "2", "x", "3"]
+    preds = [
+        "\\frac{\\sqrt{3}}{2}",
+        "\\frac{1}{2}\\sqrt{3}",
+        "0.866",
+        "1",
+        "\\sqrt{3}/2",
+        "2",
+        "x",
+        "3",
+    ]
     accuracy([f"<answer>{p}</answer>" for p in preds], answer=[gold] * len(preds))
     assert calls.count(gold) == 1
 
@@ -201,16 +266,25 @@ def test_verify_from_threads_matches_main_thread() -> None:
 
 # --- time bounds -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ("9^9^9^9^9", "exponent chain"), ("9^{9^{9^{9}}}", "nested exponent"),
-        ("10^{10^{10}}", "nested exponent"), ("2^{100000000}", "huge exponent"),
-        ("(10^{100})!", "huge factorial"), ("100000!", "huge factorial"), ("3!!!", "huge factorial"),
-        ("(9^{999})^{999}", "power of a power"), ("9**9**9", "exponent chain"),
-        ("\\binom{100000}{3}", "huge binomial"), ("9" * 101, "a number longer than 100 digits"),
-        ("{" * 60 + "}" * 60, "nesting deeper than 50"), ("\\frac{1}{2", "unbalanced braces"),
-        ("x" * 513, "longer than 512 chars"), ("5\x00", "NUL byte"),
+        ("9^9^9^9^9", "exponent chain"),
+        ("9^{9^{9^{9}}}", "nested exponent"),
+        ("10^{10^{10}}", "nested exponent"),
+        ("2^{100000000}", "huge exponent"),
+        ("(10^{100})!", "huge factorial"),
+        ("100000!", "huge factorial"),
+        ("3!!!", "huge factorial"),
+        ("(9^{999})^{999}", "power of a power"),
+        ("9**9**9", "exponent chain"),
+        ("\\binom{100000}{3}", "huge binomial"),
+        ("9" * 101, "a number longer than 100 digits"),
+        ("{" * 60 + "}" * 60, "nesting deeper than 50"),
+        ("\\frac{1}{2", "unbalanced braces"),
+        ("x" * 513, "longer than 512 chars"),
+        ("5\x00", "NUL byte"),
     ],
 )
 def test_risky_inputs_rejected(text: str, reason: str) -> None:
@@ -218,7 +292,17 @@ def test_risky_inputs_rejected(text: str, reason: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["e^{x^2}", "2^{2005}", "(x^2)^3", "\\frac{(2n)!}{n!}", "5!", "x^{2^{n}}", "[0, 1)", "\\binom{10}{3}"]
+    "text",
+    [
+        "e^{x^2}",
+        "2^{2005}",
+        "(x^2)^3",
+        "\\frac{(2n)!}{n!}",
+        "5!",
+        "x^{2^{n}}",
+        "[0, 1)",
+        "\\binom{10}{3}",
+    ],
 )
 def test_legit_inputs_not_rejected(text: str) -> None:
     assert risky_reason(text) is None
@@ -262,7 +346,9 @@ def test_deadline_survives_swallowing_code() -> None:
     assert threading.active_count() >= 1
 
 
-@pytest.mark.parametrize("pred", ["\\int_0^1 e^{x^2}\\sin(x^{x})\\,dx", "\\binom{10^{50}}{10^{25}}", "(x+1)^{9999}"])
+@pytest.mark.parametrize(
+    "pred", ["\\int_0^1 e^{x^2}\\sin(x^{x})\\,dx", "\\binom{10^{50}}{10^{25}}", "(x+1)^{9999}"]
+)
 def test_slow_sympy_is_bounded(pred: str) -> None:
     gold = parse_gold("\\frac{1}{2}")
 
@@ -277,6 +363,7 @@ def test_slow_sympy_is_bounded(pred: str) -> None:
 
 
 # --- real data (../shared/data) ------------------------------------------------------------
+
 
 def _rows(path):
     with open(path, encoding="utf-8") as fh:

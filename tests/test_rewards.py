@@ -1,4 +1,5 @@
 """Reward functions: TRL's calling convention, each rule, the registry and config binding."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ from grpo_core.rewards import (
     accuracy,
     build_reward_funcs,
     completion_text,
-    format,  # noqa: A004 - the reward named `format`
+    format,
     is_well_formatted,
     length,
     length_penalty,
@@ -26,7 +27,9 @@ def conv(text: str) -> list[dict]:
 
 
 def test_registry_names_are_metric_keys() -> None:
-    assert {"accuracy", "format", "tag_count", "length", "reasoning_keywords", "repetition"} <= set(REWARDS)
+    assert {"accuracy", "format", "tag_count", "length", "reasoning_keywords", "repetition"} <= set(
+        REWARDS
+    )
     for name, fn in REWARDS.items():
         assert fn.__name__ == name
 
@@ -34,12 +37,15 @@ def test_registry_names_are_metric_keys() -> None:
 def test_completion_text_shapes() -> None:
     assert completion_text("x") == "x"
     assert completion_text(conv("y")) == "y"
-    assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "z"}]}]) == "z"
+    assert (
+        completion_text([{"role": "assistant", "content": [{"type": "text", "text": "z"}]}]) == "z"
+    )
     assert completion_text(None) == ""
     assert completion_text([]) == ""
 
 
 # --- accuracy ----------------------------------------------------------------------------
+
 
 def test_accuracy_strings_and_conversations() -> None:
     completions = [GOOD, conv(GOOD), "<answer>5</answer>", "no answer", "\\boxed{4}"]
@@ -61,6 +67,7 @@ def test_accuracy_missing_answer_column() -> None:
 
 
 # --- format / tags -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("text", "after_think", "ok"),
@@ -103,6 +110,7 @@ def test_tag_count_partial_credit() -> None:
 
 # --- length ------------------------------------------------------------------------------
 
+
 def test_length_penalty_shape() -> None:
     assert length_penalty(500, 200, 800, -0.5) == 0.0
     assert length_penalty(0, 200, 800, -0.5) == -0.5
@@ -119,6 +127,7 @@ def test_length_counts_words_or_completion_ids() -> None:
 
 
 # --- keywords / repetition ---------------------------------------------------------------
+
 
 def test_reasoning_keywords() -> None:
     assert reasoning_keywords(["Therefore x. So y. also"]) == [pytest.approx(0.2)]
@@ -140,6 +149,7 @@ def test_repetition() -> None:
 
 # --- robustness --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(REWARDS))
 def test_rewards_return_one_value_per_completion(name: str) -> None:
     fn = REWARDS[name]
@@ -155,6 +165,7 @@ def test_rewards_tolerate_short_kwarg_lists() -> None:
 
 
 # --- config binding ------------------------------------------------------------------------
+
 
 def test_build_reward_funcs_binds_config() -> None:
     cfg = RewardsConfig(

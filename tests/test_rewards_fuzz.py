@@ -4,6 +4,7 @@ A hand-written corpus of hostile completions (tests/hostile_corpus.py: injection
 power towers, 10,000-deep nesting, megabyte strings, NUL/RTL/zero-width characters, fake
 and nested tags) plus hypothesis-generated text and LaTeX-ish token soup.
 """
+
 from __future__ import annotations
 
 import time
@@ -48,7 +49,9 @@ def score(name: str, completion, gold: str) -> float:
 
 def _jobs(canary: Path) -> list[tuple[str, str, str, str]]:
     corpus = hostile_completions(str(canary))
-    return [(n, label, c, GOLDS[i % len(GOLDS)]) for n in REWARDS for i, (label, c) in enumerate(corpus)]
+    return [
+        (n, label, c, GOLDS[i % len(GOLDS)]) for n in REWARDS for i, (label, c) in enumerate(corpus)
+    ]
 
 
 def _check(jobs, times) -> None:
@@ -79,7 +82,12 @@ def test_hostile_corpus_worker_threads(canary: Path) -> None:
 def test_odd_shapes_and_batches(canary: Path) -> None:
     odd = odd_completions()
     for name, fn in REWARDS.items():
-        out = fn(odd, answer=["5"] * len(odd), prompts=[None] * len(odd), completion_ids=[None] * len(odd))
+        out = fn(
+            odd,
+            answer=["5"] * len(odd),
+            prompts=[None] * len(odd),
+            completion_ids=[None] * len(odd),
+        )
         assert len(out) == len(odd), name
         # Whole hostile batch at once, as TRL calls it.
         batch = [c for _, c in hostile_completions(str(canary))[:64]]
@@ -87,12 +95,68 @@ def test_odd_shapes_and_batches(canary: Path) -> None:
 
 
 LATEX_TOKENS = [
-    "0", "1", "9", "99", "12345", ".", ",", "+", "-", "*", "**", "/", "^", "!", "=", "%", "\\%",
-    "{", "}", "(", ")", "[", "]", "\\{", "\\}", "x", "e", "i", "\\pi", "\\infty", " ",
-    "\\frac", "\\dfrac", "\\sqrt", "\\boxed{", "\\fbox{", "\\sum_", "\\prod_", "\\int", "\\lim_",
-    "\\binom", "\\left(", "\\right)", "\\text{", "\\begin{pmatrix}", "\\end{pmatrix}", "\\\\",
-    "&", "$", "\\cdot", "\\times", "\\log", "\\sin", "<answer>", "</answer>", "<think>", "</think>",
-    "__import__('os')", "eval(", "\x00", "\u202e", "\u200b",
+    "0",
+    "1",
+    "9",
+    "99",
+    "12345",
+    ".",
+    ",",
+    "+",
+    "-",
+    "*",
+    "**",
+    "/",
+    "^",
+    "!",
+    "=",
+    "%",
+    "\\%",
+    "{",
+    "}",
+    "(",
+    ")",
+    "[",
+    "]",
+    "\\{",
+    "\\}",
+    "x",
+    "e",
+    "i",
+    "\\pi",
+    "\\infty",
+    " ",
+    "\\frac",
+    "\\dfrac",
+    "\\sqrt",
+    "\\boxed{",
+    "\\fbox{",
+    "\\sum_",
+    "\\prod_",
+    "\\int",
+    "\\lim_",
+    "\\binom",
+    "\\left(",
+    "\\right)",
+    "\\text{",
+    "\\begin{pmatrix}",
+    "\\end{pmatrix}",
+    "\\\\",
+    "&",
+    "$",
+    "\\cdot",
+    "\\times",
+    "\\log",
+    "\\sin",
+    "<answer>",
+    "</answer>",
+    "<think>",
+    "</think>",
+    "__import__('os')",
+    "eval(",
+    "\x00",
+    "\u202e",
+    "\u200b",
 ]
 TEMPLATES = [
     "{}",
@@ -120,7 +184,11 @@ def test_hypothesis_rewards_never_raise_and_stay_fast(body: str, template: str, 
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(gold=st.one_of(st.text(max_size=200), st.lists(st.sampled_from(LATEX_TOKENS), max_size=40).map("".join)))
+@given(
+    gold=st.one_of(
+        st.text(max_size=200), st.lists(st.sampled_from(LATEX_TOKENS), max_size=40).map("".join)
+    )
+)
 def test_hypothesis_hostile_golds(gold: str) -> None:
     # The gold parse shares the completion's time budget: still under the limit.
     assert score("accuracy", "<answer>5</answer>", gold) < LIMIT_S

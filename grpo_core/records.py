@@ -1,0 +1,311 @@
+"""DuckDB tables the stages write next to the problem store, and their read/write helpers.
+
+    pass_rates    one difficulty estimate per (model fingerprint, problem, sampling key)
+    rollouts      every GRPO completion with its per-function rewards and advantage
+    eval_results  one row per (eval run, problem): answers, correctness, truncation
+    eval_runs     one row per eval run: the protocol (and its hash) and the metrics JSON
+
+Every function takes a duckdb connection or a `Store` (its `.con`). Writes are bulk
+inserts from Arrow, each one transaction. Reads of a table that does not exist yet (a
+fresh or read-only store) return nothing rather than fail. `stage_problems` reads the
+problems a stage works on: from the store when ingested there, else from the source.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from grpo_core.problems import Problem
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS pass_rates (
+    model_fingerprint VARCHAR NOT NULL, problem_id VARCHAR NOT NULL,
+    sampling_key VARCHAR NOT NULL, input_hash VARCHAR, source VARCHAR, level INTEGER,
+    k INTEGER, successes INTEGER, pass_rate DOUBLE, wilson_lo DOUBLE, wilson_hi DOUBLE,
+    truncated INTEGER, mean_tokens DOUBLE, sampling VARCHAR, created_at TIMESTAMP,
+    PRIMARY KEY (model_fingerprint, problem_id, sampling_key));
+CREATE TABLE IF NOT EXISTS rollouts (
+    run_id VARCHAR, round INTEGER, step INTEGER, idx INTEGER, problem_id VARCHAR,
+    prompt VARCHAR, completion VARCHAR, answer VARCHAR, rewards VARCHAR, reward DOUBLE,
+    advantage DOUBLE, created_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS eval_results (
+    run_id VARCHAR NOT NULL, protocol_hash VARCHAR NOT NULL, model_fingerprint VARCHAR,
+    benchmark VARCHAR, problem_id VARCHAR NOT NULL, source VARCHAR, level INTEGER,
+    subject VARCHAR, gold VARCHAR, greedy_answer VARCHAR, greedy_correct BOOLEAN,
+    greedy_truncated BOOLEAN, greedy_well_formatted BOOLEAN, greedy_completion VARCHAR,
+    sample_answers VARCHAR[], sample_correct BOOLEAN[], sample_truncated BOOLEAN[],
+    sample_well_formatted BOOLEAN[], sample_num_tokens INTEGER[],
+    sample_completions VARCHAR[], PRIMARY KEY (run_id, problem_id));
+CREATE TABLE IF NOT EXISTS eval_runs (
+    run_id VARCHAR PRIMARY KEY, protocol_hash VARCHAR NOT NULL, benchmark VARCHAR,
+    model VARCHAR, model_fingerprint VARCHAR, n_problems INTEGER, seed BIGINT,
+    protocol VARCHAR, metrics VARCHAR, seconds DOUBLE, created_at TIMESTAMP);
+"""
+
+PASS_RATE_SCHEMA = pa.schema([
+    ("model_fingerprint", pa.string()), ("problem_id", pa.string()),
+    ("sampling_key", pa.string()), ("input_hash", pa.string()), ("source", pa.string()),
+    ("level", pa.int32()), ("k", pa.int32()), ("successes", pa.int32()),
+    ("pass_rate", pa.float64()), ("wilson_lo", pa.float64()), ("wilson_hi", pa.float64()),
+    ("truncated", pa.int32()), ("mean_tokens", pa.float64()), ("sampling", pa.string())])
+ROLLOUT_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("round", pa.int32()), ("step", pa.int32()), ("idx", pa.int32()),
+    ("problem_id", pa.string()), ("prompt", pa.string()), ("completion", pa.string()),
+    ("answer", pa.string()), ("rewards", pa.string()), ("reward", pa.float64()),
+    ("advantage", pa.float64())])
+EVAL_RESULT_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("protocol_hash", pa.string()),
+    ("model_fingerprint", pa.string()), ("benchmark", pa.string()),
+    ("problem_id", pa.string()), ("source", pa.string()), ("level", pa.int32()),
+    ("subject", pa.string()), ("gold", pa.string()), ("greedy_answer", pa.string()),
+    ("greedy_correct", pa.bool_()), ("greedy_truncated", pa.bool_()),
+    ("greedy_well_formatted", pa.bool_()), ("greedy_completion", pa.string()),
+    ("sample_answers", pa.list_(pa.string())), ("sample_correct", pa.list_(pa.bool_())),
+    ("sample_truncated", pa.list_(pa.bool_())),
+    ("sample_well_formatted", pa.list_(pa.bool_())),
+    ("sample_num_tokens", pa.list_(pa.int32())), ("sample_completions", pa.list_(pa.string()))])
+TABLES = ("pass_rates", "rollouts", "eval_results", "eval_runs")
+
+
+def connection(con_or_store: Any) -> duckdb.DuckDBPyConnection:
+    return getattr(con_or_store, "con", con_or_store)
+
+
+def ensure_tables(con_or_store: Any) -> duckdb.DuckDBPyConnection:
+    """Create the tables if missing (needs a writable connection); returns the connection."""
+    con = connection(con_or_store)
+    con.execute(SCHEMA)
+    return con
+
+
+def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE "
+                            "table_name = ?", [table]).fetchone()[0])
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+@contextmanager
+def _transaction(con: duckdb.DuckDBPyConnection, **views: pa.Table) -> Iterator[None]:
+    """All or nothing, with Arrow tables registered as views for the duration."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for name, table in views.items():
+            con.register(name, table)
+        yield
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        for name in views:
+            try:
+                con.unregister(name)
+            except duckdb.Error:
+                pass
+
+
+def _arrow(rows: Iterable[dict], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist([{n: r.get(n) for n in schema.names} for r in rows],
+                                schema=schema)
+
+
+def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict]:
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r)) for r in cur.fetchall()]
+
+
+# ----------------------------------------------------------------------------- pass rates
+
+
+def write_pass_rates(con_or_store: Any, rows: list[dict]) -> int:
+    """Insert (or replace) estimates keyed by (model_fingerprint, problem_id, sampling_key)."""
+    if not rows:
+        return 0
+    con = ensure_tables(con_or_store)
+    cols = ", ".join(PASS_RATE_SCHEMA.names)
+    with _transaction(con, _new_pass_rates=_arrow(rows, PASS_RATE_SCHEMA)):
+        con.execute(f"INSERT OR REPLACE INTO pass_rates ({cols}, created_at) "
+                    f"SELECT {cols}, ? FROM _new_pass_rates", [_now()])
+    return len(rows)
+
+
+def read_pass_rates(con_or_store: Any, model_fingerprint: str | None = None,
+                    sampling_key: str | None = None,
+                    problem_ids: list[str] | None = None) -> list[dict]:
+    """Stored estimates, optionally for one model, one sampling key and some problems."""
+    con = connection(con_or_store)
+    if not _has(con, "pass_rates"):
+        return []
+    where, params = ["TRUE"], []
+    if model_fingerprint is not None:
+        where.append("model_fingerprint = ?")
+        params.append(model_fingerprint)
+    if sampling_key is not None:
+        where.append("sampling_key = ?")
+        params.append(sampling_key)
+    if problem_ids is not None:
+        if not problem_ids:
+            return []
+        con.register("_want_ids", pa.table({"problem_id": pa.array(problem_ids, pa.string())}))
+        where.append("problem_id IN (SELECT problem_id FROM _want_ids)")
+    try:
+        return _dicts(con.execute(
+            f"SELECT * FROM pass_rates WHERE {' AND '.join(where)} "
+            "ORDER BY model_fingerprint, sampling_key, problem_id", params))
+    finally:
+        if problem_ids is not None:
+            con.unregister("_want_ids")
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+def write_rollouts(con_or_store: Any, rows: list[dict], run_id: str, step: int,
+                   round: int = 0) -> int:
+    """Append one step's completions (the GRPO trainer's rollout-sink rows: prompt,
+    completion, answer, problem_id, rewards {name: value}, reward, advantage)."""
+    if not rows:
+        return 0
+    con = ensure_tables(con_or_store)
+    table = _arrow(({**r, "run_id": run_id, "round": round, "step": step, "idx": i,
+                     "answer": None if r.get("answer") is None else str(r["answer"]),
+                     "rewards": json.dumps(r.get("rewards") or {}, default=_json_default)}
+                    for i, r in enumerate(rows)), ROLLOUT_SCHEMA)
+    cols = ", ".join(ROLLOUT_SCHEMA.names)
+    with _transaction(con, _new_rollouts=table):
+        con.execute(f"INSERT INTO rollouts ({cols}, created_at) SELECT {cols}, ? "
+                    "FROM _new_rollouts", [_now()])
+    return len(rows)
+
+
+def rollout_sink(con_or_store: Any, run_id: str, round: int = 0) -> Callable[[int, list], None]:
+    """A `RolloutSink` for grpo_core.grpo: writes each step's rows to `rollouts`."""
+    def sink(step: int, rows: list[dict]) -> None:
+        write_rollouts(con_or_store, rows, run_id, step, round)
+
+    return sink
+
+
+def read_rollouts(con_or_store: Any, run_id: str | None = None) -> list[dict]:
+    con = connection(con_or_store)
+    if not _has(con, "rollouts"):
+        return []
+    rows = _dicts(con.execute(
+        "SELECT * FROM rollouts WHERE (?::VARCHAR IS NULL OR run_id = ?) "
+        "ORDER BY run_id, round, step, idx", [run_id, run_id]))
+    for r in rows:
+        r["rewards"] = json.loads(r["rewards"]) if r["rewards"] else {}
+    return rows
+
+
+def _json_default(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def write_eval(con_or_store: Any, run: dict, per_problem: list[dict]) -> None:
+    """One eval run (protocol, metrics) and its per-problem rows, in one transaction."""
+    con = ensure_tables(con_or_store)
+    base = {k: run.get(k) for k in ("run_id", "protocol_hash", "model_fingerprint",
+                                    "benchmark")}
+    table = _arrow(({**r, **base} for r in per_problem), EVAL_RESULT_SCHEMA)
+    cols = ", ".join(EVAL_RESULT_SCHEMA.names)
+    with _transaction(con, _new_eval_results=table):
+        con.execute(f"INSERT INTO eval_results ({cols}) SELECT {cols} FROM _new_eval_results")
+        con.execute(
+            "INSERT INTO eval_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run["run_id"], run["protocol_hash"], run.get("benchmark"), run.get("model"),
+             run.get("model_fingerprint"), len(per_problem), run.get("seed"),
+             json.dumps(run.get("protocol") or {}, sort_keys=True),
+             json.dumps(run.get("metrics") or {}, sort_keys=True), run.get("seconds"),
+             _now()])
+
+
+def read_eval_runs(con_or_store: Any, protocol_hash: str | None = None,
+                   benchmark: str | None = None) -> list[dict]:
+    """Eval runs, oldest first, with protocol and metrics parsed back from JSON."""
+    con = connection(con_or_store)
+    if not _has(con, "eval_runs"):
+        return []
+    rows = _dicts(con.execute(
+        "SELECT * FROM eval_runs WHERE (?::VARCHAR IS NULL OR protocol_hash = ?) AND "
+        "(?::VARCHAR IS NULL OR benchmark = ?) ORDER BY created_at, run_id",
+        [protocol_hash, protocol_hash, benchmark, benchmark]))
+    for r in rows:
+        r["protocol"] = json.loads(r["protocol"])
+        r["metrics"] = json.loads(r["metrics"])
+    return rows
+
+
+def read_eval_results(con_or_store: Any, run_id: str | None = None,
+                      protocol_hash: str | None = None) -> list[dict]:
+    """Per-problem rows (the records `metrics.summarise` re-scores)."""
+    con = connection(con_or_store)
+    if not _has(con, "eval_results"):
+        return []
+    return _dicts(con.execute(
+        "SELECT * FROM eval_results WHERE (?::VARCHAR IS NULL OR run_id = ?) AND "
+        "(?::VARCHAR IS NULL OR protocol_hash = ?) ORDER BY run_id, problem_id",
+        [run_id, run_id, protocol_hash, protocol_hash]))
+
+
+# ----------------------------------------------------------------------------- problems
+
+
+def problem_key(p: Problem) -> str:
+    """The id a stage stores results under: the dataset id, else the content fingerprint."""
+    return p.id or p.fingerprint
+
+
+def stage_problems(source: str, split: str | None = None, *, store: Any = None,
+                   data_dir: str | Path | None = None, limit: int | None = None,
+                   seed: int = 0, levels: list[int] | None = None,
+                   exclude_contaminated: bool = True) -> list[Problem]:
+    """The problems of one source split: from the store when ingested there, else read
+    (presets, files, hub ids) or generated (synthetic:arith) on the fly, unstored.
+
+    Raises `grpo_core.adapters.SourceError` when the source cannot be found.
+    """
+    if store is not None and not source.startswith("synthetic:"):
+        rows = store.problems(source, split, exclude_contaminated=exclude_contaminated,
+                              limit=limit)
+        if rows:
+            return rows
+    if source.startswith("synthetic:"):
+        from grpo_core.synthetic import SOURCE, generate_problems
+
+        if source != SOURCE:
+            from grpo_core.adapters import SourceError
+
+            raise SourceError(f"unknown synthetic task {source!r}; known: {SOURCE}")
+        return generate_problems(split or "train", n=limit or 1000, levels=levels, seed=seed)
+    from grpo_core.adapters import BadRow, Rejection, resolve_source
+    from grpo_core.answers import parse_gold
+    from grpo_core.store import patient_gold_parsing
+
+    adapter = resolve_source(source, split=split, data_dir=data_dir, limit=limit)
+    out: list[Problem] = []
+    with patient_gold_parsing():
+        for index, raw in adapter.rows():
+            if isinstance(raw, BadRow):
+                continue
+            p = adapter.convert(index, raw)
+            # Rows the store would quarantine are left out here too.
+            if not isinstance(p, Rejection) and parse_gold(p.answer) is not None:
+                out.append(p)
+    return out
