@@ -1,0 +1,216 @@
+"""Evaluation: greedy accuracy and k sampled answers per problem, scored under a protocol.
+
+    result = evaluate("builtin:tiny-arith", "synthetic", cfg, store=store, limit=100)
+    result.metrics["greedy_accuracy"]  # {"mean", "lo", "hi", "n"}; avg@k, maj@k, pass@k, ...
+
+Benchmarks: gsm8k (test), math500, aime24, aime25, amc23 (from the store when ingested,
+else the presets under cfg.data.data_dir / $GRPO_DATA_DIR or the hub), `synthetic` (the
+synthetic:arith eval split, seed 0, the first `limit` or 200 problems), and any source
+ingested into the store. Sampling follows R1: k samples at T=0.6, top_p=0.95 (eval.*).
+
+The protocol (template and its hash, k, T, top_p, max tokens, extractor version,
+benchmark, problem set) is hashed: numbers are comparable only under one protocol hash.
+With a store, the per-problem rows and the run's metrics are written under that hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_core import answers
+from grpo_core.adapters import PRESETS, SourceError
+from grpo_core.answers import as_number, extract_answer, parse_gold, verify
+from grpo_core.metrics import bootstrap_ci, summarise
+from grpo_core.problems import Problem
+from grpo_core.prompts import render_prompt, resolve_template, template_hash
+from grpo_core.records import problem_key, stage_problems, write_eval
+from grpo_core.rewards import is_well_formatted
+from grpo_core.rollout import SamplingParams
+from grpo_core.sampling import derive_seed, sample_seeded
+
+BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "amc23", "synthetic")
+SYNTHETIC_EVAL_N = 200  # the synthetic benchmark's size when no limit is given
+SYNTHETIC_EVAL_SEED = 0  # fixed: the benchmark must not move with project.seed
+
+
+def extractor_version() -> str:
+    """Names the answer extraction + verification code: a hash of grpo_core.answers and
+    the math-verify version, so a changed extractor changes the protocol hash."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mv = version("math-verify")
+    except PackageNotFoundError:
+        mv = "none"
+    src = hashlib.sha256(inspect.getsource(answers).encode()).hexdigest()[:10]
+    return f"answers@{src}+math-verify@{mv}"
+
+
+def protocol_for(cfg, benchmark: str, template: str, problems: list[Problem],
+                 tokenizer=None) -> dict:
+    """Everything that decides what an eval number means (not the model, not the seed)."""
+    proto = {
+        "benchmark": benchmark, "n_problems": len(problems),
+        "problems_hash": hashlib.sha256("\n".join(p.fingerprint for p in problems)
+                                        .encode()).hexdigest()[:16],
+        "template": template, "template_hash": template_hash(template),
+        "greedy": cfg.eval.greedy, "k": cfg.eval.samples, "temperature": cfg.eval.temperature,
+        "top_p": cfg.eval.top_p, "max_new_tokens": cfg.eval.max_new_tokens,
+        "extractor": extractor_version(),
+    }
+    if template == "chat":  # the tokenizer's chat template shapes the prompt too
+        text = getattr(tokenizer, "chat_template", None) or ""
+        proto["chat_template_hash"] = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return proto
+
+
+def protocol_hash(protocol: dict) -> str:
+    return hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def benchmark_problems(benchmark: str, cfg, store=None, limit: int | None = None
+                       ) -> list[Problem]:
+    """The fixed problem list of a benchmark (the first `limit`); SourceError if unknown."""
+    if benchmark in ("synthetic", "synthetic:arith"):
+        from grpo_core.synthetic import generate_problems
+
+        return generate_problems("eval", n=limit or SYNTHETIC_EVAL_N, seed=SYNTHETIC_EVAL_SEED)
+    if store is not None:
+        for split in ("test", "eval", None):
+            rows = store.problems(benchmark, split, exclude_contaminated=False, limit=limit)
+            if rows:
+                return rows
+    if benchmark in PRESETS:
+        split = "test" if "test" in PRESETS[benchmark].files else None
+        return stage_problems(benchmark, split, data_dir=cfg.data.data_dir, limit=limit)
+    raise SourceError(f"unknown benchmark {benchmark!r}: not one of {', '.join(BENCHMARKS)} "
+                      "and not ingested in the store (grpo data ingest ...)")
+
+
+def vote_key(answer: str) -> Any:
+    """Canonical form for majority voting: numbers by value (0.5 and 1/2 vote together),
+    anything else by its cosmetic normal form."""
+    number = as_number(answer)
+    if number is not None and not number[2]:
+        return ("num", number[0])
+    return ("tex", answers._canon(answer))
+
+
+@dataclass
+class EvalResult:
+    metrics: dict
+    protocol: dict
+    protocol_hash: str
+    per_problem: list[dict]
+    run_id: str = ""
+    benchmark: str = ""
+    model: str = ""
+    model_fingerprint: str = ""
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"benchmark": self.benchmark, "model": self.model,
+                "model_fingerprint": self.model_fingerprint, "run_id": self.run_id,
+                "protocol_hash": self.protocol_hash, "protocol": self.protocol,
+                "metrics": self.metrics, "seconds": round(self.seconds, 3)}
+
+
+def _record(p: Problem, greedy, samples, think: bool) -> dict:
+    gold = parse_gold(p.answer)
+    rec: dict[str, Any] = {"problem_id": problem_key(p), "source": p.source, "level": p.level,
+                           "subject": p.subject, "gold": p.answer}
+    if greedy is not None:
+        ans = extract_answer(greedy.text)
+        rec.update(greedy_answer=ans, greedy_correct=verify(gold, ans),
+                   greedy_truncated=greedy.truncated,
+                   greedy_well_formatted=is_well_formatted(greedy.text, think),
+                   greedy_completion=greedy.text)
+    if samples:
+        ans = [extract_answer(c.text) for c in samples]
+        rec.update(sample_answers=ans, sample_correct=[verify(gold, a) for a in ans],
+                   sample_truncated=[c.truncated for c in samples],
+                   sample_well_formatted=[is_well_formatted(c.text, think) for c in samples],
+                   sample_num_tokens=[c.num_tokens for c in samples],
+                   sample_completions=[c.text for c in samples])
+    return rec
+
+
+def _format_adherence(records: list[dict], ci_kw: dict) -> dict | None:
+    """Share of well-formatted completions: greedy ones when there are, else samples."""
+    flags = [float(r["greedy_well_formatted"]) for r in records
+             if r.get("greedy_well_formatted") is not None]
+    if not flags:
+        flags = [sum(r["sample_well_formatted"]) / len(r["sample_well_formatted"])
+                 for r in records if r.get("sample_well_formatted")]
+    if not flags:
+        return None
+    mean, lo, hi = bootstrap_ci(flags, **ci_kw)
+    return {"mean": mean, "lo": lo, "hi": hi, "n": len(flags)}
+
+
+def score(records: list[dict], cfg) -> dict:
+    """metrics.summarise plus format adherence (greedy, and over all samples)."""
+    ci_kw = {"n_resamples": cfg.eval.bootstrap, "seed": cfg.project.seed}
+    metrics = summarise(records, canon=vote_key, **ci_kw)
+    metrics["format_adherence"] = _format_adherence(records, ci_kw)
+    sample_flags = [f for r in records for f in r.get("sample_well_formatted") or []]
+    metrics["format_adherence_samples"] = (sum(sample_flags) / len(sample_flags)
+                                           if sample_flags else None)
+    return metrics
+
+
+def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None = None,
+             backend=None, tokenizer=None, progress: bool = False) -> EvalResult:
+    """Evaluate one model on one benchmark under cfg.eval; write rows when `store` is given.
+
+    `model_path` may be `builtin:tiny-arith` (built into the workspace cache on first use).
+    Pass `backend` and `tokenizer` to reuse a loaded model across benchmarks.
+    """
+    from grpo_core.models import model_fingerprint, resolve_model_path
+    from grpo_core.workspace import Workspace
+
+    t0 = time.perf_counter()
+    limit = limit or cfg.eval.limit
+    problems = benchmark_problems(benchmark, cfg, store, limit)
+    if not problems:
+        raise SourceError(f"benchmark {benchmark!r} has no problems")
+    path = resolve_model_path(model_path, Workspace.at(cfg.project.workdir).models, progress)
+    if backend is None:
+        from grpo_core.sampling import build_backend
+
+        backend, tokenizer = build_backend(path, cfg, progress=progress)
+    template = resolve_template(cfg.model.template, tokenizer)
+    prompts = [render_prompt(p.problem, template, tokenizer) for p in problems]
+    protocol = protocol_for(cfg, benchmark, template, problems, tokenizer)
+    phash = protocol_hash(protocol)
+    e, seed = cfg.eval, cfg.project.seed
+
+    greedy = [None] * len(problems)
+    if e.greedy:
+        outs = backend.sample(prompts, 1, SamplingParams(temperature=0.0,
+                                                         max_new_tokens=e.max_new_tokens))
+        greedy = [o[0] for o in outs]
+    params = SamplingParams(temperature=e.temperature, top_p=e.top_p,
+                            max_new_tokens=e.max_new_tokens, seed=seed)
+    samples = sample_seeded(backend, prompts, e.samples, params,
+                            [derive_seed(seed, "eval", p.fingerprint) for p in problems])
+    records = [_record(p, g, s, pr.rstrip().endswith("<think>"))
+               for p, g, s, pr in zip(problems, greedy, samples, prompts)]
+    metrics = score(records, cfg)
+    result = EvalResult(metrics=metrics, protocol=protocol, protocol_hash=phash,
+                        per_problem=records, run_id=uuid.uuid4().hex[:12], benchmark=benchmark,
+                        model=model_path, model_fingerprint=model_fingerprint(path),
+                        seconds=time.perf_counter() - t0)
+    if store is not None:
+        write_eval(store, {"run_id": result.run_id, "protocol_hash": phash,
+                           "benchmark": benchmark, "model": model_path,
+                           "model_fingerprint": result.model_fingerprint, "seed": seed,
+                           "protocol": protocol, "metrics": metrics,
+                           "seconds": result.seconds}, records)
+    return result
