@@ -21,7 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from hostile_corpus import hostile_completions
 
-from grpo_core.answers import warm_up
+from grpo_core.answers import clear_caches, warm_up
 from grpo_core.rewards import REWARDS
 
 GOLDS = ["5", "\\frac{1}{2}", "\\left( 3, \\frac{\\pi}{2} \\right)"]
@@ -46,6 +46,7 @@ def main() -> None:
     ]
     print(f"{len(corpus)} hostile completions x {len(REWARDS)} rewards, golds {GOLDS}")
     for mode in ("main thread", f"{args.threads} threads"):
+        clear_caches()  # each pass recomputes every verdict
         start = time.perf_counter()
         if mode == "main thread":
             times = [timed(n, c, g) for n, _, c, g in jobs]

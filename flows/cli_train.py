@@ -51,12 +51,14 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
               "--resume", help="Continue from the last checkpoint in --out.")] = False) -> None:
     """One GRPO round on the config's training pool; every completion goes to DuckDB."""
     from grpo_core.grpo import run_grpo_round
-    from grpo_core.records import RolloutWriter
+    from grpo_core.records import rollout_sink
+    from grpo_core.store import Store
 
     cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "grpo-round-1"
-    with RolloutWriter(ws.db_path, run=str(out)) as sink:
-        result = run_grpo_round(path, pool, cfg, out, template, rollout_sink=sink, resume=resume)
+    with Store.open(ws.db_path, timeout=30) as store:
+        result = run_grpo_round(path, pool, cfg, out, template, resume=resume,
+                                rollout_sink=rollout_sink(store, run_id=str(out), round=1))
     last = result.history[-1] if result.history else {}
     typer.echo(f"grpo: {result.steps} steps; last reward {last.get('reward', float('nan')):.3f}")
     for finding in result.findings:

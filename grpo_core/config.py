@@ -74,6 +74,8 @@ class DataConfig(_Section):
     """n of the decontamination n-gram (after normalisation)."""
     max_problem_chars: int = Field(default=20000, ge=100)
     """Rows with longer problem text are quarantined as absurd."""
+    store_lock_timeout: float = Field(default=60.0, ge=0)
+    """Seconds to wait for the DuckDB store when another pipeline holds it."""
 
 
 class RolloutConfig(_Section):

@@ -202,6 +202,6 @@ def run_filter(model: str, problems: list[Problem], cfg, store=None, progress: b
     cache = models_cache or Workspace.at(cfg.project.workdir).models
     path = resolve_model_path(model, cache, progress=progress)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    make: Callable[[], Any] = lambda: build_backend(path, cfg, progress=progress)[0]  # noqa: E731
+    make: Callable[[], Any] = lambda: build_backend(path, cfg, progress=progress)[0]
     return filter_problems(make, problems, model_fingerprint(path), cfg, cfg.model.template,
                            tokenizer, con=store)

@@ -87,7 +87,7 @@ def ensure_tables(con_or_store: Any) -> duckdb.DuckDBPyConnection:
 
 def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE "
-                            "table_name = ?", [table]).fetchone()[0])
+                            "table_name = ?", [table]).fetchall()[0][0])
 
 
 def _now() -> datetime:

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from grpo_core.answers import BUDGET_S, extract_answer, normalise_gold, parse_gold, verify
+from grpo_core import answers
+from grpo_core.answers import extract_answer, normalise_gold, parse_gold, verify
 
 RewardFunc = Callable[..., list]
 
@@ -91,7 +92,7 @@ def _accuracy_one(completion: Any, gold: Any) -> float | None:
     if parsed is None:
         return None
     # One time budget per completion, shared with the gold's parse when it was not cached.
-    seconds = max(0.05, BUDGET_S - (time.monotonic() - start))
+    seconds = max(0.05, answers.BUDGET_S - (time.monotonic() - start))
     return 1.0 if verify(parsed, extract_answer(completion_text(completion)), seconds) else 0.0
 
 

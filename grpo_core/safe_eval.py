@@ -35,8 +35,10 @@ from typing import Any
 MAX_ANSWER_CHARS = 512
 MAX_NESTING = 50
 MAX_NUMBER_DIGITS = 100
-MAX_EXPONENT_DIGITS = 4  # x^{9999} is fine; 2^{100000000} is a 30M-digit integer
+MAX_EXPONENT_DIGITS = 4  # 2^{2005} is fine; 2^{100000000} is a 30M-digit integer
+MAX_SYMBOLIC_EXPONENT_DIGITS = 3  # (x+1)^{9999} expands into 10,000 huge coefficients
 MAX_FACTORIAL_DIGITS = 4  # 9999! takes ms; 100000! takes ~0.5 s of C code
+MAX_BOUND_DIGITS = 3  # \sum, \prod and \binom with bounds past 999 multiply huge integers
 
 
 class DeadlineExceeded(BaseException):
@@ -47,7 +49,7 @@ class DeadlineExceeded(BaseException):
 
 
 _DIGITS = re.compile(r"\d+")
-_BINOM = re.compile(r"\\(?:[dt]?binom|choose)")
+_BIG_OPERATOR = re.compile(r"\\(?:[dt]?binom|choose|sum|prod)(?![A-Za-z])")
 _CLOSERS = {")": "(", "]": "[", "}": "{"}
 
 
@@ -147,11 +149,16 @@ def risky_reason(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
     # math-verify's plain-expression path reads `**` as a power too.
     text = text.replace("**", "^ ")  # same length: bracket positions stay valid
     match_open = {o: c for c, o in match.items()}
+    big_operator = _BIG_OPERATOR.search(text) is not None
     for i, ch in enumerate(text):
         if ch == "^":
             operand, after = _operand_after(text, i + 1, match_open)
-            if any(len(r) > MAX_EXPONENT_DIGITS for r in _DIGITS.findall(operand)):
+            digits = max((len(r) for r in _DIGITS.findall(operand)), default=0)
+            base_digits = _digits_before(text, i - 1)
+            if digits > (MAX_EXPONENT_DIGITS if base_digits else MAX_SYMBOLIC_EXPONENT_DIGITS):
                 return "huge exponent"
+            if big_operator and base_digits and operand.isdigit() and int(operand) > 3:
+                return "huge sum, product or binomial"  # \binom{10^{50}}{...}
             if ("^" in operand or "!" in operand) and _numeric(operand):
                 return "nested exponent"
             if text[after:].lstrip(" ").startswith(("^", "!")):
@@ -167,8 +174,8 @@ def risky_reason(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
                 "^" in group or "!" in group or any(len(r) > 3 for r in _DIGITS.findall(group))
             ):
                 return "huge factorial"
-    if _BINOM.search(text) and any(len(r) > MAX_FACTORIAL_DIGITS for r in _DIGITS.findall(text)):
-        return "huge binomial"
+    if big_operator and any(len(r) > MAX_BOUND_DIGITS for r in _DIGITS.findall(text)):
+        return "huge sum, product or binomial"
     return None
 
 
@@ -318,6 +325,7 @@ _WARM_UP = [
     ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)"),
     ("3\\sqrt{13}", "\\sqrt{117}"),
     ("[-2, 7)", "(-2, 7]"),
+    ("\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]", "x \\in [-2,7]"),
     ("\\{1, 2\\}", "1, 2"),
     ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}"),
     ("\\text{(C)}", "C"),

@@ -35,12 +35,16 @@ class TinyRecipe:
     num_heads: int = 4
     intermediate_size: int = 256
     vocab_size: int = 512
-    pretrain_steps: int = 1000
-    batch_size: int = 16  # whole documents per step
-    seq_len: int = 160  # longer than the R1-Zero prompt (~90 tokens) plus an answer
-    learning_rate: float = 2e-3
+    pretrain_steps: int = 600
+    batch_size: int = 16  # packed rows per step
+    seq_len: int = 160  # longer than the R1-Zero prompt (~115 tokens) plus an answer
+    learning_rate: float = 3e-3
     corpus_problems: int = 3000
-    version: int = 1  # bump when the build code changes meaning
+    corpus_levels: tuple[int, ...] = (1, 2, 3, 4, 5)
+    fact_repeats: int = 6
+    two_digit_facts: int = 600
+    max_filler: int = 3
+    version: int = 2  # bump when the build code changes meaning
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
@@ -68,18 +72,22 @@ FILLER = [
 def _corpus(recipe: TinyRecipe) -> list[str]:
     """Arithmetic facts and worked *train* problems: eval problems never leak."""
     rng = random.Random(recipe.seed)
-    facts = arithmetic_facts(recipe.seed)
-    docs = [" ".join(facts[i : i + 8]) for i in range(0, len(facts), 8)] * 3
-    for p in generate_problems("train", recipe.corpus_problems, seed=recipe.seed):
+    facts = arithmetic_facts(recipe.seed, n_two_digit=recipe.two_digit_facts)
+    docs = []
+    for _ in range(recipe.fact_repeats):  # the facts are what a tiny model must memorise
+        rng.shuffle(facts)
+        docs += [" ".join(facts[i : i + 8]) for i in range(0, len(facts), 8)]
+    for p in generate_problems("train", recipe.corpus_problems, levels=recipe.corpus_levels, seed=recipe.seed):
         steps = p.solution.rsplit(" The answer is", 1)[0]
         style = rng.random()
-        if style < 0.2:
+        if style < 0.15:
             docs.append(steps)
-        elif style < 0.5:
+        elif style < 0.45:
             docs.append(f"Question: {p.problem}\nAnswer: {steps} The answer is \\boxed{{{p.answer}}}.")
         else:
-            lead = " ".join(rng.sample(FILLER, rng.randint(0, 6)))
+            lead = " ".join(rng.sample(FILLER, rng.randint(0, recipe.max_filler)))
             docs.append(f"{lead} User: {p.problem} Assistant: {steps} So the answer is \\boxed{{{p.answer}}}.".strip())
+    rng.shuffle(docs)
     return docs
 
 
@@ -89,12 +97,16 @@ def build_tokenizer(texts: list[str], vocab_size: int):
     The reasoning tags are ordinary added tokens, not special ones: TRL decodes with
     skip_special_tokens=True, which would strip special tags and break the rewards.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None))
+    # One digit per token, the space before a number kept on its first digit (" 45" ->
+    # "Ġ4" "5"): with a bare "Ġ" token before every number, copying an operand from the
+    # question needs a two-token match, which a tiny model learns far more slowly.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [pre_tokenizers.Split(Regex(r" ?[0-9]"), behavior="isolated"),
+         pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -117,12 +129,18 @@ def build_tokenizer(texts: list[str], vocab_size: int):
 
 
 def _pretrain(model, tokenizer, docs: list[str], recipe: TinyRecipe, progress: bool) -> float:
-    """Causal-LM training on whole documents (one per row, right-padded, pads masked)."""
+    """Causal-LM training on packed windows: documents joined by eos and cut into rows of
+    seq_len tokens, so no compute goes to padding and the model learns to answer the last
+    question after a long, unrelated context (the R1-Zero preamble is ~115 tokens)."""
     import torch
 
-    bos, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
-    encoded = [[bos] + ids[: recipe.seq_len - 2] + [eos]
-               for ids in tokenizer(docs, add_special_tokens=False)["input_ids"]]
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for ids in tokenizer(docs, add_special_tokens=False)["input_ids"]:
+        stream += ids + [eos]
+    data = torch.tensor(stream, dtype=torch.long)
+    n_rows = max(1, len(stream) // recipe.seq_len)
+    rows = data[: n_rows * recipe.seq_len].view(n_rows, recipe.seq_len)
     gen = torch.Generator().manual_seed(recipe.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(
@@ -132,13 +150,8 @@ def _pretrain(model, tokenizer, docs: list[str], recipe: TinyRecipe, progress: b
     bar = Bar(recipe.pretrain_steps, "pretraining builtin:tiny-arith", progress)
     loss_val = float("nan")
     for _ in range(recipe.pretrain_steps):
-        rows = [encoded[i] for i in torch.randint(0, len(encoded), (recipe.batch_size,), generator=gen).tolist()]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        for r, row in enumerate(rows):
-            ids[r, : len(row)] = torch.tensor(row)
-        labels = ids.masked_fill(ids == pad, -100)
-        out = model(input_ids=ids, attention_mask=(ids != pad).long(), labels=labels)
+        ids = rows[torch.randint(0, n_rows, (recipe.batch_size,), generator=gen)]
+        out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

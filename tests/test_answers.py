@@ -279,7 +279,7 @@ def test_verify_from_threads_matches_main_thread() -> None:
         ("3!!!", "huge factorial"),
         ("(9^{999})^{999}", "power of a power"),
         ("9**9**9", "exponent chain"),
-        ("\\binom{100000}{3}", "huge binomial"),
+        ("\\binom{100000}{3}", "huge sum, product or binomial"),
         ("9" * 101, "a number longer than 100 digits"),
         ("{" * 60 + "}" * 60, "nesting deeper than 50"),
         ("\\frac{1}{2", "unbalanced braces"),

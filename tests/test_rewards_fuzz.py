@@ -57,8 +57,14 @@ def _jobs(canary: Path) -> list[tuple[str, str, str, str]]:
 def _check(jobs, times) -> None:
     slow = sorted(((t, n, label) for t, (n, label, _, _) in zip(times, jobs)), reverse=True)
     print(f"\nslowest: {[(n, label, round(t, 3)) for t, n, label in slow[:5]]}")
-    over = [(n, label, round(t, 3)) for t, n, label in slow if t >= LIMIT_S]
-    assert not over, f"calls over {LIMIT_S} s: {over}"
+    over = [(i, t) for i, t in enumerate(times) if t >= LIMIT_S]
+    # A GC pause or a busy machine can stretch one call; an unbounded input is slow twice.
+    again = [
+        (jobs[i][0], jobs[i][1], round(t, 3), round(score(jobs[i][0], jobs[i][2], jobs[i][3]), 3))
+        for i, t in over
+    ]
+    print(f"over {LIMIT_S} s once, then re-measured: {again}")
+    assert all(t2 < LIMIT_S for *_, t2 in again), f"calls over {LIMIT_S} s twice: {again}"
 
 
 def test_corpus_is_large_enough(canary: Path) -> None:
@@ -167,7 +173,7 @@ TEMPLATES = [
 ]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     body=st.one_of(
         st.text(max_size=300),
@@ -183,7 +189,7 @@ def test_hypothesis_rewards_never_raise_and_stay_fast(body: str, template: str, 
         assert score(name, [{"role": "assistant", "content": completion}], gold) < LIMIT_S
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     gold=st.one_of(
         st.text(max_size=200), st.lists(st.sampled_from(LATEX_TOKENS), max_size=40).map("".join)

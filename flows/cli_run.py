@@ -1,0 +1,156 @@
+"""`grpo run`, `grpo compare`, `grpo report`, `grpo doctor`: the main job and its views."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit
+
+
+def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
+        quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False) -> None:
+    """Run a config through the pipeline; with no CONFIG, compare R1-Zero and SFT+GRPO on
+    the built-in model and synthetic task (offline, minutes on a CPU)."""
+    from grpo_core.config import ConfigError
+    from grpo_core.workspace import Workspace
+
+    # Validate everything before any work: one line naming the field, exit 2.
+    if config is None:
+        from flows.compare import default_recipes
+
+        try:
+            configs = default_recipes(set_)
+        except ConfigError as exc:
+            fail(str(exc), 2)
+        if workdir is not None:
+            for c in configs:
+                c.project.workdir = str(workdir)
+    else:
+        configs = [load_or_exit(config, set_, workdir)]
+    from tasks import tracking
+
+    ws = Workspace.at(configs[0].project.workdir)
+    uri = tracking.tracking_uri(configs[0], ws)
+    try:
+        tracking.check_reachable(uri)
+    except tracking.TrackingUnreachable as exc:
+        fail(str(exc), 1)
+    t0 = time.time()
+    try:
+        if config is None:
+            from flows.compare import compare_recipes
+
+            out = compare_recipes(configs, progress=not quiet)
+            typer.echo(out["markdown"])
+            typer.echo(f"\nreport: {out['report_dir']}/comparison.md (.csv, .png)")
+        else:
+            from flows.pipeline import grpo_pipeline
+
+            out = grpo_pipeline(configs[0], progress=not quiet)
+            for bench, res in out["final"].items():
+                m = res["metrics"].get(configs[0].eval.primary_metric) or {}
+                typer.echo(f"{bench}: {configs[0].eval.primary_metric} {m.get('mean')} "
+                           f"[{m.get('lo')}, {m.get('hi')}]")
+            for f in out["findings"]:
+                typer.echo(f"finding: {f}")
+            typer.echo(f"model: {out['model_dir']}")
+    except KeyboardInterrupt:
+        fail("interrupted; run the same command again to resume", 130)
+    except Exception as exc:  # a stage failed: say which, exit 1
+        fail(f"pipeline failed: {type(exc).__name__}: {exc}", 1)
+    typer.echo(f"done in {time.time() - t0:.0f} s. Look at the runs with:\n"
+               f"  mlflow ui --backend-store-uri {uri}")
+
+
+def compare(experiment: Annotated[str | None, typer.Option("--experiment", help="MLflow experiment.")] = None,
+            workdir: WORKDIR = None) -> None:
+    """Print the recipe comparison table from existing MLflow runs."""
+    from flows.compare import to_markdown
+    from grpo_core.config import PipelineConfig
+    from grpo_core.workspace import Workspace
+    from tasks import tracking
+
+    cfg = PipelineConfig()
+    if workdir is not None:
+        cfg.project.workdir = str(workdir)
+    ws = Workspace.at(cfg.project.workdir)
+    rows = tracking.compare_table(tracking.tracking_uri(cfg, ws), experiment or "recipes")
+    if not rows:
+        fail(f"no finished pipeline runs in experiment {experiment or 'recipes'!r}", 1)
+    typer.echo(to_markdown(rows))
+
+
+def report(workdir: WORKDIR = None) -> None:
+    """Print the last comparison report of the workspace."""
+    from grpo_core.workspace import Workspace
+
+    path = Workspace.at(workdir).root / "reports" / "comparison.md"
+    if not path.is_file():
+        fail(f"no report at {path}; run `grpo run` first", 1)
+    typer.echo(path.read_text())
+
+
+def doctor(workdir: WORKDIR = None) -> None:
+    """Check torch/CUDA/vLLM, MLflow and Prefect reachability, workspace, data dir."""
+    from grpo_core.config import PipelineConfig
+    from grpo_core.rollout import vllm_available
+    from grpo_core.workspace import Workspace, resolve_data_dir
+    from tasks import tracking
+
+    ok = True
+
+    def line(good: bool, what: str) -> None:
+        nonlocal ok
+        ok &= good
+        typer.echo(f"[{'ok' if good else 'FAIL'}] {what}")
+
+    import torch
+
+    line(True, f"torch {torch.__version__}, CUDA {'available: ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'not available (CPU)'}")
+    typer.echo(f"[info] vLLM {'available' if vllm_available() else 'not installed or no GPU (hf backend)'}")
+    cfg = PipelineConfig()
+    ws = Workspace.at(workdir)
+    try:
+        ws.ensure()
+        probe = ws.root / ".doctor"
+        probe.write_text("ok")
+        probe.unlink()
+        line(True, f"workspace writable: {ws.root}")
+    except OSError as exc:
+        line(False, f"workspace {ws.root}: {exc}")
+    uri = tracking.tracking_uri(cfg, ws)
+    try:
+        tracking.check_reachable(uri)
+        line(True, f"MLflow tracking URI reachable: {uri}")
+    except tracking.TrackingUnreachable as exc:
+        line(False, str(exc))
+    api = os.environ.get("PREFECT_API_URL")
+    if api:
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(api.rstrip("/") + "/health", timeout=5)
+            line(True, f"Prefect API reachable: {api}")
+        except OSError as exc:
+            line(False, f"Prefect API {api}: {exc}")
+    else:
+        typer.echo("[info] PREFECT_API_URL unset: flows start a temporary local server")
+    data = resolve_data_dir(None)
+    if data is None:
+        shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+        typer.echo(f"[info] GRPO_DATA_DIR unset; presets load from the hub"
+                   f"{f' (local copies exist at {shared}: export GRPO_DATA_DIR={shared})' if shared.is_dir() else ''}")
+    else:
+        line(data.is_dir(), f"data dir {'found' if data.is_dir() else 'missing'}: {data}")
+    raise typer.Exit(0 if ok else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.command("compare")(compare)
+    app.command("report")(report)
+    app.command("doctor")(doctor)

@@ -1,0 +1,79 @@
+"""The pipeline flow, read top to bottom:
+
+    ingest -> [eval base] -> [SFT] -> for each round: (re-)filter -> GRPO round -> eval
+    -> health gate -> final eval -> register the model, promote it if it beats the champion
+"""
+from __future__ import annotations
+
+import subprocess
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from grpo_core.config import PipelineConfig
+from grpo_core.workspace import Workspace
+from tasks import stages, tracking
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def health_gate(round_no: int, train: dict, before: dict, after: dict, primary: str) -> list[str]:
+    """Findings worth a human's look; training goes on from the last good model."""
+    findings = list(train.get("findings", []))
+    for bench, res in after["benchmarks"].items():
+        now = res["metrics"].get(primary) or {}
+        was = (before["benchmarks"].get(bench) or {}).get("metrics", {}).get(primary) or {}
+        if now.get("mean") is not None and was.get("hi") is not None and now["mean"] < was.get("lo", 0):
+            findings.append(f"round {round_no}: {bench} {primary} fell below the previous CI "
+                            f"({now['mean']:.3f} < {was['lo']:.3f})")
+    return findings
+
+
+@flow(name="grpo-pipeline", validate_parameters=True)
+def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
+    """Run one recipe end to end; returns the final metrics and where the model is."""
+    log = get_run_logger()
+    cfg = config
+    ws = Workspace.at(cfg.project.workdir).ensure()
+    parent = tracking.start_parent_run(cfg, config_hash=cfg.hash(), recipe=cfg.project.recipe,
+                                       git_commit=git_commit(), flow_run_id=str(flow_run.id),
+                                       workspace=ws)
+    ctx = stages.Ctx(cfg=cfg, ws=ws, parent_run=parent, progress=progress)
+    primary_bench = cfg.eval.benchmarks[:1]  # per-round evals: the first benchmark only
+
+    data = stages.ingest(ctx)
+    log.info("data: %d problems in the training pool", data["pool_size"])
+    model = stages.base_model(ctx)
+    base = stages.evaluate(ctx, model, "eval/base", cfg.eval.benchmarks)
+    before = base
+
+    if cfg.sft.enabled:
+        model = stages.sft(ctx, model, data["problem_ids"])["model_dir"]
+        before = stages.evaluate(ctx, model, "eval/sft", primary_bench)
+
+    findings: list[str] = []
+    pool = data["problem_ids"]
+    for r in range(1, cfg.grpo.rounds + 1):
+        if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
+            kept = stages.difficulty_filter(ctx, model, data["problem_ids"], r)
+            log.info("filter round %d: kept %d of %d", r, kept["kept"], kept["considered"])
+            # A band that keeps nothing would stall training: fall back to the pool.
+            pool = kept["kept_ids"] or pool
+        train = stages.grpo_round(ctx, model, pool, r)
+        model = train["model_dir"]
+        after = stages.evaluate(ctx, model, f"eval/round-{r}", primary_bench)
+        findings += health_gate(r, train, before, after, cfg.eval.primary_metric)
+        before = after
+
+    final = stages.evaluate(ctx, model, "eval/final", cfg.eval.benchmarks)
+    report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws)
+    log.info("final: %s", report.get("summary"))
+    return {"parent_run": parent, "model_dir": model, "final": final["benchmarks"],
+            "base": base["benchmarks"],
+            "findings": findings, "registered": report}

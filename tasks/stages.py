@@ -1,0 +1,199 @@
+"""Prefect tasks: one unit of work each, thin I/O around grpo_core.
+
+Every task is keyed by content through tasks.cache (config section, input model
+fingerprint, data, code version), so a re-run skips completed stages and a killed GRPO
+round resumes from its last checkpoint. The flow process is the single DuckDB writer:
+tasks run in it one after another and open the store only while they need it.
+Retries are set where a retry can help (ingest I/O, tracking calls), none on training.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import task
+
+from grpo_core.config import PipelineConfig
+from grpo_core.models import model_fingerprint, resolve_model_path
+from grpo_core.problems import Problem
+from grpo_core.store import Store
+from grpo_core.workspace import Workspace
+from tasks import tracking
+from tasks.cache import StageCache, stage_key
+
+
+@dataclass
+class Ctx:
+    """What every stage needs: the config, the workspace, the parent MLflow run."""
+
+    cfg: PipelineConfig
+    ws: Workspace
+    parent_run: str
+    progress: bool = True
+
+    @property
+    def cache(self) -> StageCache:
+        # One cache for all configs: keys hold every input, so two recipes share the
+        # ingest and the base model's evaluation.
+        return StageCache(self.ws.root / "cache")
+
+    def store(self) -> Store:
+        return Store.open(self.ws.db_path, timeout=self.cfg.data.store_lock_timeout)
+
+    def ckpt_dir(self, name: str) -> Path:
+        return self.ws.checkpoints / f"{self.cfg.project.name}-{self.cfg.hash()}" / name
+
+
+def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics=lambda v: {}):
+    """Run `compute(child_run_id)` unless the key is done. The child run exists either
+    way; on a hit from another pipeline run it gets the stage's numbers, once."""
+    run = tracking.child_run(ctx.parent_run, child)
+    hit = ctx.cache.get(key)
+    if hit is None:
+        value = compute(run)
+        tracking.log_metrics(run, metrics(value))
+        return {**ctx.cache.put(key, value, paths(value)), "cached": False}
+    if not tracking.has_metrics(run):
+        tracking.log_metrics(run, metrics(hit))
+    return {**hit, "cached": True}
+
+
+@task(name="ingest", retries=2, retry_delay_seconds=2)
+def ingest(ctx: Ctx) -> dict:
+    from grpo_core.pool import ingest_sources, training_pool
+
+    sources = [s.model_dump(mode="json") for s in ctx.cfg.data.train]
+    key = stage_key("data", sources=sources, data=ctx.cfg.data.model_dump(mode="json"),
+                    seed=ctx.cfg.project.seed)
+
+    def compute(run):
+        with ctx.store() as store:
+            reports = ingest_sources(ctx.cfg, store)
+            pool = training_pool(ctx.cfg, store)
+        summary = {"pool_size": len(pool), "ingested": sum(r.ingested for r in reports),
+                   "quarantined": sum(sum(r.quarantined.values()) for r in reports),
+                   "duplicates": sum(r.duplicates for r in reports),
+                   "contaminated": sum(r.contaminated for r in reports)}
+        tracking.log_json(run, [r.__dict__ for r in reports], "data/ingest_reports.json")
+        return {**summary, "problem_ids": [p.id for p in pool]}
+
+    return _cached(ctx, key, "data", compute,
+                   metrics=lambda v: {f"data/{k}": v[k] for k in
+                                      ("pool_size", "ingested", "quarantined", "duplicates", "contaminated")})
+
+
+def pool_problems(ctx: Ctx, ids: list[str]) -> list[Problem]:
+    from grpo_core.pool import training_pool
+
+    with ctx.store() as store:
+        by_id = {p.id: p for p in training_pool(ctx.cfg, store)}
+    return [by_id[i] for i in ids if i in by_id]
+
+
+@task(name="base-model", retries=1)
+def base_model(ctx: Ctx) -> str:
+    return resolve_model_path(ctx.cfg.model.name_or_path, ctx.ws.models, progress=ctx.progress)
+
+
+@task(name="filter")
+def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int) -> dict:
+    from grpo_core.difficulty import run_filter
+
+    fp = model_fingerprint(model_path)
+    key = stage_key("filter", model=fp, problems=problem_ids, filter=ctx.cfg.filter.model_dump(mode="json"),
+                    rollout=ctx.cfg.rollout.model_dump(mode="json"), seed=ctx.cfg.project.seed)
+
+    def compute(run):
+        problems = pool_problems(ctx, problem_ids)
+        with ctx.store() as store:
+            report = run_filter(model_path, problems, ctx.cfg, store=store, progress=ctx.progress,
+                                models_cache=str(ctx.ws.models))
+        summary = report.summary()
+        tracking.log_passrate_histogram(run, [r["pass_rate"] for r in report.estimates],
+                                        report.band, k=report.k)
+        tracking.log_json(run, summary, "filter/summary.json")
+        return {**summary, "kept_ids": [p.id for p in report.kept]}
+
+    return _cached(ctx, key, f"filter/round-{round_no}", compute,
+                   metrics=lambda v: {f"filter/{k}": v[k] for k in
+                                      ("kept", "considered", "too_easy", "in_band", "too_hard",
+                                       "reused", "estimated")})
+
+
+@task(name="sft")
+def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
+    from grpo_core.prompts import resolve_template
+    from grpo_core.sft import run_sft
+
+    key = stage_key("sft", model=model_fingerprint(model_path), problems=problem_ids,
+                    sft=ctx.cfg.sft.model_dump(mode="json"), template=ctx.cfg.model.template)
+
+    def compute(run):
+        problems = pool_problems(ctx, problem_ids)
+        template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
+        result = run_sft(model_path, problems, ctx.cfg, ctx.ckpt_dir(f"sft-{key[-8:]}"), template,
+                         extra_callbacks=[tracking.StepLogger(run)])
+        tracking.log_training_curves(run, result.history, "sft")
+        return {"model_dir": result.output_dir, "steps": result.steps}
+
+    return _cached(ctx, key, "sft", compute, paths=lambda v: [v["model_dir"]],
+                   metrics=lambda v: {"sft/steps": v["steps"]})
+
+
+@task(name="grpo-round")
+def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int) -> dict:
+    from grpo_core.grpo import run_grpo_round
+    from grpo_core.prompts import resolve_template
+    from grpo_core.records import rollout_sink
+
+    key = stage_key("grpo", model=model_fingerprint(model_path), problems=problem_ids,
+                    grpo=ctx.cfg.grpo.model_dump(mode="json"), rewards=ctx.cfg.rewards.model_dump(mode="json"),
+                    template=ctx.cfg.model.template, round=round_no, seed=ctx.cfg.project.seed)
+
+    def compute(run):
+        problems = pool_problems(ctx, problem_ids)
+        template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
+        with ctx.store() as store:
+            # resume=True: a round killed after a checkpoint continues from it.
+            result = run_grpo_round(model_path, problems, ctx.cfg, ctx.ckpt_dir(f"grpo-{key[-8:]}"),
+                                    template, resume=True,
+                                    rollout_sink=rollout_sink(store, run_id=run, round=round_no),
+                                    extra_callbacks=[tracking.StepLogger(run)])
+        tracking.log_training_curves(run, result.history, "grpo")
+        tracking.set_tags(run, {"findings": " | ".join(result.findings) or "none"})
+        return {"model_dir": result.output_dir, "steps": result.steps, "findings": result.findings,
+                "stopped_early": result.stopped_early, "mlflow_run": run}
+
+    return _cached(ctx, key, f"grpo/round-{round_no}", compute, paths=lambda v: [v["model_dir"]],
+                   metrics=lambda v: {"grpo/steps": v["steps"], "grpo/findings": len(v["findings"])})
+
+
+@task(name="evaluate")
+def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str]) -> dict:
+    from grpo_core.evaluation import evaluate as run_eval
+    from grpo_core.sampling import build_backend
+
+    key = stage_key("eval", model=model_fingerprint(model_path), benchmarks=benchmarks,
+                    eval=ctx.cfg.eval.model_dump(mode="json"), template=ctx.cfg.model.template,
+                    rollout=ctx.cfg.rollout.model_dump(mode="json"), seed=ctx.cfg.project.seed)
+
+    def compute(run):
+        backend, tokenizer = build_backend(model_path, ctx.cfg, progress=ctx.progress)
+        out = {}
+        with ctx.store() as store:
+            for bench in benchmarks:
+                res = run_eval(model_path, bench, ctx.cfg, store=store, backend=backend,
+                               tokenizer=tokenizer, progress=ctx.progress)
+                out[bench] = {"metrics": res.metrics, "protocol_hash": res.protocol_hash}
+                tracking.log_eval_table(run, res.per_problem, f"eval/{bench}.json")
+        return {"benchmarks": out}
+
+    # Cached by content: the same model under the same protocol is evaluated once, even
+    # when two labels ask for it (the last round's eval and the final eval).
+    return _cached(ctx, key, label, compute, metrics=lambda v: tracking.eval_metrics(v["benchmarks"]))
+
+
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

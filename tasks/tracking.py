@@ -1,0 +1,1114 @@
+"""MLflow tracking for the pipeline: one parent run per pipeline run, a child run per stage.
+
+Layout in MLflow (experiment = tracking.experiment or project.name):
+
+    parent run  "<recipe>-<config hash>"   tags recipe, config_hash, git_commit,
+                                           prefect_flow_run_id, grpo.pipeline=parent
+      params    the resolved config, flattened ("grpo.beta": 0.04), secrets redacted
+      artifacts config/resolved.yaml, config/environment.json, model/ (registered)
+      children  data, filter/round-N, sft, grpo/round-N, eval/base, eval/round-N, eval/final
+
+Everything goes through `MlflowClient` with explicit run ids, never the fluent "active
+run": that one is thread-local, so a Prefect task in a worker thread would not see it.
+The module-level tracking URI is set once per process by `connect` (which
+`start_parent_run` calls); later calls in any thread of that process use it.
+
+Resume: the parent run of a config hash is remembered in <workdir>/runs/<hash>.json and
+reused by every later run of the same config, whatever its status. A killed run thus
+continues under its parent, and a re-run of a finished config (a cache hit) appears as
+the same parent run again rather than as an empty twin. Child runs are found by name
+under their parent, so a resumed stage logs into the run it started.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# Before mlflow is imported: no usage telemetry, no writes to ~/.config/mlflow.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import mlflow  # noqa: E402
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.utils.validation import (  # noqa: E402
+    MAX_ENTITY_KEY_LENGTH,
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAM_VAL_LENGTH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_VAL_LENGTH,
+)
+
+from grpo_core.workspace import Workspace  # noqa: E402
+
+PARENT_RUN_ID_TAG = "mlflow.parentRunId"
+RUN_NAME_TAG = "mlflow.runName"
+CHAMPION, CHALLENGER = "champion", "challenger"
+REDACTED = "***"
+
+
+class TrackingUnreachable(RuntimeError):
+    """The tracking store cannot be used; the message names the URI and what to do."""
+
+
+# --------------------------------------------------------------------------- where
+
+def _workdir(workspace: Workspace | str | os.PathLike | None, cfg=None) -> Path:
+    if isinstance(workspace, Workspace):
+        return workspace.root
+    if workspace is not None:
+        return Path(workspace).expanduser().resolve()
+    return Workspace.at(cfg.project.workdir if cfg is not None else None).root
+
+
+def tracking_uri(cfg, workspace: Workspace | str | os.PathLike | None = None) -> str:
+    """cfg.tracking.tracking_uri, else $MLFLOW_TRACKING_URI, else SQLite under the workdir."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    explicit = cfg.tracking.tracking_uri if cfg is not None else None
+    if explicit:
+        return explicit
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{_workdir(workspace, cfg) / 'mlflow.db'}"
+
+
+def experiment_name(cfg) -> str:
+    return cfg.tracking.experiment or cfg.project.name
+
+
+def is_remote(uri: str) -> bool:
+    return urllib.parse.urlparse(uri).scheme in ("http", "https", "databricks")
+
+
+def artifact_root(uri: str, workspace: Workspace | str | os.PathLike | None, name: str,
+                  cfg=None) -> str | None:
+    """Where a new experiment keeps its artifacts: <workdir>/mlartifacts/<name> for local
+    stores (never ./mlruns under whatever the current directory is); the server's choice
+    for a tracking server."""
+    if is_remote(uri):
+        return None
+    return (_workdir(workspace, cfg) / "mlartifacts" / _slug(name)).as_uri()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "default"
+
+
+def _strip_userinfo(uri: str) -> str:
+    """The URI without user:password@, for messages and for our own health probe."""
+    p = urllib.parse.urlparse(uri)
+    if p.username is None and p.password is None:
+        return uri
+    host = p.hostname or ""
+    if p.port:
+        host = f"{host}:{p.port}"
+    return urllib.parse.urlunparse(p._replace(netloc=host))
+
+
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """Raise TrackingUnreachable, naming the URI, when the store cannot answer.
+
+    http(s): GET <uri>/health; any HTTP answer below 500 counts as reachable (a proxy or
+    an auth layer may answer 401/404 for /health, but something is listening). The probe
+    runs in a daemon thread joined with a deadline, so a slow DNS lookup cannot stretch
+    it past `timeout` + 1 s. The MLflow client itself retries for minutes, hence this
+    check before any work. sqlite: the folder of the database file must be writable.
+    """
+    shown = _strip_userinfo(uri)
+    scheme = urllib.parse.urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        url = shown.rstrip("/") + "/health"
+        outcome: dict[str, Any] = {}
+
+        def probe() -> None:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310
+                    outcome["status"] = resp.status
+            except urllib.error.HTTPError as exc:
+                outcome["status"] = exc.code
+            except Exception as exc:  # noqa: BLE001 - any failure means unreachable
+                outcome["error"] = f"{type(exc).__name__}: {exc}"
+
+        t = threading.Thread(target=probe, daemon=True, name="mlflow-health-probe")
+        t.start()
+        t.join(timeout + 1.0)
+        if "status" in outcome and outcome["status"] < 500:
+            return
+        why = (f"HTTP {outcome['status']}" if "status" in outcome
+               else outcome.get("error", f"no answer within {timeout:g} s"))
+        raise TrackingUnreachable(
+            f"MLflow tracking server {shown} is not reachable (GET /health: {why}). Start it "
+            f"(mlflow server --host ... --port ...), fix MLFLOW_TRACKING_URI / "
+            f"tracking.tracking_uri, or unset both to use the local SQLite store.")
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+        if not path or path == ":memory:":
+            return
+        folder = Path(path).parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not os.access(folder, os.W_OK):
+            raise TrackingUnreachable(f"MLflow store {uri}: folder {folder} is not writable")
+
+
+_clients: dict[str, MlflowClient] = {}
+_lock = threading.Lock()
+
+
+def connect(uri: str, check: bool = True) -> MlflowClient:
+    """Point this process at `uri` (tracking and registry) and return a client for it."""
+    if check:
+        check_reachable(uri)
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    with _lock:
+        if mlflow.get_tracking_uri() != uri:
+            mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
+        if uri not in _clients:
+            _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        return _clients[uri]
+
+
+def _client(client: MlflowClient | None = None) -> MlflowClient:
+    if client is not None:
+        return client
+    uri = mlflow.get_tracking_uri()
+    with _lock:
+        if uri not in _clients:
+            _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        return _clients[uri]
+
+
+def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = None) -> str:
+    """Get or create the experiment `name` (restoring it if it was deleted)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_root)
+        except MlflowException:  # created meanwhile by another process
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+# --------------------------------------------------------------------------- params
+
+_SECRET_WORDS = ("token", "password", "passwd", "secret", "key", "credential", "credentials",
+                 "apikey", "auth")
+# Counts, not credentials: max_tokens, min_tokens, max_new_tokens, keywords ...
+_NOT_SECRET = {"tokens", "keywords", "keyword"}
+_URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]+@")
+
+
+def is_secret_name(name: str) -> bool:
+    """True when a field or env var name says it holds a secret.
+
+    Word-wise, not a raw substring test: the config's own max_tokens, min_tokens and
+    reasoning_keywords are not secrets, while HF_TOKEN, hub_token, MLFLOW_TRACKING_PASSWORD,
+    AWS_SECRET_ACCESS_KEY, api_key, apiKey and hftoken are.
+    """
+    words = re.split(r"[^0-9A-Za-z]+|(?<=[a-z0-9])(?=[A-Z])", str(name))
+    for w in (w.lower() for w in words if w):
+        if w in _NOT_SECRET:
+            continue
+        if any(w == s or w == s + "s" or w.endswith(s) for s in _SECRET_WORDS):
+            return True
+    return False
+
+
+def _scrub_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return _URL_USERINFO.sub(lambda m: f"{m.group('head')}:{REDACTED}@", value)
+    return value
+
+
+def redact(tree: Any) -> Any:
+    """A copy with the value of every secret-named key replaced by "***" (None stays None),
+    recursively through dicts and lists, and passwords in URLs (scheme://user:pw@) hidden."""
+    if isinstance(tree, Mapping):
+        return {k: (REDACTED if v is not None else None) if is_secret_name(str(k)) else redact(v)
+                for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [redact(v) for v in tree]
+    return _scrub_value(tree)
+
+
+def flatten(tree: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """{"grpo": {"beta": 0.04}} -> {"grpo.beta": 0.04}. Lists of scalars stay one value;
+    lists holding mappings are indexed ("data.train.0.source")."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{sep}{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key, sep))
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, Mapping) for x in v):
+            for i, x in enumerate(v):
+                if isinstance(x, Mapping):
+                    out.update(flatten(x, f"{key}{sep}{i}", sep))
+                else:
+                    out[f"{key}{sep}{i}"] = x
+        else:
+            out[key] = v
+    return out
+
+
+def _param_value(v: Any) -> str:
+    text = json.dumps(v) if isinstance(v, (list, tuple, dict)) else str(v)
+    return text if len(text) <= MAX_PARAM_VAL_LENGTH else text[: MAX_PARAM_VAL_LENGTH - 3] + "..."
+
+
+def config_params(cfg) -> dict[str, str]:
+    """The resolved config as MLflow params: flattened, redacted, stringified."""
+    return {k[:MAX_ENTITY_KEY_LENGTH]: _param_value(v)
+            for k, v in flatten(redact(cfg.model_dump(mode="json"))).items()}
+
+
+def log_params(run_id: str, params: Mapping[str, Any], client: MlflowClient | None = None) -> None:
+    c = _client(client)
+    items = [Param(sanitize_key(k), _param_value(v)) for k, v in redact(dict(params)).items()]
+    for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, params=items[i: i + MAX_PARAMS_TAGS_PER_BATCH])
+
+
+def set_tags(run_id: str, tags: Mapping[str, Any], client: MlflowClient | None = None) -> None:
+    """Set run tags (secret-named ones redacted, values cut to MLflow's limit)."""
+    c = _client(client)
+    items = []
+    for k, v in redact(dict(tags)).items():
+        text = v if isinstance(v, str) else json.dumps(v, default=str)
+        items.append(RunTag(sanitize_key(k), text[:MAX_TAG_VAL_LENGTH]))
+    for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, tags=items[i: i + MAX_PARAMS_TAGS_PER_BATCH])
+
+
+_ENV_PREFIXES = ("GRPO_", "MLFLOW_", "HF_", "HUGGING", "TRANSFORMERS_", "PREFECT_", "CUDA_",
+                 "TORCH", "VLLM_", "OMP_", "ACCELERATE_", "TOKENIZERS_")
+_VERSIONED = ("torch", "transformers", "trl", "accelerate", "datasets", "mlflow", "prefect",
+              "duckdb", "math-verify", "vllm")
+
+
+def environment_snapshot() -> dict:
+    """Package versions and the env vars that change behaviour (secrets redacted)."""
+    from importlib import metadata
+
+    versions = {}
+    for pkg in _VERSIONED:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[pkg] = metadata.version(pkg)
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)}
+    import platform
+    import sys
+
+    return redact({"python": sys.version.split()[0], "platform": platform.platform(),
+                   "packages": versions, "env": env})
+
+
+# --------------------------------------------------------------------------- runs
+
+def _state_path(workdir: Path, config_hash: str) -> Path:
+    return workdir / "runs" / f"{config_hash}.json"
+
+
+def _read_state(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_state(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _usable_run(client: MlflowClient, run_id: str | None, exp_id: str):
+    if not run_id:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:  # another store, or deleted for good
+        return None
+    if run.info.lifecycle_stage != "active" or run.info.experiment_id != exp_id:
+        return None
+    return run
+
+
+def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_run_id: str | None,
+                     workspace: Workspace | str | os.PathLike | None = None,
+                     extra_params: Mapping[str, Any] | None = None) -> str:
+    """The parent run of this config hash, created or reused (see the module docstring).
+
+    A new run gets the flattened, redacted config as params, config/resolved.yaml and
+    config/environment.json; a reused one gets its status set back to RUNNING and its
+    git_commit / prefect_flow_run_id tags moved to this run (grpo.resumes counts reuses).
+    """
+    import yaml
+
+    workdir = _workdir(workspace, cfg)
+    uri = tracking_uri(cfg, workdir)
+    client = connect(uri)
+    name = experiment_name(cfg)
+    exp_id = experiment_id(client, name, artifact_root(uri, workdir, name))
+    state_file = _state_path(workdir, config_hash)
+    state = _read_state(state_file)
+    tags = {"recipe": recipe, "config_hash": config_hash, "git_commit": git_commit,
+            "prefect_flow_run_id": flow_run_id or "", "grpo.pipeline": "parent",
+            "project": cfg.project.name}
+    run = _usable_run(client, state.get("run_id"), exp_id)
+    if run is not None:
+        run_id = run.info.run_id
+        resumes = int(run.data.tags.get("grpo.resumes", "0")) + 1
+        client.update_run(run_id, status="RUNNING")
+        set_tags(run_id, {**tags, "grpo.resumes": str(resumes),
+                          "grpo.resumed_from_status": run.info.status}, client)
+    else:
+        run_id = client.create_run(exp_id, run_name=f"{recipe}-{config_hash[:8]}",
+                                   tags={k: str(v) for k, v in tags.items()}).info.run_id
+        log_params(run_id, {**config_params(cfg), **(extra_params or {})}, client)
+        client.log_text(run_id, yaml.safe_dump(redact(cfg.model_dump(mode="json")), sort_keys=False),
+                        "config/resolved.yaml")
+        log_json(run_id, environment_snapshot(), "config/environment.json", client)
+    now = time.time()
+    created = state.get("created", now) if run is not None else now
+    _write_state(state_file, {"run_id": run_id, "status": "RUNNING", "experiment": name,
+                              "experiment_id": exp_id, "tracking_uri": _strip_userinfo(uri),
+                              "config_hash": config_hash, "recipe": recipe,
+                              "created": created, "updated": now})
+    return run_id
+
+
+def parent_state(workspace: Workspace | str | os.PathLike | None, config_hash: str) -> dict:
+    """What <workdir>/runs/<hash>.json says about the config's parent run ({} if none)."""
+    return _read_state(_state_path(_workdir(workspace), config_hash))
+
+
+_experiment_of: dict[str, str] = {}
+
+
+def _experiment_id_of(run_id: str, client: MlflowClient) -> str:
+    if run_id not in _experiment_of:
+        _experiment_of[run_id] = client.get_run(run_id).info.experiment_id
+    return _experiment_of[run_id]
+
+
+def _children(parent_id: str, client: MlflowClient, name: str | None = None) -> list:
+    flt = f"tags.`{PARENT_RUN_ID_TAG}` = '{parent_id}'"
+    if name is not None:
+        flt += f" and attributes.run_name = '{name}'"
+    return list(client.search_runs([_experiment_id_of(parent_id, client)], flt, max_results=1000,
+                                   order_by=["attributes.start_time ASC"]))
+
+
+def child_run(parent_id: str, name: str, client: MlflowClient | None = None) -> str:
+    """The child run `name` of `parent_id`, created or found again (a resumed stage logs
+    into the run it started). Names: data, filter/round-N, sft, grpo/round-N, eval/...
+    A found run that is not FINISHED (killed, failed) is set back to RUNNING."""
+    if "'" in name:
+        raise ValueError(f"child run name must not contain a quote: {name!r}")
+    c = _client(client)
+    found = _children(parent_id, c, name)
+    if found:
+        run = found[0]
+        if run.info.status != "FINISHED":
+            c.update_run(run.info.run_id, status="RUNNING")
+        return run.info.run_id
+    parent = c.get_run(parent_id)
+    tags = {PARENT_RUN_ID_TAG: parent_id, "grpo.pipeline": "child", "grpo.stage": name}
+    for key in ("recipe", "config_hash", "project"):
+        if key in parent.data.tags:
+            tags[key] = parent.data.tags[key]
+    run = c.create_run(parent.info.experiment_id, run_name=name, tags=tags)
+    _experiment_of[run.info.run_id] = parent.info.experiment_id
+    return run.info.run_id
+
+
+def end_run(run_id: str, status: str = "FINISHED", client: MlflowClient | None = None) -> None:
+    _client(client).set_terminated(run_id, status)
+
+
+@contextlib.contextmanager
+def stage_run(parent_id: str, name: str, client: MlflowClient | None = None) -> Iterator[str]:
+    """`with stage_run(parent, "eval/final") as run_id:` -> FINISHED, or FAILED on error."""
+    run_id = child_run(parent_id, name, client)
+    try:
+        yield run_id
+    except BaseException:
+        end_run(run_id, "FAILED", client)
+        raise
+    end_run(run_id, "FINISHED", client)
+
+
+def _close_children(parent_id: str, status: str, client: MlflowClient) -> None:
+    for run in _children(parent_id, client):
+        if run.info.status == "RUNNING":
+            client.set_terminated(run.info.run_id, status)
+
+
+def _set_state_status(workspace, parent_id: str, status: str, client: MlflowClient) -> None:
+    with contextlib.suppress(MlflowException):
+        config_hash = client.get_run(parent_id).data.tags.get("config_hash")
+        if config_hash and workspace is not None:
+            path = _state_path(_workdir(workspace), config_hash)
+            state = _read_state(path)
+            if state.get("run_id") == parent_id:
+                _write_state(path, {**state, "status": status, "updated": time.time()})
+
+
+def fail_pipeline(parent_id: str, error: str, workspace=None,
+                  client: MlflowClient | None = None) -> None:
+    """Mark the parent and its still-running children FAILED, with the error as a tag.
+    A later run of the same config reuses the parent and sets it RUNNING again."""
+    c = _client(client)
+    set_tags(parent_id, {"grpo.error": error[:2000]}, c)
+    _close_children(parent_id, "FAILED", c)
+    c.set_terminated(parent_id, "FAILED")
+    _set_state_status(workspace, parent_id, "FAILED", c)
+
+
+# --------------------------------------------------------------------------- metrics
+
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def sanitize_key(name: str) -> str:
+    """A valid MLflow metric/param/tag name: alphanumerics, `_ - . /` and space only
+    ("pass@4" -> "pass_at_4", other characters -> "_"), no empty or dot path segments."""
+    name = _BAD_CHARS.sub("_", str(name).replace("@", "_at_"))
+    parts = [p for p in name.split("/") if p not in ("", ".", "..")]
+    return ("/".join(parts) or "_")[:MAX_ENTITY_KEY_LENGTH]
+
+
+metric_key = sanitize_key
+
+
+def _number(v: Any) -> float | None:
+    if v is None or isinstance(v, str):
+        return None
+    if isinstance(v, bool):
+        return float(v)
+    if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:  # numpy / torch scalars
+        with contextlib.suppress(Exception):
+            v = v.item()
+    if isinstance(v, (int, float)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    return None
+
+
+def flatten_metrics(metrics: Mapping, prefix: str = "") -> dict[str, float]:
+    """Nested metric dicts to flat numbers. A CI block {"mean", "lo", "hi", "n"} becomes
+    name, name_ci_lo, name_ci_hi, name_n; other nesting joins with "/"; strings, lists,
+    None and NaN are dropped."""
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            if "mean" in v and ("lo" in v or "hi" in v):
+                for sub, suffix in (("mean", ""), ("lo", "_ci_lo"), ("hi", "_ci_hi"), ("n", "_n")):
+                    x = _number(v.get(sub))
+                    if x is not None:
+                        out[key + suffix] = x
+            else:
+                out.update(flatten_metrics(v, key))
+            continue
+        x = _number(v)
+        if x is not None:
+            out[key] = x
+    return out
+
+
+def log_metrics(run_id: str, metrics: Mapping[str, Any], step: int | None = None,
+                client: MlflowClient | None = None, timestamp_ms: int | None = None) -> int:
+    """Log numbers (nested dicts flattened, names sanitised, None/NaN/inf skipped) in
+    batches of MLflow's maximum; returns how many were logged."""
+    flat = flatten_metrics(metrics)
+    if not flat:
+        return 0
+    ts = timestamp_ms or int(time.time() * 1000)
+    items = [Metric(sanitize_key(k), v, ts, step or 0) for k, v in flat.items()]
+    _log_metric_items(run_id, items, _client(client))
+    return len(items)
+
+
+def _log_metric_items(run_id: str, items: list, client: MlflowClient) -> None:
+    for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=items[i: i + MAX_METRICS_PER_BATCH])
+
+
+def has_metrics(run_id: str, client: MlflowClient | None = None) -> bool:
+    return bool(_client(client).get_run(run_id).data.metrics)
+
+
+def eval_metrics(benchmarks: Mapping[str, Any]) -> dict[str, float]:
+    """{bench: {"metrics": {...}}} (stages.evaluate's output) -> "<bench>/<metric>" numbers,
+    e.g. synthetic/greedy_accuracy, synthetic/greedy_accuracy_ci_lo, synthetic/pass_at_4."""
+    out: dict[str, float] = {}
+    for bench, res in benchmarks.items():
+        m = res.get("metrics", res) if isinstance(res, Mapping) else {}
+        out.update({sanitize_key(k): v for k, v in flatten_metrics(m, str(bench)).items()})
+    return out
+
+
+_HISTORY_TAG = "grpo.history_last_step"
+
+
+def history_to_mlflow(run_id: str, history: Sequence[Mapping[str, Any]], prefix: str = "",
+                      client: MlflowClient | None = None) -> int:
+    """Log TRL's per-step log rows (each with "step") as metric series. Rows at or below
+    the step recorded by the previous call are skipped, so calling it again after a
+    resume does not double the curves. Returns the number of points logged."""
+    c = _client(client)
+    done = int(float(c.get_run(run_id).data.tags.get(_HISTORY_TAG, "-1")))
+    ts = int(time.time() * 1000)
+    items, last = [], done
+    for i, row in enumerate(history):
+        step = int(row.get("step", i + 1))
+        if step <= done:
+            continue
+        last = max(last, step)
+        for k, v in flatten_metrics({k: v for k, v in row.items() if k != "step"}).items():
+            items.append(Metric(sanitize_key(f"{prefix}{k}"), v, ts, step))
+    if items:
+        _log_metric_items(run_id, items, c)
+        set_tags(run_id, {_HISTORY_TAG: str(last)}, c)
+    return len(items)
+
+
+_step_logger_cls = None
+
+
+def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | None = None):  # noqa: N802
+    """A transformers TrainerCallback streaming the trainer's logs into `run_id`.
+
+    Pass it in `callbacks=[...]` with report_to=[] (or "none"): no fluent MLflow state,
+    works from any thread. Points are buffered and written in one batch every
+    `flush_every_s` seconds, at each checkpoint save and at train end, so a 0.1 s step
+    does not pay a database write each time. Built lazily: importing this module does
+    not import transformers.
+    """
+    global _step_logger_cls
+    if _step_logger_cls is None:
+        from transformers import TrainerCallback
+
+        class _StepLogger(TrainerCallback):
+            def __init__(self, run_id, flush_every_s, client):
+                self.run_id, self.every, self._c = run_id, flush_every_s, client
+                self.buffer: list = []
+                self.last_flush = time.monotonic()
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if not state.is_world_process_zero or not logs:
+                    return
+                ts = int(time.time() * 1000)
+                for k, v in flatten_metrics(logs).items():
+                    self.buffer.append(Metric(sanitize_key(k), v, ts, int(state.global_step)))
+                if time.monotonic() - self.last_flush >= self.every:
+                    self.flush()
+
+            def flush(self):
+                if self.buffer:
+                    items, self.buffer = self.buffer, []
+                    _log_metric_items(self.run_id, items, _client(self._c))
+                self.last_flush = time.monotonic()
+
+            def on_save(self, args, state, control, **kwargs):
+                self.flush()
+
+            def on_train_end(self, args, state, control, **kwargs):
+                self.flush()
+
+        _step_logger_cls = _StepLogger
+    return _step_logger_cls(run_id, flush_every_s, client)
+
+
+def trl_env(run_id: str, uri: str | None = None, log_params: bool = False,
+            client: MlflowClient | None = None) -> dict[str, str]:
+    """Env vars that make transformers' own MLflowCallback (report_to=["mlflow"]) log into
+    `run_id`, for a trainer in a subprocess (env=) or in-process (see `trl_mlflow_env`).
+
+    What the callback does (transformers 5, integrations/integration_utils.py): at train
+    begin it calls mlflow.set_experiment(MLFLOW_EXPERIMENT_NAME) then
+    mlflow.start_run(run_name=args.run_name), which resumes MLFLOW_RUN_ID (and deletes that
+    variable from os.environ: set it again before each trainer); it logs args + model
+    config as params unless MLFLOW_MAX_LOG_PARAMS caps them (0 here by default: the parent
+    already holds our config, and a resumed run that re-logs a changed value raises);
+    metrics are logged asynchronously; at train end it calls mlflow.end_run(), which marks
+    the run FINISHED but does not flush the async queue. The caller must therefore:
+    leave TrainingArguments.run_name None (else the child run is renamed), call
+    mlflow.flush_async_logging() after train(), mark the run FAILED itself when training
+    raises (the callback's __del__ would end it FINISHED), and have no other fluent run
+    active in that thread. `trl_mlflow_env` does all of that.
+    """
+    c = _client(client)
+    uri = uri or mlflow.get_tracking_uri()
+    exp = c.get_experiment(c.get_run(run_id).info.experiment_id).name
+    env = {"MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": exp,
+           "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_NESTED_RUN": "false",
+           "MLFLOW_FLATTEN_PARAMS": "true", "HF_MLFLOW_LOG_ARTIFACTS": "false"}
+    if not log_params:
+        env["MLFLOW_MAX_LOG_PARAMS"] = "0"
+    return env
+
+
+@contextlib.contextmanager
+def trl_mlflow_env(run_id: str, uri: str | None = None, log_params: bool = False) -> Iterator[dict]:
+    """Around trainer.train() in this process, with report_to=["mlflow"]: sets the env of
+    `trl_env`, then flushes the async metrics, ends the callback's fluent run (FAILED on an
+    exception) and restores the environment. One trainer at a time per process."""
+    env = trl_env(run_id, uri, log_params)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    failed = False
+    try:
+        yield env
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            mlflow.flush_async_logging()
+        active = mlflow.active_run()
+        if active is not None and active.info.run_id == run_id:
+            mlflow.end_run("FAILED" if failed else "FINISHED")
+        elif failed:
+            with contextlib.suppress(MlflowException):
+                end_run(run_id, "FAILED")
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# --------------------------------------------------------------------------- artifacts
+
+def log_text(run_id: str, text: str, path: str, client: MlflowClient | None = None) -> str:
+    _client(client).log_text(run_id, text, path)
+    return path
+
+
+def log_json(run_id: str, obj: Any, path: str, client: MlflowClient | None = None) -> str:
+    """Any JSON-able object (dataclass dicts, Paths and tuples via str/list) as an artifact."""
+    return log_text(run_id, json.dumps(obj, indent=2, default=str), path, client)
+
+
+def log_file(run_id: str, local_path: str | os.PathLike, artifact_dir: str | None = None,
+             client: MlflowClient | None = None) -> str:
+    _client(client).log_artifact(run_id, str(local_path), artifact_dir)
+    name = Path(local_path).name
+    return f"{artifact_dir}/{name}" if artifact_dir else name
+
+
+def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind: str = "grpo",
+                        client: MlflowClient | None = None) -> str:
+    """plots/<kind>_curves.png: reward, reward_std, kl, completions/mean_length and
+    frac_reward_zero_std per step for GRPO (loss, token accuracy, ... for SFT)."""
+    from tasks.plots import training_curves
+
+    with tempfile.TemporaryDirectory() as tmp:
+        png = training_curves(history, Path(tmp) / f"{_slug(kind)}_curves.png", kind=kind)
+        return log_file(run_id, png, "plots", client)
+
+
+def log_passrate_histogram(run_id: str, pass_rates: Sequence[float], band: Sequence[float],
+                           k: int | None = None, client: MlflowClient | None = None) -> str:
+    """plots/passrate_histogram.png with the kept band shaded."""
+    from grpo_core.passrate import plot_histogram
+
+    title = f"Estimated pass rate per prompt (k={k})" if k else "Estimated pass rate per prompt"
+    with tempfile.TemporaryDirectory() as tmp:
+        png = plot_histogram(list(pass_rates), (float(band[0]), float(band[1])),
+                             Path(tmp) / "passrate_histogram.png", title=title)
+        return log_file(run_id, png, "plots", client)
+
+
+def _cut(text: Any, n: int) -> Any:
+    if isinstance(text, str) and len(text) > n:
+        return text[:n] + f"... [{len(text) - n} more chars]"
+    return text
+
+
+def eval_table_rows(per_problem: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> list[dict]:
+    """One row per problem: id, level, gold, greedy answer/completion/correct, and the
+    samples' answers, correctness and completions (lists as JSON text)."""
+    rows = []
+    for r in per_problem:
+        correct = r.get("sample_correct") or []
+        rows.append({
+            "problem_id": r.get("problem_id"), "source": r.get("source"), "level": r.get("level"),
+            "subject": r.get("subject"), "gold": r.get("gold"),
+            "greedy_answer": r.get("greedy_answer"), "correct": r.get("greedy_correct"),
+            "greedy_completion": _cut(r.get("greedy_completion"), max_chars),
+            "sample_accuracy": (sum(map(bool, correct)) / len(correct)) if correct else None,
+            "sample_answers": json.dumps(r.get("sample_answers") or []),
+            "sample_correct": json.dumps([bool(x) for x in correct]),
+            "sample_completions": json.dumps([_cut(t, max_chars // 4)
+                                              for t in r.get("sample_completions") or []]),
+        })
+    return rows
+
+
+def log_eval_table(run_id: str, per_problem: Sequence[Mapping[str, Any]], name: str,
+                   max_rows: int | None = None, client: MlflowClient | None = None) -> str:
+    """Per-problem eval results as an MLflow table (artifact `name` if it ends in .json,
+    else tables/<name>.json). Logging the same table again replaces it: MlflowClient.
+    log_table alone would append the rows to the existing file."""
+    import pandas as pd
+
+    c = _client(client)
+    path = name if name.endswith((".json", ".parquet")) else f"tables/{name}.json"
+    df = pd.DataFrame(eval_table_rows(per_problem[:max_rows] if max_rows else per_problem))
+    folder = os.path.dirname(path) or None
+    if path in {f.path for f in c.list_artifacts(run_id, folder)}:
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / os.path.basename(path)
+            if path.endswith(".json"):
+                df.to_json(local, orient="split", index=False, date_format="iso")
+            else:
+                df.to_parquet(local, index=False)
+            c.log_artifact(run_id, str(local), folder)
+    else:
+        c.log_table(run_id, df, path)
+    return path
+
+
+# --------------------------------------------------------------------------- registry
+
+def model_name(cfg) -> str:
+    """Registered model of a config family: <project>-<recipe>. Stable across retraining
+    rounds (a new config hash of the same recipe competes for the same champion)."""
+    return _slug(f"{cfg.project.name}-{cfg.project.recipe}")
+
+
+def register_model(run_id: str, model_dir: str | os.PathLike, name: str,
+                   tags: Mapping[str, Any] | None = None, client: MlflowClient | None = None) -> str:
+    """Log the HF folder under the run's `model/` artifacts, register runs:/<id>/model as
+    a new version of `name` with alias `challenger`; returns the version.
+
+    The version is created with MlflowClient.create_model_version(source=runs:/<id>/model,
+    run_id=...) because MLflow 3's mlflow.register_model only accepts a runs:/ URI whose
+    folder holds an MLmodel file or a LoggedModel, and a plain HF folder is neither.
+    A second call for the same run (a re-run of a finished config) returns the existing
+    version instead of copying the weights again.
+    """
+    c = _client(client)
+    _ensure_registered_model(c, name)
+    existing = [v for v in c.search_model_versions(f"name = '{name}'") if v.run_id == run_id]
+    if existing:
+        version = max(existing, key=lambda v: int(v.version)).version
+    else:
+        c.log_artifacts(run_id, str(model_dir), "model")
+        mv = c.create_model_version(name, source=f"runs:/{run_id}/model", run_id=run_id,
+                                    tags={k: str(v) for k, v in redact(dict(tags or {})).items()})
+        version = mv.version
+    c.set_registered_model_alias(name, CHALLENGER, version)
+    set_tags(run_id, {"grpo.registered_model": name, "grpo.model_version": str(version)}, c)
+    return str(version)
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        with contextlib.suppress(MlflowException):  # created meanwhile
+            client.create_registered_model(name, description="GRPO pipeline model; aliases "
+                                           "champion (serving) and challenger (latest).")
+
+
+def _metric_tags(metric: str, value: float, ci_lo: float | None, ci_hi: float | None,
+                 protocol_hash: str | None) -> dict[str, str]:
+    m = sanitize_key(metric)
+    tags = {"grpo.metric": metric, f"grpo.{m}": repr(float(value))}
+    if ci_lo is not None:
+        tags[f"grpo.{m}.ci_lo"] = repr(float(ci_lo))
+    if ci_hi is not None:
+        tags[f"grpo.{m}.ci_hi"] = repr(float(ci_hi))
+    if protocol_hash:
+        tags["grpo.protocol_hash"] = protocol_hash
+    return tags
+
+
+def _triplet(source: Mapping[str, Any], metric: str) -> tuple[float | None, float | None, float | None]:
+    """(value, ci_lo, ci_hi) from any of: version tags, {"value","ci_lo","ci_hi"},
+    {metric: {"mean","lo","hi"}}, or flat {metric, metric_ci_lo, metric_ci_hi}."""
+    m = sanitize_key(metric)
+
+    def num(x):
+        try:
+            return float(x) if x is not None else None
+        except (TypeError, ValueError):
+            return None
+
+    if f"grpo.{m}" in source:
+        return (num(source.get(f"grpo.{m}")), num(source.get(f"grpo.{m}.ci_lo")),
+                num(source.get(f"grpo.{m}.ci_hi")))
+    if "value" in source:
+        return num(source.get("value")), num(source.get("ci_lo")), num(source.get("ci_hi"))
+    block = source.get(metric, source.get(m))
+    if isinstance(block, Mapping):
+        return num(block.get("mean")), num(block.get("lo")), num(block.get("hi"))
+    return num(block), num(source.get(f"{m}_ci_lo")), num(source.get(f"{m}_ci_hi"))
+
+
+def _fmt_ci(v, lo, hi) -> str:
+    ci = f" [{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else ""
+    return f"{v:.4f}{ci}"
+
+
+def promote_if_better(client: MlflowClient | None, name: str, version: str, metric: str,
+                      value: float, ci_lo: float | None = None,
+                      champion_metrics: Mapping[str, Any] | None = None, *,
+                      ci_hi: float | None = None,
+                      protocol_hash: str | None = None) -> tuple[bool, str]:
+    """Make `version` the champion when there is none, or when its `value` exceeds the
+    champion's CI upper bound (its value when no CI is known): a win inside the
+    champion's noise is not a win. Returns (promoted, reason).
+
+    The challenger's value, CI and eval protocol hash are stored as version tags, so the
+    next comparison reads the champion's numbers from its tags. `champion_metrics`
+    overrides them (the retrain flow passes the champion re-evaluated under today's
+    protocol). Stored champion numbers from a different protocol are not compared: the
+    champion stays and the reason says to re-evaluate it. The decision is recorded as
+    tags on the challenger version (grpo.decision, grpo.decision_reason, ...).
+    """
+    c = _client(client)
+    version = str(version)
+    for k, v in _metric_tags(metric, value, ci_lo, ci_hi, protocol_hash).items():
+        c.set_model_version_tag(name, version, k, v)
+    mine = _fmt_ci(value, ci_lo, ci_hi)
+    try:
+        champ = c.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        champ = None
+    if champ is None:
+        promoted, reason, against = True, f"no champion yet; v{version} {metric} {mine}", ""
+    elif str(champ.version) == version:
+        promoted, reason, against = True, f"v{version} is already the champion", version
+    else:
+        against = str(champ.version)
+        if champion_metrics is not None:
+            cv, clo, chi = _triplet(champion_metrics, metric)
+            champ_protocol = None  # numbers supplied by the caller, under today's protocol
+        else:
+            cv, clo, chi = _triplet(champ.tags, metric)
+            champ_protocol = champ.tags.get("grpo.protocol_hash")
+        if cv is None:
+            promoted = False
+            reason = (f"champion v{against} has no recorded {metric}; kept it (pass "
+                      f"champion_metrics from a re-evaluation to compare)")
+        elif protocol_hash and champ_protocol and champ_protocol != protocol_hash:
+            promoted = False
+            reason = (f"champion v{against} was evaluated under protocol {champ_protocol}, "
+                      f"challenger under {protocol_hash}; kept the champion (re-evaluate it "
+                      f"and pass champion_metrics)")
+        else:
+            bar = chi if chi is not None else cv
+            promoted = value > bar
+            verdict = ">" if promoted else "<="
+            reason = (f"challenger v{version} {metric} {mine} {verdict} champion v{against} "
+                      f"{'upper CI ' if chi is not None else ''}{bar:.4f} "
+                      f"(champion {_fmt_ci(cv, clo, chi)})")
+    if promoted:
+        c.set_registered_model_alias(name, CHAMPION, version)
+    decision = {"grpo.decision": "promoted" if promoted else "rejected",
+                "grpo.decision_reason": reason, "grpo.compared_with": against,
+                "grpo.decided_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    for k, v in decision.items():
+        c.set_model_version_tag(name, version, k, v)
+    return promoted, reason
+
+
+def champion_uri(name: str) -> str:
+    return f"models:/{name}@{CHAMPION}"
+
+
+def champion_version(name: str, client: MlflowClient | None = None):
+    """The champion ModelVersion of `name`, or None."""
+    try:
+        return _client(client).get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        return None
+
+
+def download_champion(name: str, dst: str | os.PathLike, client: MlflowClient | None = None) -> Path:
+    """Download the champion's HF folder into `dst` (skipped when `dst` already holds that
+    version) and return the folder to pass to from_pretrained. Raises LookupError when
+    `name` has no champion."""
+    c = _client(client)
+    mv = champion_version(name, c)
+    if mv is None:
+        raise LookupError(f"registered model {name!r} has no {CHAMPION!r} alias")
+    dst = Path(dst)
+    marker = dst / ".grpo_model_version.json"
+    want = {"name": name, "version": str(mv.version), "run_id": mv.run_id}
+    seen = _read_state(marker)
+    if {k: seen.get(k) for k in want} == want and (dst / seen.get("folder", "")).is_dir():
+        return dst / seen["folder"]
+    dst.mkdir(parents=True, exist_ok=True)
+    prefix = f"runs:/{mv.run_id}/"
+    if mv.run_id and (mv.source or "").startswith(prefix):
+        local = Path(c.download_artifacts(mv.run_id, mv.source[len(prefix):], str(dst)))
+    else:  # registered elsewhere: let the registry resolve it
+        local = Path(mlflow.artifacts.download_artifacts(
+            artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(dst),
+            tracking_uri=getattr(getattr(c, "_tracking_client", None), "tracking_uri", None)))
+    _write_state(marker, {**want, "folder": os.path.relpath(local, dst)})
+    return local
+
+
+# --------------------------------------------------------------------------- pipeline end
+
+def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Mapping[str, Any],
+                    findings: Sequence[str], workspace: Workspace | str | os.PathLike | None = None,
+                    client: MlflowClient | None = None) -> dict:
+    """Close a pipeline run: final metrics on the parent (prefix final/), findings, the
+    model registered and promoted on the primary metric of the first benchmark, running
+    children and the parent set FINISHED. Returns what happened, with a one-line summary."""
+    c = _client(client)
+    benchmarks = final.get("benchmarks", final)
+    log_metrics(parent_id, {f"final/{k}": v for k, v in eval_metrics(benchmarks).items()}, client=c)
+    set_tags(parent_id, {"findings": " | ".join(findings) or "none"}, c)
+    if findings:
+        log_text(parent_id, "\n".join(f"- {f}" for f in findings) + "\n", "report/findings.md", c)
+    primary = cfg.eval.primary_metric
+    bench = next(iter(cfg.eval.benchmarks), None)
+    res = benchmarks.get(bench, {}) if bench else {}
+    block = (res.get("metrics") or {}).get(primary) or {}
+    out: dict[str, Any] = {"parent_run": parent_id, "benchmark": bench, "metric": primary,
+                           "value": block.get("mean"), "ci_lo": block.get("lo"),
+                           "ci_hi": block.get("hi")}
+    headline = (f"{bench} {primary} {_fmt_ci(block['mean'], block.get('lo'), block.get('hi'))}"
+                if block.get("mean") is not None else f"{bench} {primary}: n/a")
+    summary = headline
+    if cfg.tracking.register_model:
+        name = model_name(cfg)
+        version = register_model(parent_id, model_dir, name,
+                                 tags={"recipe": cfg.project.recipe, "config_hash": cfg.hash()}, client=c)
+        out.update(model_name=name, version=version, model_uri=f"models:/{name}/{version}",
+                   champion_uri=champion_uri(name))
+        if block.get("mean") is not None:
+            promoted, reason = promote_if_better(c, name, version, primary, block["mean"],
+                                                 block.get("lo"), ci_hi=block.get("hi"),
+                                                 protocol_hash=res.get("protocol_hash"))
+        else:
+            promoted, reason = False, f"no {primary} on {bench}; not compared"
+        out.update(promoted=promoted, reason=reason)
+        set_tags(parent_id, {"grpo.promotion": "promoted" if promoted else "rejected",
+                             "grpo.promotion_reason": reason}, c)
+        summary = f"{headline}; {name} v{version} {'champion' if promoted else 'challenger'} ({reason})"
+    out["summary"] = summary
+    _close_children(parent_id, "FINISHED", c)
+    c.set_terminated(parent_id, "FINISHED")
+    _set_state_status(workspace if workspace is not None else _workdir(None, cfg), parent_id,
+                      "FINISHED", c)
+    return out
+
+
+# --------------------------------------------------------------------------- comparison
+
+COMPARE_COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final",
+                   "final_lo", "final_hi", "delta"]
+
+
+def _triple_from(metrics: Mapping[str, float], key: str) -> tuple:
+    return metrics.get(key), metrics.get(f"{key}_ci_lo"), metrics.get(f"{key}_ci_hi")
+
+
+def compare_table(uri: str | None, experiment: str, metric: str | None = None,
+                  latest_only: bool = True) -> list[dict]:
+    """Rows (COMPARE_COLUMNS) from the FINISHED parent runs of `experiment`: per recipe (the
+    newest parent when latest_only) and benchmark, the metric on eval/base and eval/final
+    with CIs. `metric` defaults to each parent's eval.primary_metric param."""
+    c = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else _client()
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    parents = c.search_runs([exp.experiment_id],
+                            "tags.`grpo.pipeline` = 'parent' and attributes.status = 'FINISHED'",
+                            order_by=["attributes.start_time DESC"], max_results=1000)
+    rows, seen = [], set()
+    for parent in parents:
+        recipe = parent.data.tags.get("recipe", "?")
+        if latest_only and recipe in seen:
+            continue
+        seen.add(recipe)
+        m = metric or parent.data.params.get("eval.primary_metric", "greedy_accuracy")
+        mk = sanitize_key(m)
+        kids = {r.info.run_name: r for r in _children(parent.info.run_id, c)}
+        final = kids.get("eval/final")
+        if final is None:
+            continue
+        base = kids.get("eval/base")
+        fm, bm = final.data.metrics, base.data.metrics if base else {}
+        benches = sorted(k[: -len(mk) - 1] for k in fm
+                         if k.endswith("/" + mk) and "/" not in k[: -len(mk) - 1])
+        for bench in benches:
+            f, flo, fhi = _triple_from(fm, f"{bench}/{mk}")
+            b, blo, bhi = _triple_from(bm, f"{bench}/{mk}")
+            rows.append({"recipe": recipe, "benchmark": bench, "metric": m, "base": b,
+                         "base_lo": blo, "base_hi": bhi, "final": f, "final_lo": flo,
+                         "final_hi": fhi, "delta": f - b if f is not None and b is not None else None})
+    return sorted(rows, key=lambda r: (r["recipe"], r["benchmark"]))
+
+
+def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | os.PathLike | None,
+                   parent_runs: Sequence[str]) -> str:
+    """The recipe comparison as its own run ("comparison", grpo.pipeline=comparison) in the
+    experiment: comparison.md, comparison.csv, the chart and an MLflow table; reused
+    when the same parent runs are compared again. Returns its run id."""
+    import csv
+    import hashlib
+    import io
+
+    workdir = _workdir(workspace, cfg)
+    uri = tracking_uri(cfg, workdir)
+    c = connect(uri, check=False)
+    name = experiment_name(cfg)
+    exp_id = experiment_id(c, name, artifact_root(uri, workdir, name))
+    key = hashlib.sha256(",".join(sorted(parent_runs)).encode()).hexdigest()[:12]
+    found = c.search_runs([exp_id], f"tags.`grpo.comparison_key` = '{key}'", max_results=1)
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        run_id = c.create_run(exp_id, run_name="comparison", tags={
+            "grpo.pipeline": "comparison", "grpo.comparison_key": key,
+            "grpo.parent_runs": ",".join(parent_runs)}).info.run_id
+    log_text(run_id, markdown, "comparison/comparison.md", c)
+    log_text(run_id, table_csv, "comparison/comparison.csv", c)
+    if chart is not None and Path(chart).is_file():
+        log_file(run_id, chart, "comparison", c)
+    rows = list(csv.DictReader(io.StringIO(table_csv)))
+    if rows:
+        import pandas as pd
+
+        with tempfile.TemporaryDirectory() as tmp:  # replace, never append (see log_eval_table)
+            local = Path(tmp) / "comparison_table.json"
+            pd.DataFrame(rows).to_json(local, orient="split", index=False)
+            if "comparison/comparison_table.json" in {f.path for f in c.list_artifacts(run_id, "comparison")}:
+                c.log_artifact(run_id, str(local), "comparison")
+            else:
+                c.log_table(run_id, pd.DataFrame(rows), "comparison/comparison_table.json")
+    for p in parent_runs:
+        with contextlib.suppress(MlflowException):
+            set_tags(p, {"grpo.comparison_run": run_id}, c)
+    c.set_terminated(run_id, "FINISHED")
+    return run_id

@@ -1,0 +1,50 @@
+"""Model fixtures: a tiny *random* Llama with the project's tokenizer, saved to disk.
+
+Built in about a second, so the real HF rollout path (tokenise, left-pad, generate,
+decode) runs in unit tests without the 2-minute built-in model. Its answers are noise:
+tests that need known pass rates use a fake backend instead.
+
+Use from a test module with `pytest_plugins = ["fixtures_models"]`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("GRPO_TORCH_THREADS", "1")
+
+
+def build_random_tiny_model(out_dir: Path, seed: int = 0) -> Path:
+    """A 1-layer, 32-wide LlamaForCausalLM + BPE tokenizer (tags as ordinary tokens)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo_core.synthetic import arithmetic_facts, generate_problems
+    from grpo_core.tiny_model import build_tokenizer
+
+    torch.manual_seed(seed)
+    texts = arithmetic_facts(seed, n_two_digit=50) + [
+        p.problem + " " + p.solution for p in generate_problems("train", 100, seed=seed)]
+    tok = build_tokenizer(texts, vocab_size=320)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> str:
+    import torch
+
+    torch.set_num_threads(1)
+    return str(build_random_tiny_model(tmp_path_factory.mktemp("models") / "tiny-random"))
