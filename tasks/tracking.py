@@ -10,8 +10,8 @@ Layout in MLflow (experiment = tracking.experiment or project.name):
 
 Everything goes through `MlflowClient` with explicit run ids, never the fluent "active
 run": that one is thread-local, so a Prefect task in a worker thread would not see it.
-The module-level tracking URI is set once per process by `connect` (which
-`start_parent_run` calls); later calls in any thread of that process use it.
+The store is chosen once per process by `connect` (which `start_parent_run` calls);
+later calls in any thread of that process use it unless given a client.
 
 Resume: the parent run of a config hash is remembered in <workdir>/runs/<hash>.json and
 reused by every later run of the same config, whatever its status. A killed run thus
@@ -165,28 +165,39 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
 
 
 _clients: dict[str, MlflowClient] = {}
+_current_uri: str | None = None
 _lock = threading.Lock()
 
 
 def connect(uri: str, check: bool = True) -> MlflowClient:
-    """Point this process at `uri` (tracking and registry) and return a client for it."""
+    """Make `uri` this process's store for every call below that is given no client, and
+    return a client for it.
+
+    MLflow's own global (mlflow.set_tracking_uri) is left alone on purpose: it also
+    exports MLFLOW_TRACKING_URI, which would then win over the workdir default of the next
+    config resolved in this process (a test suite, a comparison of two workdirs).
+    """
+    global _current_uri
     if check:
         check_reachable(uri)
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     with _lock:
-        if mlflow.get_tracking_uri() != uri:
-            mlflow.set_tracking_uri(uri)
-        mlflow.set_registry_uri(uri)
+        _current_uri = uri
         if uri not in _clients:
             _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
         return _clients[uri]
 
 
+def current_uri() -> str:
+    """The store `connect` chose, else MLflow's default resolution."""
+    return _current_uri or mlflow.get_tracking_uri()
+
+
 def _client(client: MlflowClient | None = None) -> MlflowClient:
     if client is not None:
         return client
-    uri = mlflow.get_tracking_uri()
+    uri = current_uri()
     with _lock:
         if uri not in _clients:
             _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -659,7 +670,7 @@ def trl_env(run_id: str, uri: str | None = None, log_params: bool = False,
     active in that thread. `trl_mlflow_env` does all of that.
     """
     c = _client(client)
-    uri = uri or mlflow.get_tracking_uri()
+    uri = uri or current_uri()
     exp = c.get_experiment(c.get_run(run_id).info.experiment_id).name
     env = {"MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": exp,
            "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_NESTED_RUN": "false",
@@ -674,9 +685,15 @@ def trl_mlflow_env(run_id: str, uri: str | None = None, log_params: bool = False
     """Around trainer.train() in this process, with report_to=["mlflow"]: sets the env of
     `trl_env`, then flushes the async metrics, ends the callback's fluent run (FAILED on an
     exception) and restores the environment. One trainer at a time per process."""
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
     env = trl_env(run_id, uri, log_params)
     saved = {k: os.environ.get(k) for k in env}
+    # A global URI set earlier in this process would beat the env var: set ours for the
+    # duration (the callback uses the fluent API) and put the old one back after.
+    prev_global = getattr(tracking_utils, "_tracking_uri", None)
     os.environ.update(env)
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     failed = False
     try:
         yield env
@@ -692,6 +709,7 @@ def trl_mlflow_env(run_id: str, uri: str | None = None, log_params: bool = False
         elif failed:
             with contextlib.suppress(MlflowException):
                 end_run(run_id, "FAILED")
+        mlflow.set_tracking_uri(prev_global)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -245,6 +245,12 @@ def test_gold_parsed_once_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls.count(gold) == 1
 
 
+def test_parse_gold_accepts_raw_dataset_fields() -> None:
+    assert parse_gold("Natalia sold 48/2 = 24 clips.\n#### 72").text == "72"
+    assert parse_gold(27.0).text == "27"
+    assert parse_gold("The answer is $\\boxed{\\frac{1}{2}}$.").text == "\\frac{1}{2}"
+
+
 def test_parse_gold_unparseable() -> None:
     assert parse_gold("") is None
     assert parse_gold(None) is None
