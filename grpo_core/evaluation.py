@@ -39,15 +39,17 @@ SYNTHETIC_EVAL_SEED = 0  # fixed: the benchmark must not move with project.seed
 
 
 def extractor_version() -> str:
-    """Names the answer extraction + verification code: a hash of grpo_core.answers and
-    the math-verify version, so a changed extractor changes the protocol hash."""
+    """Names the answer extraction + verification code and the math-verify version, so a
+    changed extractor changes the protocol hash. `answers.EXTRACTOR_VERSION` when the
+    module declares one; else a hash of its source (any edit then counts as a change)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         mv = version("math-verify")
     except PackageNotFoundError:
         mv = "none"
-    src = hashlib.sha256(inspect.getsource(answers).encode()).hexdigest()[:10]
+    declared = getattr(answers, "EXTRACTOR_VERSION", None)
+    src = declared or hashlib.sha256(inspect.getsource(answers).encode()).hexdigest()[:10]
     return f"answers@{src}+math-verify@{mv}"
 
 

@@ -44,6 +44,7 @@ class TinyRecipe:
     fact_repeats: int = 6
     two_digit_facts: int = 600
     max_filler: int = 3
+    chat_share: float = 0.3  # share of problems as a chat transcript after filler text
     version: int = 2  # bump when the build code changes meaning
 
     def key(self) -> str:
@@ -80,9 +81,9 @@ def _corpus(recipe: TinyRecipe) -> list[str]:
     for p in generate_problems("train", recipe.corpus_problems, levels=recipe.corpus_levels, seed=recipe.seed):
         steps = p.solution.rsplit(" The answer is", 1)[0]
         style = rng.random()
-        if style < 0.15:
+        if style < 0.1:
             docs.append(steps)
-        elif style < 0.45:
+        elif style < 1.0 - recipe.chat_share:
             docs.append(f"Question: {p.problem}\nAnswer: {steps} The answer is \\boxed{{{p.answer}}}.")
         else:
             lead = " ".join(rng.sample(FILLER, rng.randint(0, recipe.max_filler)))

@@ -39,11 +39,11 @@ from typing import Any
 # Before mlflow is imported: no usage telemetry, no writes to ~/.config/mlflow.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-import mlflow  # noqa: E402
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-from mlflow.utils.validation import (  # noqa: E402
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import (
     MAX_ENTITY_KEY_LENGTH,
     MAX_METRICS_PER_BATCH,
     MAX_PARAM_VAL_LENGTH,
@@ -51,10 +51,9 @@ from mlflow.utils.validation import (  # noqa: E402
     MAX_TAG_VAL_LENGTH,
 )
 
-from grpo_core.workspace import Workspace  # noqa: E402
+from grpo_core.workspace import Workspace
 
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"
-RUN_NAME_TAG = "mlflow.runName"
 CHAMPION, CHALLENGER = "champion", "challenger"
 REDACTED = "***"
 
@@ -133,9 +132,19 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
         url = shown.rstrip("/") + "/health"
         outcome: dict[str, Any] = {}
 
+        context = None
+        if scheme == "https":  # the TLS settings the MLflow client itself honours
+            import ssl
+
+            if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
+                context = ssl._create_unverified_context()  # the user asked for it
+            elif os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
+                context = ssl.create_default_context(
+                    cafile=os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"])
+
         def probe() -> None:
             try:
-                with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310
+                with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
                     outcome["status"] = resp.status
             except urllib.error.HTTPError as exc:
                 outcome["status"] = exc.code
@@ -293,7 +302,8 @@ def config_params(cfg) -> dict[str, str]:
 
 def log_params(run_id: str, params: Mapping[str, Any], client: MlflowClient | None = None) -> None:
     c = _client(client)
-    items = [Param(sanitize_key(k), _param_value(v)) for k, v in redact(dict(params)).items()]
+    """Nested params flattened ("a.b"), secrets redacted, values cut to MLflow's limit."""
+    items = [Param(sanitize_key(k), _param_value(v)) for k, v in flatten(redact(dict(params))).items()]
     for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
         c.log_batch(run_id, params=items[i: i + MAX_PARAMS_TAGS_PER_BATCH])
 
@@ -607,7 +617,7 @@ def history_to_mlflow(run_id: str, history: Sequence[Mapping[str, Any]], prefix:
 _step_logger_cls = None
 
 
-def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | None = None):  # noqa: N802
+def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | None = None):
     """A transformers TrainerCallback streaming the trainer's logs into `run_id`.
 
     Pass it in `callbacks=[...]` with report_to=[] (or "none"): no fluent MLflow state,
@@ -834,6 +844,11 @@ def register_model(run_id: str, model_dir: str | os.PathLike, name: str,
     if existing:
         version = max(existing, key=lambda v: int(v.version)).version
     else:
+        art = c.get_run(run_id).info.artifact_uri
+        if art.startswith("file:"):
+            store = Path(urllib.parse.urlparse(art).path).resolve()
+            if Path(model_dir).resolve() in (store, *store.parents):
+                raise ValueError(f"model_dir {model_dir} contains the artifact store {store}")
         c.log_artifacts(run_id, str(model_dir), "model")
         mv = c.create_model_version(name, source=f"runs:/{run_id}/model", run_id=run_id,
                                     tags={k: str(v) for k, v in redact(dict(tags or {})).items()})

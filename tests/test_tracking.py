@@ -1,0 +1,559 @@
+"""tasks.tracking against a real MLflow: SQLite stores under tmp_path (no mocks), plus one
+`integration` test over HTTP against a real `mlflow server`.
+
+A fresh SQLite store spends ~8 s on schema migrations, so the session migrates one
+template database and each test copies it (0.2 s)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from grpo_core.config import PipelineConfig
+from tasks import tracking as T
+
+SECRET = "sekrit-7f3a9"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="session")
+def template_db(tmp_path_factory) -> Path:
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # runs migrations
+    return path
+
+
+@pytest.fixture
+def store(tmp_path, template_db, monkeypatch):
+    """A config whose workdir holds a migrated, empty SQLite store; cwd is a scratch folder
+    so a stray ./mlruns would be seen."""
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    shutil.copy(template_db, wd / "mlflow.db")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    cfg = PipelineConfig()
+    cfg.project.workdir = str(wd)
+    cfg.project.name = "trk"
+    cfg.project.recipe = "r1_zero"
+    return cfg, wd
+
+
+def _parent(cfg, wd, flow_run="flow-1", **kw) -> str:
+    return T.start_parent_run(cfg, cfg.hash(), cfg.project.recipe, "abc1234", flow_run, wd, **kw)
+
+
+def _all_artifact_files(client, run_id, path=None):
+    for f in client.list_artifacts(run_id, path):
+        if f.is_dir:
+            yield from _all_artifact_files(client, run_id, f.path)
+        else:
+            yield f.path
+
+
+# ------------------------------------------------------------------ pure helpers
+
+def test_is_secret_name_word_wise():
+    for name in ["HF_TOKEN", "hub_token", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY",
+                 "api_key", "apiKey", "OPENAI_API_KEY", "hftoken", "db_passwd", "client_secret",
+                 "ssh_keys", "credentials"]:
+        assert T.is_secret_name(name), name
+    # The config's own fields that merely contain the letters.
+    for name in ["max_tokens", "min_tokens", "max_new_tokens", "keywords", "reasoning_keywords",
+                 "num_tokens", "beta", "tokenizer"]:
+        assert not T.is_secret_name(name), name
+
+
+def test_redact_nested_and_urls():
+    tree = {"a": {"hub_token": SECRET, "max_tokens": 800, "n": None, "api_key": None},
+            "list": [{"password": SECRET}, "x"],
+            "uri": f"https://bob:{SECRET}@host:5000/x", "plain": "https://host/x",
+            "length": {"min_tokens": 200}}
+    out = T.redact(tree)
+    assert SECRET not in json.dumps(out)
+    assert out["a"]["hub_token"] == "***" and out["list"][0]["password"] == "***"
+    assert out["a"]["max_tokens"] == 800 and out["length"]["min_tokens"] == 200
+    assert out["a"]["api_key"] is None  # nothing to hide, and saying so leaks nothing
+    assert out["uri"] == "https://bob:***@host:5000/x" and out["plain"] == "https://host/x"
+    assert tree["a"]["hub_token"] == SECRET  # a copy: the input is untouched
+
+
+def test_flatten_config_params():
+    params = T.config_params(PipelineConfig())
+    assert params["grpo.beta"] == "0.04"
+    assert params["filter.band"] == "[0.3, 0.7]"
+    assert params["data.train.0.source"] == "synthetic:arith"
+    assert params["rewards.length.max_tokens"] == "800"  # not mistaken for a secret
+    assert all(len(v) <= 6000 for v in params.values())
+
+
+def test_sanitize_key():
+    assert T.sanitize_key("pass@4") == "pass_at_4"
+    assert T.sanitize_key("rewards/accuracy(x)/mean") == "rewards/accuracy_x_/mean"
+    assert T.sanitize_key("a//b/./c/") == "a/b/c"
+    assert T.sanitize_key("/lead") == "lead"
+    assert T.sanitize_key("ok-name.1 x") == "ok-name.1 x"
+    assert T.sanitize_key("a:b") == "a_b"
+
+
+def test_tracking_uri_resolution(tmp_path, monkeypatch):
+    cfg = PipelineConfig()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert T.tracking_uri(cfg, tmp_path) == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    assert T.tracking_uri(cfg, tmp_path) == "http://127.0.0.1:1"
+    cfg.tracking.tracking_uri = "sqlite:////x/y.db"
+    assert T.tracking_uri(cfg, tmp_path) == "sqlite:////x/y.db"
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    assert T.artifact_root("http://h:1", tmp_path, "e") is None
+    assert T.artifact_root("sqlite:////x.db", tmp_path, "my exp") == \
+        (tmp_path.resolve() / "mlartifacts" / "my-exp").as_uri()
+
+
+def test_check_reachable_unused_port_fails_fast():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    uri = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    with pytest.raises(T.TrackingUnreachable) as err:
+        T.check_reachable(uri, timeout=3)
+    assert time.monotonic() - t0 < 10
+    assert uri in str(err.value)
+    # Credentials in the URI never reach the message.
+    with pytest.raises(T.TrackingUnreachable) as err:
+        T.check_reachable(f"http://bob:{SECRET}@127.0.0.1:{port}", timeout=3)
+    assert SECRET not in str(err.value) and f"127.0.0.1:{port}" in str(err.value)
+
+
+# ------------------------------------------------------------------ runs
+
+def test_parent_and_children_reused_on_resume(store):
+    cfg, wd = store
+    parent = _parent(cfg, wd)
+    client = T._client()
+    run = client.get_run(parent)
+    tags = run.data.tags
+    assert tags["recipe"] == "r1_zero" and tags["config_hash"] == cfg.hash()
+    assert tags["git_commit"] == "abc1234" and tags["prefect_flow_run_id"] == "flow-1"
+    assert tags["grpo.pipeline"] == "parent"
+    assert run.data.params["grpo.beta"] == "0.04"
+    assert run.data.params["eval.primary_metric"] == "greedy_accuracy"
+    exp = client.get_experiment(run.info.experiment_id)
+    assert exp.name == "trk"
+    assert exp.artifact_location == (wd.resolve() / "mlartifacts" / "trk").as_uri()
+    files = set(_all_artifact_files(client, parent))
+    assert {"config/resolved.yaml", "config/environment.json"} <= files
+    import yaml
+
+    local = client.download_artifacts(parent, "config/resolved.yaml", str(wd / "dl"))
+    resolved = yaml.safe_load(Path(local).read_text())
+    assert resolved["grpo"]["beta"] == 0.04
+
+    names = ["data", "filter/round-1", "sft", "grpo/round-1", "eval/round-1", "eval/final"]
+    kids = {n: T.child_run(parent, n) for n in names}
+    assert len(set(kids.values())) == len(names)
+    for n, rid in kids.items():
+        r = client.get_run(rid)
+        assert r.info.run_name == n and r.data.tags["mlflow.parentRunId"] == parent
+        assert r.data.tags["recipe"] == "r1_zero"
+
+    # Killed mid-round: the same config resumes under the same parent and children.
+    client.set_terminated(kids["grpo/round-1"], "KILLED")
+    client.set_terminated(parent, "KILLED")
+    again = _parent(cfg, wd, flow_run="flow-2")
+    assert again == parent
+    r = client.get_run(parent)
+    assert r.info.status == "RUNNING" and r.data.tags["prefect_flow_run_id"] == "flow-2"
+    assert r.data.tags["grpo.resumes"] == "1"
+    assert T.child_run(parent, "grpo/round-1") == kids["grpo/round-1"]
+    assert client.get_run(kids["grpo/round-1"]).info.status == "RUNNING"
+    state = json.loads((wd / "runs" / f"{cfg.hash()}.json").read_text())
+    assert state["run_id"] == parent and state["status"] == "RUNNING"
+
+    # A finished config run again is a cache hit: still the same parent.
+    with pytest.raises(ValueError, match="contains the artifact store"):
+        T.register_model(parent, wd, "m")  # the workdir itself: would copy into itself
+    T.finish_pipeline(parent, cfg, _fake_model(wd / "model", "x"), {"benchmarks": {}}, [], wd)
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert all(client.get_run(k).info.status == "FINISHED" for k in kids.values())
+    assert json.loads((wd / "runs" / f"{cfg.hash()}.json").read_text())["status"] == "FINISHED"
+    assert _parent(cfg, wd, flow_run="flow-3") == parent
+
+    # Another config gets its own parent run.
+    cfg.grpo.beta = 0.02
+    assert _parent(cfg, wd) != parent
+    assert not (wd.parent / "cwd" / "mlruns").exists()
+
+
+def test_no_secret_reaches_params_tags_or_artifacts(store, monkeypatch):
+    cfg, wd = store
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
+    monkeypatch.setenv("GRPO_API_KEY", SECRET)
+    parent = _parent(cfg, wd, extra_params={"hub_token": SECRET, "db": f"postgresql://u:{SECRET}@h/d",
+                                            "nested": {"secret": SECRET, "max_tokens": 7}})
+    child = T.child_run(parent, "sft")
+    T.set_tags(child, {"api_key": SECRET, "note": "fine"})
+    T.log_json(child, T.redact({"token": SECRET}), "data/x.json")
+    client = T._client()
+    for rid in (parent, child):
+        run = client.get_run(rid)
+        blob = json.dumps([run.data.params, run.data.tags])
+        assert SECRET not in blob
+        dst = wd / "dl" / rid
+        dst.mkdir(parents=True)
+        client.download_artifacts(rid, "", str(dst))
+        for f in dst.rglob("*"):
+            if f.is_file():
+                assert SECRET.encode() not in f.read_bytes(), f
+    run = client.get_run(parent)
+    assert run.data.params["hub_token"] == "***" and run.data.params["nested.max_tokens"] == "7"
+    env = json.loads((wd / "dl" / parent / "config" / "environment.json").read_text())["env"]
+    assert env["HF_TOKEN"] == "***" and env["GRPO_API_KEY"] == "***"
+
+
+def test_metrics_sanitised_skipped_and_batched(store):
+    import numpy as np
+
+    cfg, wd = store
+    run = T.child_run(_parent(cfg, wd), "eval/round-1")
+    n = T.log_metrics(run, {"pass@4": 0.5, "a(b)": 1, "x//y": 2.0, "nan": float("nan"),
+                            "none": None, "inf": math.inf, "np": np.float32(0.25), "flag": True,
+                            "text": "skip", "ci": {"mean": 0.4, "lo": 0.3, "hi": 0.5, "n": 20},
+                            "nested": {"by_level": {"1": 0.9}}}, step=3)
+    m = T._client().get_run(run).data.metrics
+    assert m == {"pass_at_4": 0.5, "a_b_": 1.0, "x/y": 2.0, "np": 0.25, "flag": 1.0, "ci": 0.4,
+                 "ci_ci_lo": 0.3, "ci_ci_hi": 0.5, "ci_n": 20.0, "nested/by_level/1": 0.9}
+    assert n == len(m)
+    assert T.has_metrics(run)
+    many = {f"m/{i}": float(i) for i in range(1500)}  # beyond one log_batch (1000)
+    assert T.log_metrics(run, many) == 1500
+    assert len(T._client().get_run(run).data.metrics) == len(m) + 1500
+
+
+def test_eval_metrics_flatten_for_compare():
+    flat = T.eval_metrics({"gsm8k": {"metrics": {"greedy_accuracy": {"mean": 0.5, "lo": 0.4,
+                                                                     "hi": 0.6, "n": 10},
+                                                 "pass@4": {"mean": 0.7, "lo": 0.6, "hi": 0.8},
+                                                 "ks": [1, 2, 4], "k": 4},
+                                     "protocol_hash": "abc"}})
+    assert flat["gsm8k/greedy_accuracy"] == 0.5 and flat["gsm8k/greedy_accuracy_ci_hi"] == 0.6
+    assert flat["gsm8k/pass_at_4_ci_lo"] == 0.6 and flat["gsm8k/k"] == 4
+    assert "gsm8k/ks" not in flat
+
+
+def test_history_per_step_and_no_duplicates_on_resume(store):
+    cfg, wd = store
+    run = T.child_run(_parent(cfg, wd), "grpo/round-1")
+    hist = [{"step": s, "reward": 0.1 * s, "reward_std": 0.2, "kl": 0.01 * s,
+             "completions/mean_length": 30 + s, "frac_reward_zero_std": 0.5, "epoch": 0.1}
+            for s in range(1, 6)]
+    assert T.history_to_mlflow(run, hist[:3]) == 18
+    assert T.history_to_mlflow(run, hist) == 12  # steps 4-5 only: 1-3 were logged
+    client = T._client()
+    for key in ("reward", "reward_std", "kl", "completions/mean_length", "frac_reward_zero_std"):
+        steps = sorted(m.step for m in client.get_metric_history(run, key))
+        assert steps == [1, 2, 3, 4, 5], key
+
+
+def test_artifacts_pngs_and_tables_in_store(store):
+    cfg, wd = store
+    parent = _parent(cfg, wd)
+    grpo, filt, ev = (T.child_run(parent, n) for n in ("grpo/round-1", "filter/round-1", "eval/final"))
+    hist = [{"step": s, "reward": 0.1 * s, "reward_std": 0.3, "completions/mean_length": 20.0,
+             "frac_reward_zero_std": 0.25} for s in range(1, 8)]  # kl absent (beta = 0)
+    assert T.log_training_curves(grpo, hist, "grpo") == "plots/grpo_curves.png"
+    assert T.log_passrate_histogram(filt, [0.0, 0.25, 0.5, 0.5, 1.0], (0.3, 0.7), k=8) == \
+        "plots/passrate_histogram.png"
+    rows = [{"problem_id": f"p{i}", "level": 1, "gold": str(i), "greedy_answer": str(i),
+             "greedy_correct": i % 2 == 0, "greedy_completion": "x" * 5000,
+             "sample_answers": [str(i), None], "sample_correct": [True, False]} for i in range(4)]
+    assert T.log_eval_table(ev, rows, "eval/synthetic.json") == "eval/synthetic.json"
+    T.log_eval_table(ev, rows, "eval/synthetic.json")  # replaced, not appended
+    T.log_json(ev, {"a": (1, 2), "p": Path("/x")}, "eval/summary.json")
+    T.log_text(ev, "hello", "notes/readme.txt")
+
+    client = T._client()
+    for rid, path in ((grpo, "plots/grpo_curves.png"), (filt, "plots/passrate_histogram.png")):
+        # Files in the local artifact store under the workdir, never ./mlruns.
+        local = Path(client.get_run(rid).info.artifact_uri.removeprefix("file://")) / path
+        assert local.is_file() and local.read_bytes()[:8] == PNG_MAGIC
+        assert str(local).startswith(str(wd.resolve() / "mlartifacts"))
+    table_file = Path(client.download_artifacts(ev, "eval/synthetic.json", str(wd / "dl")))
+    table = json.loads(table_file.read_text())
+    assert len(table["data"]) == 4
+    cols = table["columns"]
+    for col in ("problem_id", "level", "gold", "greedy_completion", "correct", "sample_answers"):
+        assert col in cols
+    assert len(table["data"][0][cols.index("greedy_completion")]) < 2100
+    assert json.loads(Path(client.download_artifacts(ev, "eval/summary.json", str(wd / "dl")))
+                      .read_text()) == {"a": [1, 2], "p": "/x"}
+    assert not (wd.parent / "cwd" / "mlruns").exists()
+
+
+# ------------------------------------------------------------------ registry
+
+def _fake_model(dirpath: Path, tag: str) -> Path:
+    dirpath.mkdir(parents=True)
+    (dirpath / "config.json").write_text(json.dumps({"model_type": "llama", "tag": tag}))
+    (dirpath / "model.safetensors").write_bytes(b"\0" * 64)
+    return dirpath
+
+
+def test_register_and_promote_champion(store):
+    cfg, wd = store
+    name = "trk-r1_zero"
+    p1 = _parent(cfg, wd)
+    c = T._client()
+    v1 = T.register_model(p1, _fake_model(wd / "m1", "one"), name)
+    assert v1 == "1"
+    assert str(c.get_model_version_by_alias(name, "challenger").version) == "1"
+    ok, why = T.promote_if_better(c, name, v1, "greedy_accuracy", 0.50, 0.40, ci_hi=0.60,
+                                  protocol_hash="P")
+    assert ok and "no champion" in why
+    assert str(c.get_model_version_by_alias(name, "champion").version) == "1"
+    tags = c.get_model_version(name, "1").tags
+    assert tags["grpo.greedy_accuracy"] == "0.5" and tags["grpo.greedy_accuracy.ci_hi"] == "0.6"
+    assert tags["grpo.decision"] == "promoted"
+    # Registering the same run again is a no-op (a re-run of a finished config).
+    assert T.register_model(p1, wd / "m1", name) == "1"
+
+    cfg.grpo.beta = 0.01
+    p2 = _parent(cfg, wd)
+    v2 = T.register_model(p2, _fake_model(wd / "m2", "two"), name)
+    # Better than the champion's mean but inside its CI: not a win.
+    ok, why = T.promote_if_better(c, name, v2, "greedy_accuracy", 0.55, 0.45, ci_hi=0.65,
+                                  protocol_hash="P")
+    assert not ok and "0.6000" in why
+    assert str(c.get_model_version_by_alias(name, "champion").version) == "1"
+    assert str(c.get_model_version_by_alias(name, "challenger").version) == v2
+    assert c.get_model_version(name, v2).tags["grpo.decision"] == "rejected"
+
+    cfg.grpo.beta = 0.02
+    p3 = _parent(cfg, wd)
+    v3 = T.register_model(p3, _fake_model(wd / "m3", "three"), name)
+    # Clearly better but measured under another eval protocol: not compared.
+    ok, why = T.promote_if_better(c, name, v3, "greedy_accuracy", 0.9, 0.85, ci_hi=0.95,
+                                  protocol_hash="Q")
+    assert not ok and "protocol" in why
+    # The same, measured under the same protocol: promoted.
+    ok, why = T.promote_if_better(c, name, v3, "greedy_accuracy", 0.9, 0.85, ci_hi=0.95,
+                                  protocol_hash="P")
+    assert ok and "> champion v1" in why
+    assert str(c.get_model_version_by_alias(name, "champion").version) == v3
+    # Numbers supplied by the caller (champion re-evaluated) win over stored tags.
+    ok, _ = T.promote_if_better(c, name, v2, "greedy_accuracy", 0.55, 0.45, ci_hi=0.65,
+                                champion_metrics={"greedy_accuracy": {"mean": 0.3, "lo": 0.2,
+                                                                      "hi": 0.4}})
+    assert ok and str(c.get_model_version_by_alias(name, "champion").version) == v2
+
+    assert T.champion_uri(name) == f"models:/{name}@champion"
+    folder = T.download_champion(name, wd / "champ")
+    assert json.loads((folder / "config.json").read_text())["tag"] == "two"
+    assert T.download_champion(name, wd / "champ") == folder  # cached: same version
+    with pytest.raises(LookupError):
+        T.download_champion("no-such-model", wd / "none")
+
+
+def test_finish_pipeline_and_compare_table(store):
+    cfg, wd = store
+    cfg.project.name = "recipes"
+    results = {}
+    for recipe, base, final in (("r1_zero", 0.2, 0.5), ("sft_grpo", 0.2, 0.6)):
+        cfg.project.recipe = recipe
+        parent = _parent(cfg, wd)
+        for label, acc in (("eval/base", base), ("eval/final", final)):
+            run = T.child_run(parent, label)
+            T.log_metrics(run, T.eval_metrics({"synthetic": {"metrics": {
+                "greedy_accuracy": {"mean": acc, "lo": acc - 0.1, "hi": acc + 0.1, "n": 50}}}}))
+        final_res = {"benchmarks": {"synthetic": {"protocol_hash": "P", "metrics": {
+            "greedy_accuracy": {"mean": final, "lo": final - 0.1, "hi": final + 0.1}}}}}
+        out = T.finish_pipeline(parent, cfg, _fake_model(wd / f"m-{recipe}", recipe), final_res,
+                                ["collapse at step 3"], wd)
+        results[recipe] = out
+        assert out["promoted"] and out["model_name"] == f"recipes-{recipe}"
+        assert "synthetic greedy_accuracy" in out["summary"]
+    client = T._client()
+    p = client.get_run(results["r1_zero"]["parent_run"])
+    assert p.info.status == "FINISHED" and p.data.metrics["final/synthetic/greedy_accuracy"] == 0.5
+    assert p.data.tags["findings"] == "collapse at step 3"
+    rows = T.compare_table(T.tracking_uri(cfg, wd), "recipes")
+    assert [(r["recipe"], r["benchmark"]) for r in rows] == [("r1_zero", "synthetic"),
+                                                             ("sft_grpo", "synthetic")]
+    assert rows[1]["final"] == 0.6 and rows[1]["base"] == 0.2
+    assert rows[1]["final_lo"] == pytest.approx(0.5) and rows[1]["delta"] == pytest.approx(0.4)
+    assert list(rows[0]) == T.COMPARE_COLUMNS
+    assert T.compare_table(T.tracking_uri(cfg, wd), "nope") == []
+
+    chart = wd / "chart.png"
+    chart.write_bytes(PNG_MAGIC)
+    csv_text = "recipe,final\nr1_zero,0.5\nsft_grpo,0.6\n"
+    parents = [results[r]["parent_run"] for r in results]
+    run = T.log_comparison(cfg, wd, "| table |", csv_text, chart, parents)
+    assert T.log_comparison(cfg, wd, "| table |", csv_text, chart, parents) == run
+    files = set(_all_artifact_files(client, run))
+    assert {"comparison/comparison.md", "comparison/comparison.csv", "comparison/chart.png",
+            "comparison/comparison_table.json"} <= files
+    table = json.loads(Path(client.download_artifacts(run, "comparison/comparison_table.json",
+                                                      str(wd / "dl"))).read_text())
+    assert len(table["data"]) == 2
+
+
+def test_stage_run_and_fail_pipeline(store):
+    cfg, wd = store
+    parent = _parent(cfg, wd)
+    with T.stage_run(parent, "data") as rid:
+        pass
+    c = T._client()
+    assert c.get_run(rid).info.status == "FINISHED"
+    with pytest.raises(RuntimeError), T.stage_run(parent, "sft") as rid2:
+        raise RuntimeError("boom")
+    assert c.get_run(rid2).info.status == "FAILED"
+    running = T.child_run(parent, "grpo/round-1")
+    T.fail_pipeline(parent, "RuntimeError: boom", wd)
+    assert c.get_run(parent).info.status == "FAILED"
+    assert c.get_run(running).info.status == "FAILED"
+    assert c.get_run(parent).data.tags["grpo.error"] == "RuntimeError: boom"
+    assert _parent(cfg, wd) == parent  # the next run of the config resumes it
+
+
+# ------------------------------------------------------------------ trainer callbacks
+
+def _tiny_trainer(out: Path, report_to, callbacks=()):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=2))
+    ids = torch.randint(0, 32, (8, 12))
+    data = [{"input_ids": x, "labels": x, "attention_mask": torch.ones_like(x)} for x in ids]
+    args = TrainingArguments(output_dir=str(out), max_steps=4, logging_steps=1,
+                             per_device_train_batch_size=2, report_to=report_to, use_cpu=True,
+                             save_strategy="no", disable_tqdm=True)
+    return Trainer(model=model, args=args, train_dataset=data, callbacks=list(callbacks))
+
+
+def test_step_logger_and_transformers_mlflow_callback(store):
+    """Both ways into a child run: our StepLogger callback, and transformers' own
+    MLflowCallback resumed through trl_mlflow_env (it ends the run at train end)."""
+    cfg, wd = store
+    parent = _parent(cfg, wd)
+    c = T._client()
+
+    ours = T.child_run(parent, "sft")
+    _tiny_trainer(wd / "t1", [], [T.StepLogger(ours, flush_every_s=60)]).train()
+    steps = sorted(m.step for m in c.get_metric_history(ours, "loss"))
+    assert steps == [1, 2, 3, 4]  # flushed at train end although the interval is 60 s
+
+    theirs = T.child_run(parent, "grpo/round-1")
+    with T.trl_mlflow_env(theirs) as env:
+        assert env["MLFLOW_RUN_ID"] == theirs and env["MLFLOW_MAX_LOG_PARAMS"] == "0"
+        _tiny_trainer(wd / "t2", ["mlflow"]).train()
+    run = c.get_run(theirs)
+    assert sorted(m.step for m in c.get_metric_history(theirs, "loss")) == [1, 2, 3, 4]
+    assert run.info.run_name == "grpo/round-1"  # not renamed by the callback
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {}  # MLFLOW_MAX_LOG_PARAMS=0: the parent holds the config
+    assert "MLFLOW_RUN_ID" not in os.environ
+    import mlflow
+
+    assert mlflow.active_run() is None
+    # The trainer's runs did not land in another experiment or in ./mlruns.
+    assert not (wd.parent / "cwd" / "mlruns").exists()
+    assert {r.info.run_id for r in c.search_runs([run.info.experiment_id])} >= {ours, theirs}
+
+
+# ------------------------------------------------------------------ over HTTP
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.integration
+def test_over_http_against_mlflow_server(tmp_path, template_db, monkeypatch):
+    db = tmp_path / "server.db"
+    shutil.copy(template_db, db)
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+           "MLFLOW_DISABLE_TELEMETRY": "true"}
+    log = (tmp_path / "server.log").open("w")
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    # start_new_session: setsid(2) in the child, so the server and the workers it
+    # spawns form one process group that the finally below stops as a whole.
+    proc = subprocess.Popen(
+        [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{db}",
+         "--artifacts-destination", str(tmp_path / "server-artifacts"),
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "mlflow server not healthy in 90 s"
+            time.sleep(0.5)
+
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.chdir(tmp_path)
+        cfg = PipelineConfig()
+        cfg.project.workdir = str(tmp_path / "wd")
+        cfg.project.name = "http"
+        assert T.tracking_uri(cfg, tmp_path / "wd") == uri
+        T.check_reachable(uri)
+        parent = T.start_parent_run(cfg, cfg.hash(), "r1_zero", "abc", "flow", tmp_path / "wd")
+        assert T.start_parent_run(cfg, cfg.hash(), "r1_zero", "abc", "flow2", tmp_path / "wd") == parent
+        child = T.child_run(parent, "grpo/round-1")
+        assert T.child_run(parent, "grpo/round-1") == child
+        T.log_metrics(child, {"pass@1": 0.5}, step=1)
+        T.history_to_mlflow(child, [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2}])
+        T.log_training_curves(child, [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2}])
+        c = T._client()
+        assert c.get_run(child).data.metrics["pass_at_1"] == 0.5
+        assert [m.step for m in c.get_metric_history(child, "reward")] == [1, 2]
+        png = next((tmp_path / "server-artifacts").rglob("grpo_curves.png"))
+        assert png.read_bytes()[:8] == PNG_MAGIC
+        name = "http-r1_zero"
+        v = T.register_model(parent, _fake_model(tmp_path / "m", "http"), name)
+        ok, _ = T.promote_if_better(c, name, v, "greedy_accuracy", 0.5, 0.4, ci_hi=0.6)
+        assert ok and str(c.get_model_version_by_alias(name, "champion").version) == v
+        folder = T.download_champion(name, tmp_path / "champ")
+        assert json.loads((folder / "config.json").read_text())["tag"] == "http"
+        assert not (tmp_path / "mlruns").exists()
+    finally:
+        with_pgid = True
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            with_pgid = False
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            if with_pgid:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+        log.close()
