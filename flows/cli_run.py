@@ -15,9 +15,11 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False) -> None:
     """Run a config through the pipeline; with no CONFIG, compare R1-Zero and SFT+GRPO on
     the built-in model and synthetic task (offline, minutes on a CPU)."""
+    from flows import configure_prefect
     from grpo_core.config import ConfigError
     from grpo_core.workspace import Workspace
 
+    configure_prefect(Workspace.at(workdir).root)
     # Validate everything before any work: one line naming the field, exit 2.
     if config is None:
         from flows.compare import default_recipes
@@ -34,6 +36,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
     from tasks import tracking
 
     ws = Workspace.at(configs[0].project.workdir)
+
     uri = tracking.tracking_uri(configs[0], ws)
     try:
         tracking.check_reachable(uri)

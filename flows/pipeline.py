@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import subprocess
 
-from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
+from flows import configure_prefect
+
+configure_prefect()  # before prefect is imported
+
+from prefect import flow, get_run_logger  # noqa: E402
+from prefect.runtime import flow_run  # noqa: E402
 
 from grpo_core.config import PipelineConfig
 from grpo_core.workspace import Workspace
@@ -45,6 +49,15 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
                                        git_commit=git_commit(), flow_run_id=str(flow_run.id),
                                        workspace=ws)
     ctx = stages.Ctx(cfg=cfg, ws=ws, parent_run=parent, progress=progress)
+    try:
+        return _stages(ctx, log)
+    except BaseException as exc:  # mark the runs FAILED (a SIGKILL leaves them to resume)
+        tracking.fail_pipeline(parent, f"{type(exc).__name__}: {exc}", ws)
+        raise
+
+
+def _stages(ctx: stages.Ctx, log) -> dict:
+    cfg, ws, parent = ctx.cfg, ctx.ws, ctx.parent_run
     primary_bench = cfg.eval.benchmarks[:1]  # per-round evals: the first benchmark only
 
     data = stages.ingest(ctx)

@@ -30,12 +30,12 @@ class TinyRecipe:
     """Everything that determines the built model; its hash names the cache folder."""
 
     seed: int = 0
-    hidden_size: int = 96
+    hidden_size: int = 64
     num_layers: int = 3
     num_heads: int = 4
-    intermediate_size: int = 256
+    intermediate_size: int = 192
     vocab_size: int = 512
-    pretrain_steps: int = 600
+    pretrain_steps: int = 900
     batch_size: int = 16  # packed rows per step
     seq_len: int = 160  # longer than the R1-Zero prompt (~115 tokens) plus an answer
     learning_rate: float = 3e-3
