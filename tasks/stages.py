@@ -50,11 +50,13 @@ def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics
     run = tracking.child_run(ctx.parent_run, child)
     hit = ctx.cache.get(key)
     if hit is None:
-        value = compute(run)
+        value = {**compute(run), "mlflow_run": run}
         tracking.log_metrics(run, metrics(value))
         return {**ctx.cache.put(key, value, paths(value)), "cached": False}
     if not tracking.has_metrics(run):
         tracking.log_metrics(run, metrics(hit))
+        if hit.get("mlflow_run") and hit["mlflow_run"] != run:
+            tracking.copy_artifacts(hit["mlflow_run"], run)
     return {**hit, "cached": True}
 
 
@@ -142,9 +144,9 @@ def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
 
 @task(name="grpo-round")
 def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int) -> dict:
-    from grpo_core.grpo import run_grpo_round
+    from grpo_core.grpo import last_checkpoint, run_grpo_round
     from grpo_core.prompts import resolve_template
-    from grpo_core.records import rollout_sink
+    from grpo_core.records import drop_rollouts_from, rollout_sink
 
     key = stage_key("grpo", model=model_fingerprint(model_path), problems=problem_ids,
                     grpo=ctx.cfg.grpo.model_dump(mode="json"), rewards=ctx.cfg.rewards.model_dump(mode="json"),
@@ -153,16 +155,21 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
     def compute(run):
         problems = pool_problems(ctx, problem_ids)
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
+        out = ctx.ckpt_dir(f"grpo-{key[-8:]}")
         with ctx.store() as store:
-            # resume=True: a round killed after a checkpoint continues from it.
-            result = run_grpo_round(model_path, problems, ctx.cfg, ctx.ckpt_dir(f"grpo-{key[-8:]}"),
+            # A round killed after a checkpoint continues from it (resume=True); what the
+            # killed process recorded past that checkpoint is generated again.
+            ckpt = last_checkpoint(out)
+            if ckpt:
+                drop_rollouts_from(store, run, int(ckpt.rsplit("-", 1)[1]))
+            result = run_grpo_round(model_path, problems, ctx.cfg, out,
                                     template, resume=True,
                                     rollout_sink=rollout_sink(store, run_id=run, round=round_no),
                                     extra_callbacks=[tracking.StepLogger(run)])
         tracking.log_training_curves(run, result.history, "grpo")
         tracking.set_tags(run, {"findings": " | ".join(result.findings) or "none"})
         return {"model_dir": result.output_dir, "steps": result.steps, "findings": result.findings,
-                "stopped_early": result.stopped_early, "mlflow_run": run}
+                "stopped_early": result.stopped_early}
 
     return _cached(ctx, key, f"grpo/round-{round_no}", compute, paths=lambda v: [v["model_dir"]],
                    metrics=lambda v: {"grpo/steps": v["steps"], "grpo/findings": len(v["findings"])})

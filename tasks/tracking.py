@@ -746,6 +746,16 @@ def log_file(run_id: str, local_path: str | os.PathLike, artifact_dir: str | Non
     return f"{artifact_dir}/{name}" if artifact_dir else name
 
 
+def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = None) -> None:
+    """Give `dst_run` the artifacts of `src_run` (a stage served from the cache under a
+    new child run still shows its tables and plots there)."""
+    c = _client(client)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = c.download_artifacts(src_run, "", tmp)
+        if any(Path(local).iterdir()):
+            c.log_artifacts(dst_run, local)
+
+
 def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind: str = "grpo",
                         client: MlflowClient | None = None) -> str:
     """plots/<kind>_curves.png: reward, reward_std, kl, completions/mean_length and
@@ -1012,7 +1022,8 @@ def download_champion(name: str, dst: str | os.PathLike, client: MlflowClient | 
 
 def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Mapping[str, Any],
                     findings: Sequence[str], workspace: Workspace | str | os.PathLike | None = None,
-                    client: MlflowClient | None = None) -> dict:
+                    client: MlflowClient | None = None,
+                    champion_metrics: Mapping[str, Any] | None = None) -> dict:
     """Close a pipeline run: final metrics on the parent (prefix final/), findings, the
     model registered and promoted on the primary metric of the first benchmark, running
     children and the parent set FINISHED. Returns what happened, with a one-line summary."""
@@ -1040,7 +1051,7 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
                    champion_uri=champion_uri(name))
         if block.get("mean") is not None:
             promoted, reason = promote_if_better(c, name, version, primary, block["mean"],
-                                                 block.get("lo"), ci_hi=block.get("hi"),
+                                                 block.get("lo"), champion_metrics, ci_hi=block.get("hi"),
                                                  protocol_hash=res.get("protocol_hash"))
         else:
             promoted, reason = False, f"no {primary} on {bench}; not compared"
