@@ -8,6 +8,7 @@ Retries are set where a retry can help (ingest I/O, tracking calls), none on tra
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,9 @@ def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics
     run = tracking.child_run(ctx.parent_run, child)
     hit = ctx.cache.get(key)
     if hit is None:
+        t0 = time.perf_counter()
         value = {**compute(run), "mlflow_run": run}
+        value["seconds"] = round(time.perf_counter() - t0, 3)
         tracking.log_metrics(run, metrics(value))
         return {**ctx.cache.put(key, value, paths(value)), "cached": False}
     if not tracking.has_metrics(run):
