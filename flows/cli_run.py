@@ -63,7 +63,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
             typer.echo(f"model: {out['model_dir']}")
     except KeyboardInterrupt:
         fail("interrupted; run the same command again to resume", 130)
-    except Exception as exc:  # a stage failed: say which, exit 1
+    except Exception as exc:  # noqa: BLE001 - any stage failure: say which, exit 1
         fail(f"pipeline failed: {type(exc).__name__}: {exc}", 1)
     typer.echo(f"done in {time.time() - t0:.0f} s. Look at the runs with:\n"
                f"  mlflow ui --backend-store-uri {uri}")

@@ -13,12 +13,13 @@ OUT = Annotated[Path | None, typer.Option("--out", help="Output folder [default:
 
 
 def _setup(config, overrides, workdir, model):
+    from transformers import AutoTokenizer
+
     from grpo_core.models import resolve_model_path
     from grpo_core.pool import ingest_sources, training_pool
     from grpo_core.prompts import resolve_template
     from grpo_core.store import Store, StoreError
     from grpo_core.workspace import Workspace
-    from transformers import AutoTokenizer
 
     cfg = load_or_exit(config, overrides, workdir)
     ws = Workspace.at(cfg.project.workdir).ensure()

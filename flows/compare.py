@@ -7,10 +7,10 @@ import csv
 import io
 from pathlib import Path
 
-from flows.pipeline import grpo_pipeline  # first: it configures prefect before import
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from flows.pipeline import grpo_pipeline  # first: it configures prefect before import
 from grpo_core.config import PipelineConfig, load_config
 from grpo_core.workspace import Workspace
 from tasks import tracking

@@ -11,8 +11,8 @@ from flows import configure_prefect
 
 configure_prefect()  # before prefect is imported
 
-from prefect import flow, get_run_logger  # noqa: E402
-from prefect.runtime import flow_run  # noqa: E402
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
 from grpo_core.workspace import Workspace

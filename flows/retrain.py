@@ -4,10 +4,10 @@ challenger only if it beats the champion beyond the champion's CI. The decision 
 numbers behind it are recorded on the retrain run."""
 from __future__ import annotations
 
-from flows.pipeline import git_commit  # first: it configures prefect before import
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from flows.pipeline import git_commit  # first: it configures prefect before import
 from grpo_core.config import PipelineConfig
 from grpo_core.workspace import Workspace
 from tasks import stages, tracking

@@ -187,7 +187,7 @@ class LengthRewardConfig(_Section):
     """Reward at zero length / at twice max_tokens; linear in between."""
 
     @model_validator(mode="after")
-    def _ordered(self) -> "LengthRewardConfig":
+    def _ordered(self) -> LengthRewardConfig:
         if self.min_tokens > self.max_tokens:
             raise ValueError("min_tokens must be <= max_tokens")
         return self
@@ -218,7 +218,7 @@ class RewardsConfig(_Section):
     repetition: RepetitionRewardConfig = Field(default_factory=RepetitionRewardConfig)
 
     @model_validator(mode="after")
-    def _check(self) -> "RewardsConfig":
+    def _check(self) -> RewardsConfig:
         from grpo_core.rewards import REWARDS  # late: rewards imports nothing from here
 
         if not self.funcs:

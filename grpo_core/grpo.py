@@ -4,9 +4,9 @@ with its per-function rewards and advantage."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from grpo_core.config import PipelineConfig
 from grpo_core.problems import Problem
@@ -34,7 +34,7 @@ def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | N
     on_gpu = torch.cuda.is_available()
     bf16 = g.bf16 if g.bf16 is not None else on_gpu
     beta = g.beta if g.kl_schedule.kind == "constant" else g.kl_schedule.beta_start
-    kw = dict(
+    kw = dict(  # noqa: C408 - reads as TRL's keyword arguments
         output_dir=output_dir,
         num_generations=g.num_generations,
         per_device_train_batch_size=g.prompts_per_step * g.num_generations,

@@ -82,8 +82,8 @@ class HFBackend:
             ).to(self.model.device)
             # Seed per batch start: reproducible whatever ran before in this process.
             torch.manual_seed(params.seed * 1_000_003 + start)
-            kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=self._stop,
-                          pad_token_id=self.tokenizer.pad_token_id)
+            kwargs = {"max_new_tokens": params.max_new_tokens, "eos_token_id": self._stop,
+                      "pad_token_id": self.tokenizer.pad_token_id}
             if params.greedy:
                 kwargs.update(do_sample=False)
             else:

@@ -26,10 +26,10 @@ class Workspace:
     root: Path
 
     @classmethod
-    def at(cls, explicit: str | os.PathLike | None = None) -> "Workspace":
+    def at(cls, explicit: str | os.PathLike | None = None) -> Workspace:
         return cls(resolve_workdir(explicit))
 
-    def ensure(self) -> "Workspace":
+    def ensure(self) -> Workspace:
         self.root.mkdir(parents=True, exist_ok=True)
         return self
 

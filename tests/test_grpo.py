@@ -87,7 +87,7 @@ def test_nan_reward_stops_round_and_keeps_good_checkpoint(tiny_random_model, tmp
     calls = {"n": 0}
     real = rewards.REWARDS["format"]
 
-    def format(completions, **kw):  # noqa: A001 - the name is the metric key
+    def format(completions, **kw):
         calls["n"] += 1
         out = real(completions, **kw)
         return [float("inf")] * len(out) if calls["n"] >= 3 else out

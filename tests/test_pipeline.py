@@ -58,7 +58,7 @@ def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
     cfg = _config(tmp_path, tiny_model_path)
     t0 = time.time()
     first = subprocess.run([GRPO, "run", str(cfg), "--quiet"], env=_env(workdir), cwd=ROOT,
-                           capture_output=True, text=True, timeout=900)
+                           capture_output=True, text=True, timeout=900, check=False)
     first_s = time.time() - t0
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "mlflow ui --backend-store-uri" in first.stdout
@@ -75,7 +75,7 @@ def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
     grpo1 = children["grpo/round-1"]
     assert {"reward", "reward_std", "frac_reward_zero_std", "kl"} <= set(grpo1.data.metrics)
     assert len(client.get_metric_history(grpo1.info.run_id, "reward")) == 3  # streamed per step
-    art = lambda run, d="": [a.path for a in client.list_artifacts(run.info.run_id, d)]  # noqa: E731
+    art = lambda run, d="": [a.path for a in client.list_artifacts(run.info.run_id, d)]
     assert "config/resolved.yaml" in art(parent, "config")
     assert any(p.endswith(".png") for p in art(grpo1, "plots"))
     assert any(p.endswith(".png") for p in art(children["filter/round-1"], "plots"))
@@ -89,7 +89,7 @@ def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
 
     t0 = time.time()
     second = subprocess.run([GRPO, "run", str(cfg), "--quiet"], env=_env(workdir), cwd=ROOT,
-                            capture_output=True, text=True, timeout=900)
+                            capture_output=True, text=True, timeout=900, check=False)
     second_s = time.time() - t0
     assert second.returncode == 0, second.stderr[-3000:]
     _, again = _runs(workdir)
@@ -125,7 +125,7 @@ def test_sigkill_in_round_two_resumes_under_same_parent(tiny_model_path, tmp_pat
     state = json.loads(next((workdir / "runs").glob("*.json")).read_text())
 
     rerun = subprocess.run([GRPO, "run", str(cfg), "--quiet"], env=_env(workdir), cwd=ROOT,
-                           capture_output=True, text=True, timeout=900)
+                           capture_output=True, text=True, timeout=900, check=False)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     client, runs = _runs(workdir)
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
