@@ -26,7 +26,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import threading
 import time
 import urllib.error
@@ -727,296 +726,7 @@ def trl_mlflow_env(run_id: str, uri: str | None = None, log_params: bool = False
                 os.environ[k] = v
 
 
-# --------------------------------------------------------------------------- artifacts
-
-def log_text(run_id: str, text: str, path: str, client: MlflowClient | None = None) -> str:
-    _client(client).log_text(run_id, text, path)
-    return path
-
-
-def log_json(run_id: str, obj: Any, path: str, client: MlflowClient | None = None) -> str:
-    """Any JSON-able object (dataclass dicts, Paths and tuples via str/list) as an artifact."""
-    return log_text(run_id, json.dumps(obj, indent=2, default=str), path, client)
-
-
-def log_file(run_id: str, local_path: str | os.PathLike, artifact_dir: str | None = None,
-             client: MlflowClient | None = None) -> str:
-    _client(client).log_artifact(run_id, str(local_path), artifact_dir)
-    name = Path(local_path).name
-    return f"{artifact_dir}/{name}" if artifact_dir else name
-
-
-def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = None) -> None:
-    """Give `dst_run` the artifacts of `src_run` (a stage served from the cache under a
-    new child run still shows its tables and plots there)."""
-    c = _client(client)
-    with tempfile.TemporaryDirectory() as tmp:
-        local = c.download_artifacts(src_run, "", tmp)
-        if any(Path(local).iterdir()):
-            c.log_artifacts(dst_run, local)
-
-
-def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind: str = "grpo",
-                        client: MlflowClient | None = None) -> str:
-    """plots/<kind>_curves.png: reward, reward_std, kl, completions/mean_length and
-    frac_reward_zero_std per step for GRPO (loss, token accuracy, ... for SFT)."""
-    from tasks.plots import training_curves
-
-    with tempfile.TemporaryDirectory() as tmp:
-        png = training_curves(history, Path(tmp) / f"{_slug(kind)}_curves.png", kind=kind)
-        return log_file(run_id, png, "plots", client)
-
-
-def log_passrate_histogram(run_id: str, pass_rates: Sequence[float], band: Sequence[float],
-                           k: int | None = None, client: MlflowClient | None = None) -> str:
-    """plots/passrate_histogram.png with the kept band shaded."""
-    from grpo_core.passrate import plot_histogram
-
-    title = f"Estimated pass rate per prompt (k={k})" if k else "Estimated pass rate per prompt"
-    with tempfile.TemporaryDirectory() as tmp:
-        png = plot_histogram(list(pass_rates), (float(band[0]), float(band[1])),
-                             Path(tmp) / "passrate_histogram.png", title=title)
-        return log_file(run_id, png, "plots", client)
-
-
-def _cut(text: Any, n: int) -> Any:
-    if isinstance(text, str) and len(text) > n:
-        return text[:n] + f"... [{len(text) - n} more chars]"
-    return text
-
-
-def eval_table_rows(per_problem: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> list[dict]:
-    """One row per problem: id, level, gold, greedy answer/completion/correct, and the
-    samples' answers, correctness and completions (lists as JSON text)."""
-    rows = []
-    for r in per_problem:
-        correct = r.get("sample_correct") or []
-        rows.append({
-            "problem_id": r.get("problem_id"), "source": r.get("source"), "level": r.get("level"),
-            "subject": r.get("subject"), "gold": r.get("gold"),
-            "greedy_answer": r.get("greedy_answer"), "correct": r.get("greedy_correct"),
-            "greedy_completion": _cut(r.get("greedy_completion"), max_chars),
-            "sample_accuracy": (sum(map(bool, correct)) / len(correct)) if correct else None,
-            "sample_answers": json.dumps(r.get("sample_answers") or []),
-            "sample_correct": json.dumps([bool(x) for x in correct]),
-            "sample_completions": json.dumps([_cut(t, max_chars // 4)
-                                              for t in r.get("sample_completions") or []]),
-        })
-    return rows
-
-
-def log_eval_table(run_id: str, per_problem: Sequence[Mapping[str, Any]], name: str,
-                   max_rows: int | None = None, client: MlflowClient | None = None) -> str:
-    """Per-problem eval results as an MLflow table (artifact `name` if it ends in .json,
-    else tables/<name>.json). Logging the same table again replaces it: MlflowClient.
-    log_table alone would append the rows to the existing file."""
-    import pandas as pd
-
-    c = _client(client)
-    path = name if name.endswith((".json", ".parquet")) else f"tables/{name}.json"
-    df = pd.DataFrame(eval_table_rows(per_problem[:max_rows] if max_rows else per_problem))
-    folder = os.path.dirname(path) or None
-    if path in {f.path for f in c.list_artifacts(run_id, folder)}:
-        with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / os.path.basename(path)
-            if path.endswith(".json"):
-                df.to_json(local, orient="split", index=False, date_format="iso")
-            else:
-                df.to_parquet(local, index=False)
-            c.log_artifact(run_id, str(local), folder)
-    else:
-        c.log_table(run_id, df, path)
-    return path
-
-
-# --------------------------------------------------------------------------- registry
-
-def model_name(cfg) -> str:
-    """Registered model of a config family: <project>-<recipe>. Stable across retraining
-    rounds (a new config hash of the same recipe competes for the same champion)."""
-    return _slug(f"{cfg.project.name}-{cfg.project.recipe}")
-
-
-def register_model(run_id: str, model_dir: str | os.PathLike, name: str,
-                   tags: Mapping[str, Any] | None = None, client: MlflowClient | None = None) -> str:
-    """Log the HF folder under the run's `model/` artifacts, register runs:/<id>/model as
-    a new version of `name` with alias `challenger`; returns the version.
-
-    The version is created with MlflowClient.create_model_version(source=runs:/<id>/model,
-    run_id=...) because MLflow 3's mlflow.register_model only accepts a runs:/ URI whose
-    folder holds an MLmodel file or a LoggedModel, and a plain HF folder is neither.
-    A second call for the same run (a re-run of a finished config) returns the existing
-    version instead of copying the weights again.
-    """
-    c = _client(client)
-    _ensure_registered_model(c, name)
-    existing = [v for v in c.search_model_versions(f"name = '{name}'") if v.run_id == run_id]
-    if existing:
-        version = max(existing, key=lambda v: int(v.version)).version
-    else:
-        art = c.get_run(run_id).info.artifact_uri
-        if art.startswith("file:"):
-            store = Path(urllib.parse.urlparse(art).path).resolve()
-            if Path(model_dir).resolve() in (store, *store.parents):
-                raise ValueError(f"model_dir {model_dir} contains the artifact store {store}")
-        c.log_artifacts(run_id, str(model_dir), "model")
-        mv = c.create_model_version(name, source=f"runs:/{run_id}/model", run_id=run_id,
-                                    tags={k: str(v) for k, v in redact(dict(tags or {})).items()})
-        version = mv.version
-    c.set_registered_model_alias(name, CHALLENGER, version)
-    set_tags(run_id, {"grpo.registered_model": name, "grpo.model_version": str(version)}, c)
-    return str(version)
-
-
-def _ensure_registered_model(client: MlflowClient, name: str) -> None:
-    try:
-        client.get_registered_model(name)
-    except MlflowException:
-        with contextlib.suppress(MlflowException):  # created meanwhile
-            client.create_registered_model(name, description="GRPO pipeline model; aliases "
-                                           "champion (serving) and challenger (latest).")
-
-
-def _metric_tags(metric: str, value: float, ci_lo: float | None, ci_hi: float | None,
-                 protocol_hash: str | None) -> dict[str, str]:
-    m = sanitize_key(metric)
-    tags = {"grpo.metric": metric, f"grpo.{m}": repr(float(value))}
-    if ci_lo is not None:
-        tags[f"grpo.{m}.ci_lo"] = repr(float(ci_lo))
-    if ci_hi is not None:
-        tags[f"grpo.{m}.ci_hi"] = repr(float(ci_hi))
-    if protocol_hash:
-        tags["grpo.protocol_hash"] = protocol_hash
-    return tags
-
-
-def _triplet(source: Mapping[str, Any], metric: str) -> tuple[float | None, float | None, float | None]:
-    """(value, ci_lo, ci_hi) from any of: version tags, {"value","ci_lo","ci_hi"},
-    {metric: {"mean","lo","hi"}}, or flat {metric, metric_ci_lo, metric_ci_hi}."""
-    m = sanitize_key(metric)
-
-    def num(x):
-        try:
-            return float(x) if x is not None else None
-        except (TypeError, ValueError):
-            return None
-
-    if f"grpo.{m}" in source:
-        return (num(source.get(f"grpo.{m}")), num(source.get(f"grpo.{m}.ci_lo")),
-                num(source.get(f"grpo.{m}.ci_hi")))
-    if "value" in source:
-        return num(source.get("value")), num(source.get("ci_lo")), num(source.get("ci_hi"))
-    block = source.get(metric, source.get(m))
-    if isinstance(block, Mapping):
-        return num(block.get("mean")), num(block.get("lo")), num(block.get("hi"))
-    return num(block), num(source.get(f"{m}_ci_lo")), num(source.get(f"{m}_ci_hi"))
-
-
-def _fmt_ci(v, lo, hi) -> str:
-    ci = f" [{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else ""
-    return f"{v:.4f}{ci}"
-
-
-def promote_if_better(client: MlflowClient | None, name: str, version: str, metric: str,
-                      value: float, ci_lo: float | None = None,
-                      champion_metrics: Mapping[str, Any] | None = None, *,
-                      ci_hi: float | None = None,
-                      protocol_hash: str | None = None) -> tuple[bool, str]:
-    """Make `version` the champion when there is none, or when its `value` exceeds the
-    champion's CI upper bound (its value when no CI is known): a win inside the
-    champion's noise is not a win. Returns (promoted, reason).
-
-    The challenger's value, CI and eval protocol hash are stored as version tags, so the
-    next comparison reads the champion's numbers from its tags. `champion_metrics`
-    overrides them (the retrain flow passes the champion re-evaluated under today's
-    protocol). Stored champion numbers from a different protocol are not compared: the
-    champion stays and the reason says to re-evaluate it. The decision is recorded as
-    tags on the challenger version (grpo.decision, grpo.decision_reason, ...).
-    """
-    c = _client(client)
-    version = str(version)
-    for k, v in _metric_tags(metric, value, ci_lo, ci_hi, protocol_hash).items():
-        c.set_model_version_tag(name, version, k, v)
-    mine = _fmt_ci(value, ci_lo, ci_hi)
-    try:
-        champ = c.get_model_version_by_alias(name, CHAMPION)
-    except MlflowException:
-        champ = None
-    if champ is None:
-        promoted, reason, against = True, f"no champion yet; v{version} {metric} {mine}", ""
-    elif str(champ.version) == version:
-        promoted, reason, against = True, f"v{version} is already the champion", version
-    else:
-        against = str(champ.version)
-        if champion_metrics is not None:
-            cv, clo, chi = _triplet(champion_metrics, metric)
-            champ_protocol = None  # numbers supplied by the caller, under today's protocol
-        else:
-            cv, clo, chi = _triplet(champ.tags, metric)
-            champ_protocol = champ.tags.get("grpo.protocol_hash")
-        if cv is None:
-            promoted = False
-            reason = (f"champion v{against} has no recorded {metric}; kept it (pass "
-                      f"champion_metrics from a re-evaluation to compare)")
-        elif protocol_hash and champ_protocol and champ_protocol != protocol_hash:
-            promoted = False
-            reason = (f"champion v{against} was evaluated under protocol {champ_protocol}, "
-                      f"challenger under {protocol_hash}; kept the champion (re-evaluate it "
-                      f"and pass champion_metrics)")
-        else:
-            bar = chi if chi is not None else cv
-            promoted = value > bar
-            verdict = ">" if promoted else "<="
-            reason = (f"challenger v{version} {metric} {mine} {verdict} champion v{against} "
-                      f"{'upper CI ' if chi is not None else ''}{bar:.4f} "
-                      f"(champion {_fmt_ci(cv, clo, chi)})")
-    if promoted:
-        c.set_registered_model_alias(name, CHAMPION, version)
-    decision = {"grpo.decision": "promoted" if promoted else "rejected",
-                "grpo.decision_reason": reason, "grpo.compared_with": against,
-                "grpo.decided_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    for k, v in decision.items():
-        c.set_model_version_tag(name, version, k, v)
-    return promoted, reason
-
-
-def champion_uri(name: str) -> str:
-    return f"models:/{name}@{CHAMPION}"
-
-
-def champion_version(name: str, client: MlflowClient | None = None):
-    """The champion ModelVersion of `name`, or None."""
-    try:
-        return _client(client).get_model_version_by_alias(name, CHAMPION)
-    except MlflowException:
-        return None
-
-
-def download_champion(name: str, dst: str | os.PathLike, client: MlflowClient | None = None) -> Path:
-    """Download the champion's HF folder into `dst` (skipped when `dst` already holds that
-    version) and return the folder to pass to from_pretrained. Raises LookupError when
-    `name` has no champion."""
-    c = _client(client)
-    mv = champion_version(name, c)
-    if mv is None:
-        raise LookupError(f"registered model {name!r} has no {CHAMPION!r} alias")
-    dst = Path(dst)
-    marker = dst / ".grpo_model_version.json"
-    want = {"name": name, "version": str(mv.version), "run_id": mv.run_id}
-    seen = _read_state(marker)
-    if {k: seen.get(k) for k in want} == want and (dst / seen.get("folder", "")).is_dir():
-        return dst / seen["folder"]
-    dst.mkdir(parents=True, exist_ok=True)
-    prefix = f"runs:/{mv.run_id}/"
-    if mv.run_id and (mv.source or "").startswith(prefix):
-        local = Path(c.download_artifacts(mv.run_id, mv.source[len(prefix):], str(dst)))
-    else:  # registered elsewhere: let the registry resolve it
-        local = Path(mlflow.artifacts.download_artifacts(
-            artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(dst),
-            tracking_uri=getattr(getattr(c, "_tracking_client", None), "tracking_uri", None)))
-    _write_state(marker, {**want, "folder": os.path.relpath(local, dst)})
-    return local
-
+# --------------------------------------------------------------------------- pipeline end
 
 # --------------------------------------------------------------------------- pipeline end
 
@@ -1067,92 +777,30 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     return out
 
 
-# --------------------------------------------------------------------------- comparison
+# --------------------------------------------------------------------------- split-out concerns
+# Artifacts, the model registry and the comparison reader live in their own modules; their
+# names are re-exported here so callers keep one entry point (`tracking.<name>`). Imported
+# last: those modules import the core above from this one (at their own end, so any of
+# them may be imported first).
 
-COMPARE_COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final",
-                   "final_lo", "final_hi", "delta"]
-
-
-def _triple_from(metrics: Mapping[str, float], key: str) -> tuple:
-    return metrics.get(key), metrics.get(f"{key}_ci_lo"), metrics.get(f"{key}_ci_hi")
-
-
-def compare_table(uri: str | None, experiment: str, metric: str | None = None,
-                  latest_only: bool = True) -> list[dict]:
-    """Rows (COMPARE_COLUMNS) from the FINISHED parent runs of `experiment`: per recipe (the
-    newest parent when latest_only) and benchmark, the metric on eval/base and eval/final
-    with CIs. `metric` defaults to each parent's eval.primary_metric param."""
-    c = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else _client()
-    exp = c.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    parents = c.search_runs([exp.experiment_id],
-                            "tags.`grpo.pipeline` = 'parent' and attributes.status = 'FINISHED'",
-                            order_by=["attributes.start_time DESC"], max_results=1000)
-    rows, seen = [], set()
-    for parent in parents:
-        recipe = parent.data.tags.get("recipe", "?")
-        if latest_only and recipe in seen:
-            continue
-        seen.add(recipe)
-        m = metric or parent.data.params.get("eval.primary_metric", "greedy_accuracy")
-        mk = sanitize_key(m)
-        kids = {r.info.run_name: r for r in _children(parent.info.run_id, c)}
-        final = kids.get("eval/final")
-        if final is None:
-            continue
-        base = kids.get("eval/base")
-        fm, bm = final.data.metrics, base.data.metrics if base else {}
-        benches = sorted(k[: -len(mk) - 1] for k in fm
-                         if k.endswith("/" + mk) and "/" not in k[: -len(mk) - 1])
-        for bench in benches:
-            f, flo, fhi = _triple_from(fm, f"{bench}/{mk}")
-            b, blo, bhi = _triple_from(bm, f"{bench}/{mk}")
-            rows.append({"recipe": recipe, "benchmark": bench, "metric": m, "base": b,
-                         "base_lo": blo, "base_hi": bhi, "final": f, "final_lo": flo,
-                         "final_hi": fhi, "delta": f - b if f is not None and b is not None else None})
-    return sorted(rows, key=lambda r: (r["recipe"], r["benchmark"]))
-
-
-def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | os.PathLike | None,
-                   parent_runs: Sequence[str]) -> str:
-    """The recipe comparison as its own run ("comparison", grpo.pipeline=comparison) in the
-    experiment: comparison.md, comparison.csv, the chart and an MLflow table; reused
-    when the same parent runs are compared again. Returns its run id."""
-    import csv
-    import hashlib
-    import io
-
-    workdir = _workdir(workspace, cfg)
-    uri = tracking_uri(cfg, workdir)
-    c = connect(uri, check=False)
-    name = experiment_name(cfg)
-    exp_id = experiment_id(c, name, artifact_root(uri, workdir, name))
-    key = hashlib.sha256(",".join(sorted(parent_runs)).encode()).hexdigest()[:12]
-    found = c.search_runs([exp_id], f"tags.`grpo.comparison_key` = '{key}'", max_results=1)
-    if found:
-        run_id = found[0].info.run_id
-    else:
-        run_id = c.create_run(exp_id, run_name="comparison", tags={
-            "grpo.pipeline": "comparison", "grpo.comparison_key": key,
-            "grpo.parent_runs": ",".join(parent_runs)}).info.run_id
-    log_text(run_id, markdown, "comparison/comparison.md", c)
-    log_text(run_id, table_csv, "comparison/comparison.csv", c)
-    if chart is not None and Path(chart).is_file():
-        log_file(run_id, chart, "comparison", c)
-    rows = list(csv.DictReader(io.StringIO(table_csv)))
-    if rows:
-        import pandas as pd
-
-        with tempfile.TemporaryDirectory() as tmp:  # replace, never append (see log_eval_table)
-            local = Path(tmp) / "comparison_table.json"
-            pd.DataFrame(rows).to_json(local, orient="split", index=False)
-            if "comparison/comparison_table.json" in {f.path for f in c.list_artifacts(run_id, "comparison")}:
-                c.log_artifact(run_id, str(local), "comparison")
-            else:
-                c.log_table(run_id, pd.DataFrame(rows), "comparison/comparison_table.json")
-    for p in parent_runs:
-        with contextlib.suppress(MlflowException):
-            set_tags(p, {"grpo.comparison_run": run_id}, c)
-    c.set_terminated(run_id, "FINISHED")
-    return run_id
+from tasks.artifacts import (  # noqa: F401
+    copy_artifacts,
+    eval_table_rows,
+    log_comparison,
+    log_eval_table,
+    log_file,
+    log_json,
+    log_passrate_histogram,
+    log_text,
+    log_training_curves,
+)
+from tasks.comparison import COMPARE_COLUMNS, compare_table  # noqa: F401
+from tasks.registry import (  # noqa: F401
+    _fmt_ci,
+    champion_uri,
+    champion_version,
+    download_champion,
+    model_name,
+    promote_if_better,
+    register_model,
+)

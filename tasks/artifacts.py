@@ -1,0 +1,175 @@
+"""Run artifacts: text/JSON/files, plots, per-problem eval tables and the recipe
+comparison run. Split out of tasks.tracking, which re-exports every name here, so callers
+keep writing `tracking.log_json(...)`."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+
+def log_text(run_id: str, text: str, path: str, client: MlflowClient | None = None) -> str:
+    _client(client).log_text(run_id, text, path)
+    return path
+
+
+def log_json(run_id: str, obj: Any, path: str, client: MlflowClient | None = None) -> str:
+    """Any JSON-able object (dataclass dicts, Paths and tuples via str/list) as an artifact."""
+    return log_text(run_id, json.dumps(obj, indent=2, default=str), path, client)
+
+
+def log_file(run_id: str, local_path: str | os.PathLike, artifact_dir: str | None = None,
+             client: MlflowClient | None = None) -> str:
+    _client(client).log_artifact(run_id, str(local_path), artifact_dir)
+    name = Path(local_path).name
+    return f"{artifact_dir}/{name}" if artifact_dir else name
+
+
+def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = None) -> None:
+    """Give `dst_run` the artifacts of `src_run` (a stage served from the cache under a
+    new child run still shows its tables and plots there)."""
+    c = _client(client)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = c.download_artifacts(src_run, "", tmp)
+        if any(Path(local).iterdir()):
+            c.log_artifacts(dst_run, local)
+
+
+def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind: str = "grpo",
+                        client: MlflowClient | None = None) -> str:
+    """plots/<kind>_curves.png: reward, reward_std, kl, completions/mean_length and
+    frac_reward_zero_std per step for GRPO (loss, token accuracy, ... for SFT)."""
+    from tasks.plots import training_curves
+
+    with tempfile.TemporaryDirectory() as tmp:
+        png = training_curves(history, Path(tmp) / f"{_slug(kind)}_curves.png", kind=kind)
+        return log_file(run_id, png, "plots", client)
+
+
+def log_passrate_histogram(run_id: str, pass_rates: Sequence[float], band: Sequence[float],
+                           k: int | None = None, client: MlflowClient | None = None) -> str:
+    """plots/passrate_histogram.png with the kept band shaded."""
+    from grpo_core.passrate import plot_histogram
+
+    title = f"Estimated pass rate per prompt (k={k})" if k else "Estimated pass rate per prompt"
+    with tempfile.TemporaryDirectory() as tmp:
+        png = plot_histogram(list(pass_rates), (float(band[0]), float(band[1])),
+                             Path(tmp) / "passrate_histogram.png", title=title)
+        return log_file(run_id, png, "plots", client)
+
+
+def _cut(text: Any, n: int) -> Any:
+    if isinstance(text, str) and len(text) > n:
+        return text[:n] + f"... [{len(text) - n} more chars]"
+    return text
+
+
+def eval_table_rows(per_problem: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> list[dict]:
+    """One row per problem: id, level, gold, greedy answer/completion/correct, and the
+    samples' answers, correctness and completions (lists as JSON text)."""
+    rows = []
+    for r in per_problem:
+        correct = r.get("sample_correct") or []
+        rows.append({
+            "problem_id": r.get("problem_id"), "source": r.get("source"), "level": r.get("level"),
+            "subject": r.get("subject"), "gold": r.get("gold"),
+            "greedy_answer": r.get("greedy_answer"), "correct": r.get("greedy_correct"),
+            "greedy_completion": _cut(r.get("greedy_completion"), max_chars),
+            "sample_accuracy": (sum(map(bool, correct)) / len(correct)) if correct else None,
+            "sample_answers": json.dumps(r.get("sample_answers") or []),
+            "sample_correct": json.dumps([bool(x) for x in correct]),
+            "sample_completions": json.dumps([_cut(t, max_chars // 4)
+                                              for t in r.get("sample_completions") or []]),
+        })
+    return rows
+
+
+def log_eval_table(run_id: str, per_problem: Sequence[Mapping[str, Any]], name: str,
+                   max_rows: int | None = None, client: MlflowClient | None = None) -> str:
+    """Per-problem eval results as an MLflow table (artifact `name` if it ends in .json,
+    else tables/<name>.json). Logging the same table again replaces it: MlflowClient.
+    log_table alone would append the rows to the existing file."""
+    import pandas as pd
+
+    c = _client(client)
+    path = name if name.endswith((".json", ".parquet")) else f"tables/{name}.json"
+    df = pd.DataFrame(eval_table_rows(per_problem[:max_rows] if max_rows else per_problem))
+    folder = os.path.dirname(path) or None
+    if path in {f.path for f in c.list_artifacts(run_id, folder)}:
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / os.path.basename(path)
+            if path.endswith(".json"):
+                df.to_json(local, orient="split", index=False, date_format="iso")
+            else:
+                df.to_parquet(local, index=False)
+            c.log_artifact(run_id, str(local), folder)
+    else:
+        c.log_table(run_id, df, path)
+    return path
+
+
+def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | os.PathLike | None,
+                   parent_runs: Sequence[str]) -> str:
+    """The recipe comparison as its own run ("comparison", grpo.pipeline=comparison) in the
+    experiment: comparison.md, comparison.csv, the chart and an MLflow table; reused
+    when the same parent runs are compared again. Returns its run id."""
+    import csv
+    import hashlib
+    import io
+
+    workdir = _workdir(workspace, cfg)
+    uri = tracking_uri(cfg, workdir)
+    c = connect(uri, check=False)
+    name = experiment_name(cfg)
+    exp_id = experiment_id(c, name, artifact_root(uri, workdir, name))
+    key = hashlib.sha256(",".join(sorted(parent_runs)).encode()).hexdigest()[:12]
+    found = c.search_runs([exp_id], f"tags.`grpo.comparison_key` = '{key}'", max_results=1)
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        run_id = c.create_run(exp_id, run_name="comparison", tags={
+            "grpo.pipeline": "comparison", "grpo.comparison_key": key,
+            "grpo.parent_runs": ",".join(parent_runs)}).info.run_id
+    log_text(run_id, markdown, "comparison/comparison.md", c)
+    log_text(run_id, table_csv, "comparison/comparison.csv", c)
+    if chart is not None and Path(chart).is_file():
+        log_file(run_id, chart, "comparison", c)
+    rows = list(csv.DictReader(io.StringIO(table_csv)))
+    if rows:
+        import pandas as pd
+
+        with tempfile.TemporaryDirectory() as tmp:  # replace, never append (see log_eval_table)
+            local = Path(tmp) / "comparison_table.json"
+            pd.DataFrame(rows).to_json(local, orient="split", index=False)
+            if "comparison/comparison_table.json" in {f.path for f in c.list_artifacts(run_id, "comparison")}:
+                c.log_artifact(run_id, str(local), "comparison")
+            else:
+                c.log_table(run_id, pd.DataFrame(rows), "comparison/comparison_table.json")
+    for p in parent_runs:
+        with contextlib.suppress(MlflowException):
+            set_tags(p, {"grpo.comparison_run": run_id}, c)
+    c.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+# The core helpers, imported last: tasks.tracking imports this module at its own end to
+# re-export it, so binding them here only after this module's names exist lets either
+# module be imported first.
+from tasks.tracking import (
+    _client,
+    _slug,
+    _workdir,
+    artifact_root,
+    connect,
+    experiment_id,
+    experiment_name,
+    set_tags,
+    tracking_uri,
+)

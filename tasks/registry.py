@@ -1,0 +1,219 @@
+"""Model registry: register a pipeline's model as a version of <project>-<recipe>, promote
+it to `champion` when it beats the current one outside its CI, and fetch the champion.
+Split out of tasks.tracking, which re-exports every public name here."""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+
+def model_name(cfg) -> str:
+    """Registered model of a config family: <project>-<recipe>. Stable across retraining
+    rounds (a new config hash of the same recipe competes for the same champion)."""
+    return _slug(f"{cfg.project.name}-{cfg.project.recipe}")
+
+
+def register_model(run_id: str, model_dir: str | os.PathLike, name: str,
+                   tags: Mapping[str, Any] | None = None, client: MlflowClient | None = None) -> str:
+    """Log the HF folder under the run's `model/` artifacts, register runs:/<id>/model as
+    a new version of `name` with alias `challenger`; returns the version.
+
+    The version is created with MlflowClient.create_model_version(source=runs:/<id>/model,
+    run_id=...) because MLflow 3's mlflow.register_model only accepts a runs:/ URI whose
+    folder holds an MLmodel file or a LoggedModel, and a plain HF folder is neither.
+    A second call for the same run (a re-run of a finished config) returns the existing
+    version instead of copying the weights again.
+    """
+    c = _client(client)
+    _ensure_registered_model(c, name)
+    existing = [v for v in c.search_model_versions(f"name = '{name}'") if v.run_id == run_id]
+    if existing:
+        version = max(existing, key=lambda v: int(v.version)).version
+    else:
+        art = c.get_run(run_id).info.artifact_uri
+        if art.startswith("file:"):
+            store = Path(urllib.parse.urlparse(art).path).resolve()
+            if Path(model_dir).resolve() in (store, *store.parents):
+                raise ValueError(f"model_dir {model_dir} contains the artifact store {store}")
+        c.log_artifacts(run_id, str(model_dir), "model")
+        mv = c.create_model_version(name, source=f"runs:/{run_id}/model", run_id=run_id,
+                                    tags={k: str(v) for k, v in redact(dict(tags or {})).items()})
+        version = mv.version
+    c.set_registered_model_alias(name, CHALLENGER, version)
+    set_tags(run_id, {"grpo.registered_model": name, "grpo.model_version": str(version)}, c)
+    return str(version)
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        with contextlib.suppress(MlflowException):  # created meanwhile
+            client.create_registered_model(name, description="GRPO pipeline model; aliases "
+                                           "champion (serving) and challenger (latest).")
+
+
+def _metric_tags(metric: str, value: float, ci_lo: float | None, ci_hi: float | None,
+                 protocol_hash: str | None) -> dict[str, str]:
+    m = sanitize_key(metric)
+    tags = {"grpo.metric": metric, f"grpo.{m}": repr(float(value))}
+    if ci_lo is not None:
+        tags[f"grpo.{m}.ci_lo"] = repr(float(ci_lo))
+    if ci_hi is not None:
+        tags[f"grpo.{m}.ci_hi"] = repr(float(ci_hi))
+    if protocol_hash:
+        tags["grpo.protocol_hash"] = protocol_hash
+    return tags
+
+
+def _triplet(source: Mapping[str, Any], metric: str) -> tuple[float | None, float | None, float | None]:
+    """(value, ci_lo, ci_hi) from any of: version tags, {"value","ci_lo","ci_hi"},
+    {metric: {"mean","lo","hi"}}, or flat {metric, metric_ci_lo, metric_ci_hi}."""
+    m = sanitize_key(metric)
+
+    def num(x):
+        try:
+            return float(x) if x is not None else None
+        except (TypeError, ValueError):
+            return None
+
+    if f"grpo.{m}" in source:
+        return (num(source.get(f"grpo.{m}")), num(source.get(f"grpo.{m}.ci_lo")),
+                num(source.get(f"grpo.{m}.ci_hi")))
+    if "value" in source:
+        return num(source.get("value")), num(source.get("ci_lo")), num(source.get("ci_hi"))
+    block = source.get(metric, source.get(m))
+    if isinstance(block, Mapping):
+        return num(block.get("mean")), num(block.get("lo")), num(block.get("hi"))
+    return num(block), num(source.get(f"{m}_ci_lo")), num(source.get(f"{m}_ci_hi"))
+
+
+def _fmt_ci(v, lo, hi) -> str:
+    ci = f" [{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else ""
+    return f"{v:.4f}{ci}"
+
+
+def promote_if_better(client: MlflowClient | None, name: str, version: str, metric: str,
+                      value: float, ci_lo: float | None = None,
+                      champion_metrics: Mapping[str, Any] | None = None, *,
+                      ci_hi: float | None = None,
+                      protocol_hash: str | None = None) -> tuple[bool, str]:
+    """Make `version` the champion when there is none, or when its `value` exceeds the
+    champion's CI upper bound (its value when no CI is known): a win inside the
+    champion's noise is not a win. Returns (promoted, reason).
+
+    The challenger's value, CI and eval protocol hash are stored as version tags, so the
+    next comparison reads the champion's numbers from its tags. `champion_metrics`
+    overrides them (the retrain flow passes the champion re-evaluated under today's
+    protocol). Stored champion numbers from a different protocol are not compared: the
+    champion stays and the reason says to re-evaluate it. The decision is recorded as
+    tags on the challenger version (grpo.decision, grpo.decision_reason, ...).
+    """
+    c = _client(client)
+    version = str(version)
+    for k, v in _metric_tags(metric, value, ci_lo, ci_hi, protocol_hash).items():
+        c.set_model_version_tag(name, version, k, v)
+    mine = _fmt_ci(value, ci_lo, ci_hi)
+    try:
+        champ = c.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        champ = None
+    if champ is None:
+        promoted, reason, against = True, f"no champion yet; v{version} {metric} {mine}", ""
+    elif str(champ.version) == version:
+        promoted, reason, against = True, f"v{version} is already the champion", version
+    else:
+        against = str(champ.version)
+        if champion_metrics is not None:
+            cv, clo, chi = _triplet(champion_metrics, metric)
+            champ_protocol = None  # numbers supplied by the caller, under today's protocol
+        else:
+            cv, clo, chi = _triplet(champ.tags, metric)
+            champ_protocol = champ.tags.get("grpo.protocol_hash")
+        if cv is None:
+            promoted = False
+            reason = (f"champion v{against} has no recorded {metric}; kept it (pass "
+                      f"champion_metrics from a re-evaluation to compare)")
+        elif protocol_hash and champ_protocol and champ_protocol != protocol_hash:
+            promoted = False
+            reason = (f"champion v{against} was evaluated under protocol {champ_protocol}, "
+                      f"challenger under {protocol_hash}; kept the champion (re-evaluate it "
+                      f"and pass champion_metrics)")
+        else:
+            bar = chi if chi is not None else cv
+            promoted = value > bar
+            verdict = ">" if promoted else "<="
+            reason = (f"challenger v{version} {metric} {mine} {verdict} champion v{against} "
+                      f"{'upper CI ' if chi is not None else ''}{bar:.4f} "
+                      f"(champion {_fmt_ci(cv, clo, chi)})")
+    if promoted:
+        c.set_registered_model_alias(name, CHAMPION, version)
+    decision = {"grpo.decision": "promoted" if promoted else "rejected",
+                "grpo.decision_reason": reason, "grpo.compared_with": against,
+                "grpo.decided_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    for k, v in decision.items():
+        c.set_model_version_tag(name, version, k, v)
+    return promoted, reason
+
+
+def champion_uri(name: str) -> str:
+    return f"models:/{name}@{CHAMPION}"
+
+
+def champion_version(name: str, client: MlflowClient | None = None):
+    """The champion ModelVersion of `name`, or None."""
+    try:
+        return _client(client).get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        return None
+
+
+def download_champion(name: str, dst: str | os.PathLike, client: MlflowClient | None = None) -> Path:
+    """Download the champion's HF folder into `dst` (skipped when `dst` already holds that
+    version) and return the folder to pass to from_pretrained. Raises LookupError when
+    `name` has no champion."""
+    c = _client(client)
+    mv = champion_version(name, c)
+    if mv is None:
+        raise LookupError(f"registered model {name!r} has no {CHAMPION!r} alias")
+    dst = Path(dst)
+    marker = dst / ".grpo_model_version.json"
+    want = {"name": name, "version": str(mv.version), "run_id": mv.run_id}
+    seen = _read_state(marker)
+    if {k: seen.get(k) for k in want} == want and (dst / seen.get("folder", "")).is_dir():
+        return dst / seen["folder"]
+    dst.mkdir(parents=True, exist_ok=True)
+    prefix = f"runs:/{mv.run_id}/"
+    if mv.run_id and (mv.source or "").startswith(prefix):
+        local = Path(c.download_artifacts(mv.run_id, mv.source[len(prefix):], str(dst)))
+    else:  # registered elsewhere: let the registry resolve it
+        local = Path(mlflow.artifacts.download_artifacts(
+            artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(dst),
+            tracking_uri=getattr(getattr(c, "_tracking_client", None), "tracking_uri", None)))
+    _write_state(marker, {**want, "folder": os.path.relpath(local, dst)})
+    return local
+
+
+# The core helpers, imported last: tasks.tracking imports this module at its own end to
+# re-export it, so binding them here only after this module's names exist lets either
+# module be imported first.
+from tasks.tracking import (
+    CHALLENGER,
+    CHAMPION,
+    _client,
+    _read_state,
+    _slug,
+    _write_state,
+    redact,
+    sanitize_key,
+    set_tags,
+)
