@@ -39,6 +39,20 @@ def health_gate(round_no: int, train: dict, before: dict, after: dict, primary: 
     return findings
 
 
+def training_prompts(kept: dict, pool: list[str], need: int) -> tuple[list[str], str | None]:
+    """The in-band problems when there are enough for one step; else every problem the
+    policy sometimes solves (each still has reward variance); else the whole pool. A
+    band that keeps too few would otherwise train on nothing."""
+    if len(kept["kept_ids"]) >= need:
+        return kept["kept_ids"], None
+    signal = kept.get("signal_ids") or []
+    if len(signal) >= need:
+        return signal, (f"only {len(kept['kept_ids'])} problems in band; training on the "
+                        f"{len(signal)} with pass rate in (0, 1)")
+    return pool, (f"only {len(kept['kept_ids'])} problems in band and {len(signal)} with any "
+                  "success; training on the whole pool (re-filter difficulty or change the band)")
+
+
 @flow(name="grpo-pipeline", validate_parameters=True)
 def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
     """Run one recipe end to end; returns the final metrics and where the model is."""
@@ -76,8 +90,9 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
             kept = stages.difficulty_filter(ctx, model, data["problem_ids"], r)
             log.info("filter round %d: kept %d of %d", r, kept["kept"], kept["considered"])
-            # A band that keeps nothing would stall training: fall back to the pool.
-            pool = kept["kept_ids"] or pool
+            pool, note = training_prompts(kept, data["problem_ids"], cfg.grpo.prompts_per_step)
+            if note:
+                findings.append(f"round {r}: {note}")
         train = stages.grpo_round(ctx, model, pool, r)
         model = train["model_dir"]
         after = stages.evaluate(ctx, model, f"eval/round-{r}", primary_bench)

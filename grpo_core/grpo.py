@@ -207,8 +207,9 @@ def run_grpo_round(
     from grpo_core.models import configure_threads
 
     configure_threads()
-    if not problems:
-        raise ValueError("GRPO round has no problems to train on (the filter kept none?)")
+    if len(problems) < cfg.grpo.prompts_per_step:
+        raise ValueError(f"GRPO round has {len(problems)} problems, fewer than grpo.prompts_per_step="
+                         f"{cfg.grpo.prompts_per_step}: no full batch, nothing would train")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(model_path)

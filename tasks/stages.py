@@ -103,6 +103,7 @@ def base_model(ctx: Ctx) -> str:
 @task(name="filter")
 def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int) -> dict:
     from grpo_core.difficulty import run_filter
+    from grpo_core.records import problem_key
 
     fp = model_fingerprint(model_path)
     key = stage_key("filter", model=fp, problems=problem_ids, filter=ctx.cfg.filter.model_dump(mode="json"),
@@ -117,7 +118,11 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
         tracking.log_passrate_histogram(run, [r["pass_rate"] for r in report.estimates],
                                         report.band, k=report.k)
         tracking.log_json(run, summary, "filter/summary.json")
-        return {**summary, "kept_ids": [p.id for p in report.kept]}
+        # Problems the policy sometimes solves: any group of them has reward variance.
+        signal = [r["problem_id"] for r in report.estimates if 0.0 < r["pass_rate"] < 1.0]
+        by_key = {problem_key(p): p.id for p in problems}
+        return {**summary, "kept_ids": [p.id for p in report.kept],
+                "signal_ids": [by_key[k] for k in signal if k in by_key]}
 
     return _cached(ctx, key, f"filter/round-{round_no}", compute,
                    metrics=lambda v: {f"filter/{k}": v[k] for k in

@@ -99,3 +99,20 @@ def test_nan_reward_stops_round_and_keeps_good_checkpoint(tiny_random_model, tmp
     assert result.stopped_early
     assert any(f.startswith("divergence: reward") for f in result.findings), result.findings
     assert result.output_dir == last_checkpoint(out) and result.output_dir.endswith("checkpoint-2")
+
+
+def test_too_few_problems_for_a_step_is_an_error(tiny_random_model, tmp_path):
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        run_grpo_round(tiny_random_model, generate_problems("train", 1, levels=[1]),
+                       _cfg(prompts_per_step=2), tmp_path / "r", "r1_zero")
+
+
+def test_training_prompts_fall_back_when_the_band_keeps_too_few():
+    from flows.pipeline import training_prompts
+
+    pool = [f"p{i}" for i in range(10)]
+    assert training_prompts({"kept_ids": pool[:4], "signal_ids": pool[:6]}, pool, 4) == (pool[:4], None)
+    ids, note = training_prompts({"kept_ids": pool[:1], "signal_ids": pool[:5]}, pool, 4)
+    assert ids == pool[:5] and "pass rate in (0, 1)" in note
+    ids, note = training_prompts({"kept_ids": [], "signal_ids": pool[:2]}, pool, 4)
+    assert ids == pool and "whole pool" in note
