@@ -47,9 +47,9 @@ def bare_trl(model: str, steps: int, out: str) -> dict:
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model),
                           reward_funcs=[accuracy, format, tag_count], args=args, train_dataset=ds,
                           processing_class=tok)
-    trainer.train()
+    metrics = trainer.train().metrics
     trainer.save_model(out + "/final")  # the pipeline keeps its model too
-    return {"train_s": time.perf_counter() - t_start}
+    return {"job_s": time.perf_counter() - t_start, "loop_s": metrics["train_runtime"]}
 
 
 def main() -> None:
@@ -87,15 +87,19 @@ def main() -> None:
                        check=True, capture_output=True, text=True)
         pipe_wall = time.perf_counter() - t0
         stages = [json.loads(p.read_text()) for p in Path(tmp, "ws", "cache").glob("*.json")]
-        grpo_s = sum(s["seconds"] for s in stages if "steps" in s and "findings" in s)
+        grpo = [s for s in stages if "train_seconds" in s]
+        grpo_s, loop_s = sum(s["seconds"] for s in grpo), sum(s["train_seconds"] for s in grpo)
         other_s = sum(s.get("seconds", 0) for s in stages) - grpo_s
 
     print(f"GRPO job: {a.steps} steps, 4 prompts x G=8, tiny model, 1 thread")
-    print(f"{'':28}{'bare TRL':>12}{'pipeline':>12}")
-    print(f"{'GRPO job: load+train+save (s)':28}{bare['train_s']:12.1f}{grpo_s:12.1f}")
-    print(f"{'wall, whole process (s)':28}{bare_wall:12.1f}{pipe_wall:12.1f}")
-    print(f"training ratio pipeline/bare: {grpo_s / bare['train_s']:.2f} (target <= 1.10)")
-    print(f"fixed start-up, bare: {bare_wall - bare['train_s']:.1f} s; pipeline: "
+    print(f"{'':32}{'bare TRL':>12}{'pipeline':>12}")
+    print(f"{'training loop (s)':32}{bare['loop_s']:12.1f}{loop_s:12.1f}")
+    print(f"{'GRPO job: load+train+save (s)':32}{bare['job_s']:12.1f}{grpo_s:12.1f}")
+    print(f"{'wall, whole process (s)':32}{bare_wall:12.1f}{pipe_wall:12.1f}")
+    print(f"training-loop ratio pipeline/bare: {loop_s / bare['loop_s']:.2f} (target <= 1.10; "
+          "includes recording every completion to DuckDB and streaming metrics to MLflow)")
+    print(f"GRPO job ratio (with model load, plots, model logging): {grpo_s / bare['job_s']:.2f}")
+    print(f"fixed start-up, bare: {bare_wall - bare['job_s']:.1f} s; pipeline: "
           f"{pipe_wall - grpo_s - other_s:.1f} s (imports, Prefect server, MLflow store)")
     print(f"other pipeline stages (ingest, base model, 2 evals): {other_s:.1f} s")
 

@@ -23,6 +23,7 @@ class RoundResult:
     history: list[dict] = field(default_factory=list)  # TRL's logged metrics per step
     findings: list[str] = field(default_factory=list)  # rules that fired (collapse, NaN, KL)
     stopped_early: bool = False
+    train_seconds: float = 0.0  # TRL's train_runtime: the training loop alone
 
 
 def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None):
@@ -235,7 +236,8 @@ def run_grpo_round(
     trainer.rollout_sink = rollout_sink
     trainer.skip_update_below = cfg.grpo.skip_update_below
     ckpt = last_checkpoint(out) if resume else None
-    trainer.train(resume_from_checkpoint=ckpt)
+    train_out = trainer.train(resume_from_checkpoint=ckpt)
+    result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
     result.steps = trainer.state.global_step
     if trainer.skipped_updates:
         result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward below "

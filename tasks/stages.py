@@ -177,7 +177,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
         tracking.log_training_curves(run, result.history, "grpo")
         tracking.set_tags(run, {"findings": " | ".join(result.findings) or "none"})
         return {"model_dir": result.output_dir, "steps": result.steps, "findings": result.findings,
-                "stopped_early": result.stopped_early}
+                "stopped_early": result.stopped_early, "train_seconds": result.train_seconds}
 
     return _cached(ctx, key, f"grpo/round-{round_no}", compute, paths=lambda v: [v["model_dir"]],
                    metrics=lambda v: {"grpo/steps": v["steps"], "grpo/findings": len(v["findings"])})
