@@ -252,7 +252,17 @@ class EvalConfig(_Section):
     bootstrap: int = Field(default=1000, ge=10)
     """Bootstrap resamples for the 95% CIs."""
     primary_metric: str = "greedy_accuracy"
-    """Metric that decides champion promotion."""
+    """Metric that decides champion promotion: greedy_accuracy, avg@<samples>, maj@k, pass@k."""
+
+    @model_validator(mode="after")
+    def _known_metric(self) -> "EvalConfig":
+        m, k = self.primary_metric, self.samples
+        ok = (m == "greedy_accuracy" and self.greedy) or m == f"avg@{k}" or (
+            m.split("@")[0] in ("maj", "pass") and m.split("@")[-1].isdigit() and 1 <= int(m.split("@")[1]) <= k)
+        if not ok:
+            raise ValueError(f"primary_metric: {m!r} is not reported with samples={k} "
+                             f"(use greedy_accuracy, avg@{k}, maj@j or pass@j with j <= {k})")
+        return self
 
 
 class TrackingConfig(_Section):

@@ -55,6 +55,7 @@ BROKEN = [
     ({"rewards": {"funcs": []}}, "rewards"),
     ({"rewards": {"length": {"min_tokens": 900, "max_tokens": 100}}}, "rewards.length"),
     ({"eval": {"top_p": 0}}, "eval.top_p"),
+    ({"eval": {"samples": 4, "primary_metric": "avg@8"}}, "eval"),
     ({"rollout": {"backend": "tgi"}}, "rollout.backend"),
     ({"data": {"train": [{"limit": 3}]}}, "data.train.0.source"),
     ({"grpo": {"kl_schedule": {"kind": "exp"}}}, "grpo.kl_schedule.kind"),
