@@ -124,4 +124,4 @@ def test_cli_config_show_prints_resolved_yaml(monkeypatch):
     monkeypatch.chdir(ROOT)
     result = CliRunner().invoke(app, ["config", "show", "configs/recipes/sft_grpo.yaml"])
     assert result.exit_code == 0
-    assert "recipe: sft_grpo" in result.output and "beta: 0.04" in result.output
+    assert "recipe: sft_grpo" in result.output and "primary_metric: avg@8" in result.output
