@@ -257,7 +257,7 @@ class EvalConfig(_Section):
     @model_validator(mode="after")
     def _known_metric(self) -> "EvalConfig":
         m, k = self.primary_metric, self.samples
-        ok = (m == "greedy_accuracy" and self.greedy) or m == f"avg@{k}" or (
+        ok = m == "greedy_accuracy" or m == f"avg@{k}" or (
             m.split("@")[0] in ("maj", "pass") and m.split("@")[-1].isdigit() and 1 <= int(m.split("@")[1]) <= k)
         if not ok:
             raise ValueError(f"primary_metric: {m!r} is not reported with samples={k} "
