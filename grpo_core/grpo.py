@@ -131,7 +131,16 @@ def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list):
             control.should_training_stop = True
             control.should_save = False  # keep the last good checkpoint as the last one
 
-    return [KLSchedule(), Monitor()]
+    class FlushRollouts(TrainerCallback):
+        """Sinks that buffer (records.RolloutBuffer) write at each checkpoint and at the end."""
+
+        def on_save(self, args, state, control, **kw):
+            if trainer_ref and hasattr(trainer_ref[0].rollout_sink, "flush"):
+                trainer_ref[0].rollout_sink.flush()
+
+        on_train_end = on_save
+
+    return [KLSchedule(), Monitor(), FlushRollouts()]
 
 
 def _trainer_class():
@@ -186,7 +195,10 @@ def grpo_dataset(problems: list[Problem], template: str, tokenizer):
 
 
 def last_checkpoint(output_dir: str | Path) -> str | None:
-    ckpts = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    """The newest *complete* checkpoint: a process killed while saving leaves a folder
+    without trainer_state.json (written last), which must not be resumed from."""
+    ckpts = sorted((p for p in Path(output_dir).glob("checkpoint-*") if (p / "trainer_state.json").is_file()),
+                   key=lambda p: int(p.name.split("-")[1]))
     return str(ckpts[-1]) if ckpts else None
 
 

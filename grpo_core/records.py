@@ -174,26 +174,48 @@ def write_rollouts(con_or_store: Any, rows: list[dict], run_id: str, step: int,
                    round: int = 0) -> int:
     """Append one step's completions (the GRPO trainer's rollout-sink rows: prompt,
     completion, answer, problem_id, rewards {name: value}, reward, advantage)."""
-    if not rows:
+    return write_rollout_steps(con_or_store, [(step, rows)], run_id, round)
+
+
+def write_rollout_steps(con_or_store: Any, steps: list[tuple[int, list[dict]]], run_id: str,
+                        round: int = 0) -> int:
+    """Append several steps' completions in one transaction."""
+    flat = [{**r, "run_id": run_id, "round": round, "step": step, "idx": i,
+             "answer": None if r.get("answer") is None else str(r["answer"]),
+             "rewards": json.dumps(r.get("rewards") or {}, default=_json_default)}
+            for step, rows in steps for i, r in enumerate(rows)]
+    if not flat:
         return 0
     con = ensure_tables(con_or_store)
-    table = _arrow(({**r, "run_id": run_id, "round": round, "step": step, "idx": i,
-                     "answer": None if r.get("answer") is None else str(r["answer"]),
-                     "rewards": json.dumps(r.get("rewards") or {}, default=_json_default)}
-                    for i, r in enumerate(rows)), ROLLOUT_SCHEMA)
+    table = _arrow(flat, ROLLOUT_SCHEMA)
     cols = ", ".join(ROLLOUT_SCHEMA.names)
     with _transaction(con, _new_rollouts=table):
         con.execute(f"INSERT INTO rollouts ({cols}, created_at) SELECT {cols}, ? "
                     "FROM _new_rollouts", [_now()])
-    return len(rows)
+    return len(flat)
 
 
-def rollout_sink(con_or_store: Any, run_id: str, round: int = 0) -> Callable[[int, list], None]:
-    """A `RolloutSink` for grpo_core.grpo: writes each step's rows to `rollouts`."""
-    def sink(step: int, rows: list[dict]) -> None:
-        write_rollouts(con_or_store, rows, run_id, step, round)
+class RolloutBuffer:
+    """A `RolloutSink` for grpo_core.grpo that keeps steps in memory and writes them at
+    each checkpoint save and at the end of training (run_grpo_round calls `flush`): one
+    transaction per checkpoint instead of one per step, off the training hot path. Rows
+    past the last checkpoint of a killed round are generated again on resume anyway."""
 
-    return sink
+    def __init__(self, con_or_store: Any, run_id: str, round: int = 0):
+        self.target, self.run_id, self.round = con_or_store, run_id, round
+        self.pending: list[tuple[int, list[dict]]] = []
+
+    def __call__(self, step: int, rows: list[dict]) -> None:
+        self.pending.append((step, rows))
+
+    def flush(self) -> int:
+        steps, self.pending = self.pending, []
+        return write_rollout_steps(self.target, steps, self.run_id, self.round)
+
+
+def rollout_sink(con_or_store: Any, run_id: str, round: int = 0) -> RolloutBuffer:
+    """The rollout sink for a GRPO round writing to the `rollouts` table."""
+    return RolloutBuffer(con_or_store, run_id, round)
 
 
 def read_rollouts(con_or_store: Any, run_id: str | None = None) -> list[dict]:

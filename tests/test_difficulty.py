@@ -234,6 +234,8 @@ def test_rollouts_roundtrip():
               "rewards": {"accuracy": 1.0, "format": -0.5}, "reward": 0.5, "advantage": 1.2},
              {"prompt": "p", "completion": "d", "answer": None, "problem_id": "a",
               "rewards": {}, "reward": 0.0, "advantage": None}])
+    assert read_rollouts(con, "run1") == []  # buffered until the checkpoint / end flush
+    assert sink.flush() == 2 and sink.flush() == 0
     rows = read_rollouts(con, "run1")
     assert [(r["round"], r["step"], r["idx"]) for r in rows] == [(2, 3, 0), (2, 3, 1)]
     assert rows[0]["rewards"] == {"accuracy": 1.0, "format": -0.5} and rows[0]["answer"] == "5"

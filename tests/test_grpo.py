@@ -116,3 +116,12 @@ def test_training_prompts_fall_back_when_the_band_keeps_too_few():
     assert ids == pool[:5] and "pass rate in (0, 1)" in note
     ids, note = training_prompts({"kept_ids": [], "signal_ids": pool[:2]}, pool, 4)
     assert ids == pool and "whole pool" in note
+
+
+def test_last_checkpoint_skips_a_half_written_one(tmp_path):
+    for n, complete in ((2, True), (3, False)):
+        d = tmp_path / f"checkpoint-{n}"
+        d.mkdir()
+        if complete:
+            (d / "trainer_state.json").write_text("{}")
+    assert last_checkpoint(tmp_path).endswith("checkpoint-2")
