@@ -14,10 +14,10 @@ from flows.pipeline import grpo_pipeline  # first: it configures prefect before 
 from grpo_core.config import PipelineConfig, load_config
 from grpo_core.workspace import Workspace
 from tasks import tracking
+from tasks.comparison import COMPARE_COLUMNS
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
-COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final", "final_lo",
-           "final_hi", "delta"]
+COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
 
 
 def default_recipes(overrides: list[str] | None = None) -> list[PipelineConfig]:
