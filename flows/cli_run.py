@@ -15,14 +15,14 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False) -> None:
     """Run a config through the pipeline; with no CONFIG, compare R1-Zero and SFT+GRPO on
     the built-in model and synthetic task (offline, minutes on a CPU)."""
-    from flows import configure_prefect
     from grpo_core.config import ConfigError
     from grpo_core.workspace import Workspace
+    from tasks import tracking_store
 
-    configure_prefect(Workspace.at(workdir).root)
-    # Validate everything before any work: one line naming the field, exit 2.
+    # Validate everything before any work (no Prefect/MLflow import, nothing written):
+    # one line naming the field, exit 2.
     if config is None:
-        from flows.compare import default_recipes
+        from flows.recipes import default_recipes
 
         try:
             configs = default_recipes(set_)
@@ -33,15 +33,18 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                 c.project.workdir = str(workdir)
     else:
         configs = [load_or_exit(config, set_, workdir)]
-    from tasks import tracking
-
     ws = Workspace.at(configs[0].project.workdir)
-
-    uri = tracking.tracking_uri(configs[0], ws)
+    # An unreachable tracking server fails here, in seconds, before any training.
+    uri = tracking_store.tracking_uri(configs[0], ws)
     try:
-        tracking.check_reachable(uri)
-    except tracking.TrackingUnreachable as exc:
+        tracking_store.check_reachable(uri)
+    except tracking_store.TrackingUnreachable as exc:
         fail(str(exc), 1)
+    from flows import configure_prefect
+
+    configure_prefect(ws.root)
+    from grpo_core.store import StoreLockedError
+
     t0 = time.time()
     try:
         if config is None:
@@ -63,6 +66,8 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
             typer.echo(f"model: {out['model_dir']}")
     except KeyboardInterrupt:
         fail("interrupted; run the same command again to resume", 130)
+    except StoreLockedError as exc:
+        fail(str(exc), 1)
     except Exception as exc:  # noqa: BLE001 - any stage failure: say which, exit 1
         fail(f"pipeline failed: {type(exc).__name__}: {exc}", 1)
     typer.echo(f"done in {time.time() - t0:.0f} s. Look at the runs with:\n"

@@ -11,17 +11,13 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.pipeline import grpo_pipeline  # first: it configures prefect before import
-from grpo_core.config import PipelineConfig, load_config
+from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-exported
+from grpo_core.config import PipelineConfig
 from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.comparison import COMPARE_COLUMNS
 
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
-
-
-def default_recipes(overrides: list[str] | None = None) -> list[PipelineConfig]:
-    return [load_config(RECIPES_DIR / f"{name}.yaml", overrides) for name in ("r1_zero", "sft_grpo")]
 
 
 def comparison_rows(results: dict[str, dict], metric: str) -> list[dict]:

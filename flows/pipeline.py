@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
+from grpo_core.locks import pipeline_lock
 from grpo_core.workspace import Workspace
 from tasks import stages, tracking
 
@@ -59,15 +60,21 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
     log = get_run_logger()
     cfg = config
     ws = Workspace.at(cfg.project.workdir).ensure()
-    parent = tracking.start_parent_run(cfg, config_hash=cfg.hash(), recipe=cfg.project.recipe,
-                                       git_commit=git_commit(), flow_run_id=str(flow_run.id),
-                                       workspace=ws)
-    ctx = stages.Ctx(cfg=cfg, ws=ws, parent_run=parent, progress=progress)
-    try:
-        return _stages(ctx, log)
-    except BaseException as exc:  # mark the runs FAILED (a SIGKILL leaves them to resume)
-        tracking.fail_pipeline(parent, f"{type(exc).__name__}: {exc}", ws)
-        raise
+    # One pipeline per store: a second one waits, then stops before its MLflow run exists.
+    with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout):
+        parent = tracking.start_parent_run(cfg, config_hash=cfg.hash(), recipe=cfg.project.recipe,
+                                           git_commit=git_commit(), flow_run_id=str(flow_run.id),
+                                           workspace=ws)
+        replayed = tracking.replay_unsent_metrics(ws)
+        if replayed:
+            log.info("sent %d metric points kept while MLflow was unreachable",
+                     sum(replayed.values()))
+        ctx = stages.Ctx(cfg=cfg, ws=ws, parent_run=parent, progress=progress)
+        try:
+            return _stages(ctx, log)
+        except BaseException as exc:  # mark the runs FAILED (a SIGKILL leaves them to resume)
+            tracking.fail_pipeline(parent, f"{type(exc).__name__}: {exc}", ws)
+            raise
 
 
 def _stages(ctx: stages.Ctx, log) -> dict:
@@ -80,11 +87,13 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     base = stages.evaluate(ctx, model, "eval/base", cfg.eval.benchmarks)
     before = base
 
+    findings: list[str] = []
     if cfg.sft.enabled:
-        model = stages.sft(ctx, model, data["problem_ids"])["model_dir"]
+        sft = stages.sft(ctx, model, data["problem_ids"])
+        model = sft["model_dir"]
+        findings += [f"sft: {f}" for f in sft.get("findings", [])]
         before = stages.evaluate(ctx, model, "eval/sft", primary_bench)
 
-    findings: list[str] = []
     pool = data["problem_ids"]
     for r in range(1, cfg.grpo.rounds + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):

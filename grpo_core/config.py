@@ -255,7 +255,7 @@ class EvalConfig(_Section):
     """Metric that decides champion promotion: greedy_accuracy, avg@<samples>, maj@k, pass@k."""
 
     @model_validator(mode="after")
-    def _known_metric(self) -> "EvalConfig":
+    def _known_metric(self) -> EvalConfig:
         m, k = self.primary_metric, self.samples
         ok = m == "greedy_accuracy" or m == f"avg@{k}" or (
             m.split("@")[0] in ("maj", "pass") and m.split("@")[-1].isdigit() and 1 <= int(m.split("@")[1]) <= k)
@@ -271,6 +271,9 @@ class TrackingConfig(_Section):
     experiment: str | None = None
     """MLflow experiment; default project.name."""
     register_model: bool = True
+    flush_timeout_s: float = Field(default=120.0, ge=0)
+    """At the end of a training stage, wait this long for an unreachable tracking server
+    before keeping the unsent metric points in <workdir>/runs/unsent/ (sent next run)."""
 
 
 class PipelineConfig(_Section):

@@ -8,6 +8,7 @@ Retries are set where a retry can help (ingest I/O, tracking calls), none on tra
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,17 @@ class Ctx:
 
     def store(self) -> Store:
         return Store.open(self.ws.db_path, timeout=self.cfg.data.store_lock_timeout)
+
+    @contextlib.contextmanager
+    def step_logger(self, run: str):
+        """The trainer callback that streams per-step metrics into `run`; closed (waiting
+        for MLflow, else keeping the points locally) even when training raises."""
+        logger = tracking.StepLogger(run, workspace=self.ws.root,
+                                     close_timeout_s=self.cfg.tracking.flush_timeout_s)
+        try:
+            yield logger
+        finally:
+            logger.close()
 
     def ckpt_dir(self, name: str) -> Path:
         return self.ws.checkpoints / f"{self.cfg.project.name}-{self.cfg.hash()}" / name
@@ -141,10 +153,14 @@ def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
     def compute(run):
         problems = pool_problems(ctx, problem_ids)
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
-        result = run_sft(model_path, problems, ctx.cfg, ctx.ckpt_dir(f"sft-{key[-8:]}"), template,
-                         extra_callbacks=[tracking.StepLogger(run)])
+        with ctx.step_logger(run) as logger:
+            result = run_sft(model_path, problems, ctx.cfg, ctx.ckpt_dir(f"sft-{key[-8:]}"),
+                             template, extra_callbacks=[logger])
         tracking.log_training_curves(run, result.history, "sft")
-        return {"model_dir": result.output_dir, "steps": result.steps}
+        findings = [f for f in [logger.finding()] if f]
+        if findings:
+            tracking.set_tags(run, {"findings": " | ".join(findings)})
+        return {"model_dir": result.output_dir, "steps": result.steps, "findings": findings}
 
     return _cached(ctx, key, "sft", compute, paths=lambda v: [v["model_dir"]],
                    metrics=lambda v: {"sft/steps": v["steps"]})
@@ -164,7 +180,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
         problems = pool_problems(ctx, problem_ids)
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"grpo-{key[-8:]}")
-        with ctx.store() as store:
+        with ctx.store() as store, ctx.step_logger(run) as logger:
             # A round killed after a checkpoint continues from it (resume=True); what the
             # killed process recorded past that checkpoint is generated again.
             ckpt = last_checkpoint(out)
@@ -173,10 +189,11 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
             result = run_grpo_round(model_path, problems, ctx.cfg, out,
                                     template, resume=True,
                                     rollout_sink=rollout_sink(store, run_id=run, round=round_no),
-                                    extra_callbacks=[tracking.StepLogger(run)])
+                                    extra_callbacks=[logger])
+        findings = result.findings + [f for f in [logger.finding()] if f]
         tracking.log_training_curves(run, result.history, "grpo")
-        tracking.set_tags(run, {"findings": " | ".join(result.findings) or "none"})
-        return {"model_dir": result.output_dir, "steps": result.steps, "findings": result.findings,
+        tracking.set_tags(run, {"findings": " | ".join(findings) or "none"})
+        return {"model_dir": result.output_dir, "steps": result.steps, "findings": findings,
                 "stopped_early": result.stopped_early, "train_seconds": result.train_seconds}
 
     return _cached(ctx, key, f"grpo/round-{round_no}", compute, paths=lambda v: [v["model_dir"]],

@@ -28,9 +28,6 @@ import os
 import re
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,126 +48,21 @@ from mlflow.utils.validation import (
 )
 
 from grpo_core.workspace import Workspace
+from tasks.redaction import REDACTED, is_secret_name, redact  # noqa: F401 - re-exported
+from tasks.tracking_store import (  # noqa: F401 - re-exported
+    TrackingUnreachable,
+    _slug,
+    _strip_userinfo,
+    _workdir,
+    artifact_root,
+    check_reachable,
+    experiment_name,
+    is_remote,
+    tracking_uri,
+)
 
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"
 CHAMPION, CHALLENGER = "champion", "challenger"
-REDACTED = "***"
-
-
-class TrackingUnreachable(RuntimeError):
-    """The tracking store cannot be used; the message names the URI and what to do."""
-
-
-# --------------------------------------------------------------------------- where
-
-def _workdir(workspace: Workspace | str | os.PathLike | None, cfg=None) -> Path:
-    if isinstance(workspace, Workspace):
-        return workspace.root
-    if workspace is not None:
-        return Path(workspace).expanduser().resolve()
-    return Workspace.at(cfg.project.workdir if cfg is not None else None).root
-
-
-def tracking_uri(cfg, workspace: Workspace | str | os.PathLike | None = None) -> str:
-    """cfg.tracking.tracking_uri, else $MLFLOW_TRACKING_URI, else SQLite under the workdir."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    explicit = cfg.tracking.tracking_uri if cfg is not None else None
-    if explicit:
-        return explicit
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    return f"sqlite:///{_workdir(workspace, cfg) / 'mlflow.db'}"
-
-
-def experiment_name(cfg) -> str:
-    return cfg.tracking.experiment or cfg.project.name
-
-
-def is_remote(uri: str) -> bool:
-    return urllib.parse.urlparse(uri).scheme in ("http", "https", "databricks")
-
-
-def artifact_root(uri: str, workspace: Workspace | str | os.PathLike | None, name: str,
-                  cfg=None) -> str | None:
-    """Where a new experiment keeps its artifacts: <workdir>/mlartifacts/<name> for local
-    stores (never ./mlruns under whatever the current directory is); the server's choice
-    for a tracking server."""
-    if is_remote(uri):
-        return None
-    return (_workdir(workspace, cfg) / "mlartifacts" / _slug(name)).as_uri()
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "default"
-
-
-def _strip_userinfo(uri: str) -> str:
-    """The URI without user:password@, for messages and for our own health probe."""
-    p = urllib.parse.urlparse(uri)
-    if p.username is None and p.password is None:
-        return uri
-    host = p.hostname or ""
-    if p.port:
-        host = f"{host}:{p.port}"
-    return urllib.parse.urlunparse(p._replace(netloc=host))
-
-
-def check_reachable(uri: str, timeout: float = 5.0) -> None:
-    """Raise TrackingUnreachable, naming the URI, when the store cannot answer.
-
-    http(s): GET <uri>/health; any HTTP answer below 500 counts as reachable (a proxy or
-    an auth layer may answer 401/404 for /health, but something is listening). The probe
-    runs in a daemon thread joined with a deadline, so a slow DNS lookup cannot stretch
-    it past `timeout` + 1 s. The MLflow client itself retries for minutes, hence this
-    check before any work. sqlite: the folder of the database file must be writable.
-    """
-    shown = _strip_userinfo(uri)
-    scheme = urllib.parse.urlparse(uri).scheme
-    if scheme in ("http", "https"):
-        url = shown.rstrip("/") + "/health"
-        outcome: dict[str, Any] = {}
-
-        context = None
-        if scheme == "https":  # the TLS settings the MLflow client itself honours
-            import ssl
-
-            if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
-                context = ssl._create_unverified_context()  # the user asked for it
-            elif os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
-                context = ssl.create_default_context(
-                    cafile=os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"])
-
-        def probe() -> None:
-            try:
-                with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
-                    outcome["status"] = resp.status
-            except urllib.error.HTTPError as exc:
-                outcome["status"] = exc.code
-            except Exception as exc:  # noqa: BLE001 - any failure means unreachable
-                outcome["error"] = f"{type(exc).__name__}: {exc}"
-
-        t = threading.Thread(target=probe, daemon=True, name="mlflow-health-probe")
-        t.start()
-        t.join(timeout + 1.0)
-        if "status" in outcome and outcome["status"] < 500:
-            return
-        why = (f"HTTP {outcome['status']}" if "status" in outcome
-               else outcome.get("error", f"no answer within {timeout:g} s"))
-        raise TrackingUnreachable(
-            f"MLflow tracking server {shown} is not reachable (GET /health: {why}). Start it "
-            f"(mlflow server --host ... --port ...), fix MLFLOW_TRACKING_URI / "
-            f"tracking.tracking_uri, or unset both to use the local SQLite store.")
-    if scheme == "sqlite":
-        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
-        if not path or path == ":memory:":
-            return
-        folder = Path(path).parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if not os.access(folder, os.W_OK):
-            raise TrackingUnreachable(f"MLflow store {uri}: folder {folder} is not writable")
-
 
 _clients: dict[str, MlflowClient] = {}
 _current_uri: str | None = None
@@ -229,44 +121,6 @@ def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = N
 
 # --------------------------------------------------------------------------- params
 
-_SECRET_WORDS = ("token", "password", "passwd", "secret", "key", "credential", "credentials",
-                 "apikey", "auth")
-# Counts, not credentials: max_tokens, min_tokens, max_new_tokens, keywords ...
-_NOT_SECRET = {"tokens", "keywords", "keyword"}
-_URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]+@")
-
-
-def is_secret_name(name: str) -> bool:
-    """True when a field or env var name says it holds a secret.
-
-    Word-wise, not a raw substring test: the config's own max_tokens, min_tokens and
-    reasoning_keywords are not secrets, while HF_TOKEN, hub_token, MLFLOW_TRACKING_PASSWORD,
-    AWS_SECRET_ACCESS_KEY, api_key, apiKey and hftoken are.
-    """
-    words = re.split(r"[^0-9A-Za-z]+|(?<=[a-z0-9])(?=[A-Z])", str(name))
-    for w in (w.lower() for w in words if w):
-        if w in _NOT_SECRET:
-            continue
-        if any(w == s or w == s + "s" or w.endswith(s) for s in _SECRET_WORDS):
-            return True
-    return False
-
-
-def _scrub_value(value: Any) -> Any:
-    if isinstance(value, str):
-        return _URL_USERINFO.sub(lambda m: f"{m.group('head')}:{REDACTED}@", value)
-    return value
-
-
-def redact(tree: Any) -> Any:
-    """A copy with the value of every secret-named key replaced by "***" (None stays None),
-    recursively through dicts and lists, and passwords in URLs (scheme://user:pw@) hidden."""
-    if isinstance(tree, Mapping):
-        return {k: (REDACTED if v is not None else None) if is_secret_name(str(k)) else redact(v)
-                for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return [redact(v) for v in tree]
-    return _scrub_value(tree)
 
 
 def flatten(tree: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
@@ -616,48 +470,88 @@ def history_to_mlflow(run_id: str, history: Sequence[Mapping[str, Any]], prefix:
 _step_logger_cls = None
 
 
-def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | None = None):
+def _send_points(client: MlflowClient | None):
+    def send(run_id: str, points: list) -> None:
+        _log_metric_items(run_id, [Metric(k, v, ts, step) for k, v, ts, step in points],
+                          _client(client))
+    return send
+
+
+def replay_unsent_metrics(workspace, client: MlflowClient | None = None) -> dict[str, int]:
+    """Send the metric points earlier runs kept locally while MLflow was unreachable."""
+    from tasks.metric_shipper import replay_unsent
+
+    return replay_unsent(_workdir(workspace), _send_points(client))
+
+
+def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | None = None,
+               workspace=None, close_timeout_s: float = 120.0):
     """A transformers TrainerCallback streaming the trainer's logs into `run_id`.
 
     Pass it in `callbacks=[...]` with report_to=[] (or "none"): no fluent MLflow state,
-    works from any thread. Points are buffered and written in one batch every
-    `flush_every_s` seconds, at each checkpoint save and at train end, so a 0.1 s step
-    does not pay a database write each time. Built lazily: importing this module does
-    not import transformers.
+    works from any thread. Points are collected and handed every `flush_every_s` seconds,
+    at each checkpoint save and at train end to a `MetricShipper`, whose thread writes
+    them: a 0.1 s step does not pay a database write, and a tracking server that goes
+    away mid-round does not stall training. At train end it waits up to
+    `close_timeout_s` for MLflow; points still unsent are kept under
+    <workdir>/runs/unsent/ (`unsent` and `unsent_file` say so) and sent by the next run.
+    Built lazily: importing this module does not import transformers.
     """
     global _step_logger_cls
     if _step_logger_cls is None:
         from transformers import TrainerCallback
 
+        from tasks.metric_shipper import MetricShipper, unsent_dir
+
         class _StepLogger(TrainerCallback):
-            def __init__(self, run_id, flush_every_s, client):
-                self.run_id, self.every, self._c = run_id, flush_every_s, client
+            def __init__(self, run_id, flush_every_s, client, workspace, close_timeout_s):
+                self.run_id, self.every, self.close_timeout_s = run_id, flush_every_s, close_timeout_s
                 self.buffer: list = []
                 self.last_flush = time.monotonic()
+                self.shipper = MetricShipper(run_id, _send_points(client),
+                                             unsent_dir(_workdir(workspace)))
+                self.unsent = 0
+
+            @property
+            def unsent_file(self):
+                return self.shipper.fallback_file if self.unsent else None
 
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if not state.is_world_process_zero or not logs:
                     return
                 ts = int(time.time() * 1000)
                 for k, v in flatten_metrics(logs).items():
-                    self.buffer.append(Metric(sanitize_key(k), v, ts, int(state.global_step)))
+                    self.buffer.append((sanitize_key(k), v, ts, int(state.global_step)))
                 if time.monotonic() - self.last_flush >= self.every:
                     self.flush()
 
             def flush(self):
-                if self.buffer:
-                    items, self.buffer = self.buffer, []
-                    _log_metric_items(self.run_id, items, _client(self._c))
+                items, self.buffer = self.buffer, []
+                self.shipper.put(items)
                 self.last_flush = time.monotonic()
 
             def on_save(self, args, state, control, **kwargs):
                 self.flush()
 
             def on_train_end(self, args, state, control, **kwargs):
-                self.flush()
+                self.close()
+
+            def close(self) -> int:
+                """Hand over the last points and wait for MLflow (idempotent): call it in
+                a `finally` too, since a trainer that raises skips on_train_end."""
+                if not self.shipper._closing:
+                    self.flush()
+                    self.unsent = self.shipper.close(self.close_timeout_s)
+                return self.unsent
+
+            def finding(self) -> str | None:
+                if not self.unsent:
+                    return None
+                return (f"MLflow unreachable at the end of the stage: {self.unsent} metric "
+                        f"points kept in {self.unsent_file}; the next run sends them")
 
         _step_logger_cls = _StepLogger
-    return _step_logger_cls(run_id, flush_every_s, client)
+    return _step_logger_cls(run_id, flush_every_s, client, workspace, close_timeout_s)
 
 
 def trl_env(run_id: str, uri: str | None = None, log_params: bool = False,
@@ -725,8 +619,6 @@ def trl_mlflow_env(run_id: str, uri: str | None = None, log_params: bool = False
             else:
                 os.environ[k] = v
 
-
-# --------------------------------------------------------------------------- pipeline end
 
 # --------------------------------------------------------------------------- pipeline end
 
