@@ -9,15 +9,12 @@ import json
 import math
 import os
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from mlflow_server import MlflowServer
 
 from grpo_core.config import PipelineConfig
 from tasks import tracking as T
@@ -482,42 +479,14 @@ def test_step_logger_and_transformers_mlflow_callback(store):
 
 # ------------------------------------------------------------------ over HTTP
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.integration
 def test_over_http_against_mlflow_server(tmp_path, template_db, monkeypatch):
     db = tmp_path / "server.db"
     shutil.copy(template_db, db)
-    port = _free_port()
-    uri = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-           "MLFLOW_DISABLE_TELEMETRY": "true"}
-    log = (tmp_path / "server.log").open("w")
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    # start_new_session: setsid(2) in the child, so the server and the workers it
-    # spawns form one process group that the finally below stops as a whole.
-    proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{db}",
-         "--artifacts-destination", str(tmp_path / "server-artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = MlflowServer(tmp_path, db).start()
+    uri = server.uri
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "mlflow server not healthy in 90 s"
-            time.sleep(0.5)
-
+        server.wait_healthy()
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         monkeypatch.chdir(tmp_path)
         cfg = PipelineConfig()
@@ -545,15 +514,4 @@ def test_over_http_against_mlflow_server(tmp_path, template_db, monkeypatch):
         assert json.loads((folder / "config.json").read_text())["tag"] == "http"
         assert not (tmp_path / "mlruns").exists()
     finally:
-        with_pgid = True
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            with_pgid = False
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            if with_pgid:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        log.close()
+        server.stop()
