@@ -1,61 +1,86 @@
-"""Worst-case latency of every reward over the hostile corpus (tests/hostile_corpus.py).
+"""Worst-case latency of every reward, and of the evaluation scorer, over the hostile corpus
+(tests/hostile_corpus.py).
 
-    .venv/bin/python bench/rewards_worst.py [--threads 4]
+    .venv/bin/python bench/rewards_worst.py [--threads 4] [--processes 2]
 
-Each completion is scored alone (one call per completion), from the main thread and then
-from a thread pool, and the slowest calls are printed per reward. The bound to hold is
+Each completion is scored alone (one call per completion), from the main thread, then from
+a thread pool (there one scorer after another, each with cold answer caches), then from a
+pool of spawned worker processes, and the slowest calls are printed per scorer: each
+reward of grpo_core.rewards.REWARDS plus `evaluation` (grpo_core.evaluation's scoring of a
+sample: extraction, verification, format flag, maj@k's vote_key). The bound to hold is
 1 s per completion; no canary file may appear.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from hostile_corpus import hostile_completions
+from hostile_corpus import (
+    GOLDS,
+    fuzz_jobs,
+    hostile_completions,
+    init_worker,
+    scorer_names,
+    time_chunk,
+    timed_call,
+)
 
 from grpo_core.answers import clear_caches, warm_up
-from grpo_core.rewards import REWARDS
-
-GOLDS = ["5", "\\frac{1}{2}", "\\left( 3, \\frac{\\pi}{2} \\right)"]
 
 
-def timed(name: str, completion: str, gold: str) -> float:
-    start = time.perf_counter()
-    REWARDS[name]([completion], answer=[gold], prompts=["Q: <think>"])
-    return time.perf_counter() - start
+def run_pass(mode: str, jobs: list, canary: str, workers: int) -> list[float]:
+    if mode in ("main", "threads"):  # one scorer at a time, each starting with cold caches
+        times: list[float] = []
+        with ThreadPoolExecutor(workers) as pool:
+            for name in scorer_names():
+                clear_caches()
+                group = [j for j in jobs if j[0] == name]  # jobs are ordered by scorer
+                if mode == "main":
+                    times += [timed_call(n, c, g) for n, _, c, g in group]
+                else:
+                    times += pool.map(lambda j: timed_call(j[0], j[2], j[3]), group)
+        return times
+    clear_caches()
+    times = [0.0] * len(jobs)
+    chunks = 8 * workers  # only job indices and timings cross the process boundary
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker) as pool:
+        for part in pool.map(time_chunk, [canary] * chunks, range(chunks), [chunks] * chunks):
+            for i, t in part:
+                times[i] = t
+    return times
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=4)
-    ap.add_argument("--top", type=int, default=3, help="slowest inputs shown per reward")
+    ap.add_argument("--processes", type=int, default=2, help="worker processes (0: skip)")
+    ap.add_argument("--top", type=int, default=3, help="slowest inputs shown per scorer")
     args = ap.parse_args()
     warm_up()
     canary = Path(tempfile.mkdtemp()) / "CANARY"
     corpus = hostile_completions(str(canary))
-    jobs = [
-        (n, label, c, GOLDS[i % len(GOLDS)]) for n in REWARDS for i, (label, c) in enumerate(corpus)
-    ]
-    print(f"{len(corpus)} hostile completions x {len(REWARDS)} rewards, golds {GOLDS}")
-    for mode in ("main thread", f"{args.threads} threads"):
-        clear_caches()  # each pass recomputes every verdict
+    jobs = fuzz_jobs(str(canary))
+    names = scorer_names()
+    print(f"{len(corpus)} hostile completions x {len(names)} scorers, golds {GOLDS}")
+    modes = [("main", "main thread", 1), ("threads", f"{args.threads} threads", args.threads)]
+    if args.processes:
+        modes.append(("processes", f"{args.processes} processes (spawn)", args.processes))
+    for mode, title, workers in modes:
         start = time.perf_counter()
-        if mode == "main thread":
-            times = [timed(n, c, g) for n, _, c, g in jobs]
-        else:
-            with ThreadPoolExecutor(args.threads) as pool:
-                times = list(pool.map(lambda j: timed(j[0], j[2], j[3]), jobs))
-        print(f"\n== {mode}: {time.perf_counter() - start:.1f} s in all")
-        print(f"{'reward':20} {'max s':>7} {'p99 s':>7} {'mean ms':>8}  slowest inputs")
-        for name in REWARDS:
+        times = run_pass(mode, jobs, str(canary), workers)
+        print(f"\n== {title}: {time.perf_counter() - start:.1f} s in all")
+        print(f"{'scorer':20} {'max s':>7} {'p99 s':>7} {'mean ms':>8}  slowest inputs")
+        for name in names:
             rows = sorted(
                 ((t, label) for t, (n, label, _, _) in zip(times, jobs) if n == name), reverse=True
             )

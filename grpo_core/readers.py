@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -98,12 +99,13 @@ def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _read_csv(path: Path) -> Iterator[tuple[int, Any]]:
-    # All cells stay strings: type inference would turn AIME's "025" into 25.
-    with path.open(newline="", encoding="utf-8", errors="surrogateescape") as fh:
-        try:
-            yield from enumerate(csv.DictReader(fh))
-        except csv.Error as exc:
-            raise SourceUnreadable(f"{path}: not valid CSV: {exc}") from None
+    # All cells stay strings: type inference would turn AIME's "025" into 25. Decoded like
+    # JSON lines: a UTF-8 BOM (Excel's "CSV UTF-8") or UTF-16 BOM must not garble the header.
+    fh = io.StringIO(_decode(path), newline="")
+    try:
+        yield from enumerate(csv.DictReader(fh))
+    except csv.Error as exc:
+        raise SourceUnreadable(f"{path}: not valid CSV: {exc}") from None
 
 
 def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:

@@ -198,8 +198,12 @@ def length(
     TRL's `completion_ids` when given, else whitespace-separated words."""
     ids = _column({"ids": completion_ids}, "ids", len(completions))
 
+    # The penalty is flat from 2 * max_tokens on: split no further (a full split of a
+    # megabyte of "ab ab ..." is a 20 MB list of words).
+    cap = int(max(min_tokens, 2 * max_tokens)) if max_tokens > 0 else -1
+
     def one(c: Any, tok: Any) -> float:
-        n = len(tok) if tok is not None else len(completion_text(c).split())
+        n = len(tok) if tok is not None else len(completion_text(c).split(None, cap))
         return length_penalty(n, min_tokens, max_tokens, penalty)
 
     return _each(list(zip(completions, ids)), one, 0.0)
@@ -251,7 +255,8 @@ def reasoning_keywords(
 def repetition_score(text: str, ngram: int, max_penalty: float) -> float:
     """max_penalty * (1 - distinct n-grams / n-grams) over whitespace tokens: 0 when no
     n-gram repeats, max_penalty as the text becomes one n-gram over and over."""
-    tokens = text.split()[:MAX_REPETITION_TOKENS]
+    # maxsplit: the words past the cap are never made (the rest stays one string)
+    tokens = text.split(None, MAX_REPETITION_TOKENS)[:MAX_REPETITION_TOKENS]
     total = len(tokens) - ngram + 1
     if total <= 1:
         return 0.0

@@ -4,9 +4,15 @@
 file that must never appear: every code-injection payload tries to create it. Payloads are
 crossed with the places a reward reads an answer from (answer tags, \\boxed{}, math mode,
 bare text), so each reaches extraction, the number fast path, and math-verify.
+
+`fuzz_jobs(canary)` crosses the corpus with every scorer (`scorer_names()`: each reward,
+then the evaluation scorer) and `timed_call` runs one job; `init_worker` and `time_chunk`
+run them in worker processes.
 """
 
 from __future__ import annotations
+
+import time
 
 MB = 1_000_000
 
@@ -147,6 +153,7 @@ def _text_bombs() -> list[str]:
         "<answer>5</answer>" * 50_000,
         "final answer is " * 50_000,
         "answer: " * 100_000 + "5",
+        "<answer>" + "1 " * (MB // 2) + "</answer>",  # a megabyte answer, mostly spaces
         "\u00e9" * MB,
         "\U0001f600" * (MB // 4),
         "\u202e" * 1000 + "5",
@@ -248,3 +255,86 @@ def odd_completions() -> list:
         [None],
         object(),
     ]
+
+
+# --- scoring: what the fuzz test and the bench run each completion through ------------
+
+GOLDS = ["5", "\\frac{1}{2}", "\\left( 3, \\frac{\\pi}{2} \\right)"]
+EVAL_SCORER = "evaluation"  # the eval path's scoring of one sampled completion
+
+
+def scorer_names() -> list[str]:
+    """Every reward of grpo_core.rewards.REWARDS, then the evaluation scorer."""
+    from grpo_core.rewards import REWARDS
+
+    return [*REWARDS, EVAL_SCORER]
+
+
+def _score_for_eval(completion: str, gold: str) -> None:
+    """Score one completion as grpo_core.evaluation does a sample: `_record` (extraction,
+    verification against the gold, format flag) then the per-problem metrics, whose maj@k
+    canonicalises the extracted answer with `vote_key`."""
+    from grpo_core.evaluation import _record, vote_key
+    from grpo_core.metrics import problem_scores
+    from grpo_core.problems import Problem
+    from grpo_core.rollout import Completion
+
+    problem = Problem(source="fuzz", split="test", problem="Question: ...", answer=gold)
+    sample = Completion(text=completion, num_tokens=len(completion) // 4, finish_reason="stop")
+    rec = _record(problem, None, [sample], think=True)
+    assert isinstance(rec["sample_correct"][0], bool)
+    assert rec["sample_answers"][0] is None or isinstance(rec["sample_answers"][0], str)
+    assert isinstance(rec["sample_well_formatted"][0], bool)
+    scores = problem_scores(rec, [1], canon=vote_key)
+    assert set(scores) == {"avg@1", "pass@1", "maj@1"}, scores
+
+
+def timed_call(name: str, completion, gold: str) -> float:
+    """Run scorer `name` on one completion; the seconds it took. Raises on a wrong result."""
+    from grpo_core.rewards import REWARDS
+
+    start = time.perf_counter()
+    if name == EVAL_SCORER:
+        _score_for_eval(completion, gold)
+    else:
+        out = REWARDS[name]([completion], answer=[gold], prompts=["Question: ... <think>"])
+        assert isinstance(out, list) and len(out) == 1, (name, out)
+        assert out[0] is None or isinstance(out[0], float), (name, out)
+    return time.perf_counter() - start
+
+
+def fuzz_jobs(canary: str) -> list[tuple[str, str, str, str]]:
+    """(scorer, label, completion, gold) for every scorer x hostile completion."""
+    corpus = hostile_completions(canary)
+    return [
+        (n, label, c, GOLDS[i % len(GOLDS)])
+        for n in scorer_names()
+        for i, (label, c) in enumerate(corpus)
+    ]
+
+
+# Process workers: each rebuilds the jobs from the canary path (cheap) rather than have
+# megabyte strings pickled to it, and is sent only (chunk, number of chunks).
+_WORKER_JOBS: dict[str, list] = {}
+
+
+def init_worker() -> None:
+    """ProcessPoolExecutor initializer: pay imports and math-verify's first-use costs outside
+    any timing, and forget verdicts a forked worker inherited: each one is recomputed here."""
+    import grpo_core.evaluation
+    import grpo_core.metrics
+    import grpo_core.rewards  # noqa: F401 - imported for their import cost
+    from grpo_core import answers
+
+    answers.warm_up()
+    timed_call(EVAL_SCORER, "<answer>5</answer>", GOLDS[0])  # the eval path's first use
+    answers.clear_caches()
+
+
+def time_chunk(canary: str, chunk: int, chunks: int) -> list[tuple[int, float]]:
+    """In a worker process: (job index, seconds) for jobs chunk, chunk + chunks, ..."""
+    if canary not in _WORKER_JOBS:
+        _WORKER_JOBS[canary] = fuzz_jobs(canary)
+    jobs = _WORKER_JOBS[canary]
+    return [(i, timed_call(jobs[i][0], jobs[i][2], jobs[i][3]))
+            for i in range(chunk, len(jobs), chunks)]
