@@ -16,6 +16,7 @@ from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
 from grpo_core.locks import pipeline_lock
+from grpo_core.models import use_hub_token
 from grpo_core.workspace import Workspace
 from tasks import stages, tracking
 
@@ -60,6 +61,7 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
     log = get_run_logger()
     cfg = config
     ws = Workspace.at(cfg.project.workdir).ensure()
+    use_hub_token(cfg)
     # One pipeline per store: a second one waits, then stops before its MLflow run exists.
     with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout):
         parent = tracking.start_parent_run(cfg, config_hash=cfg.hash(), recipe=cfg.project.recipe,

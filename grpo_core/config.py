@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
@@ -48,6 +56,9 @@ class ModelConfig(_Section):
     """auto: bfloat16 on GPU, float32 on CPU."""
     gguf_file: str | None = None
     """GGUF file inside name_or_path, when the weights are GGUF."""
+    hub_token: SecretStr | None = None
+    """Hugging Face token for gated or private models (better: the HF_TOKEN env var).
+    Never written anywhere: dumps, hashes, MLflow and Prefect see `**********`."""
 
 
 class DataSource(_Section):
@@ -265,6 +276,21 @@ class EvalConfig(_Section):
         return self
 
 
+class TrainConfig(_Section):
+    """How the SFT and GRPO stages run: in the pipeline's process, or through
+    `accelerate launch` when more than one process is asked for."""
+
+    num_processes: int = Field(default=1, ge=1)
+    """Processes in all (GPUs, or CPU processes on gloo). >1: the stage is launched with
+    `accelerate launch`; grpo.prompts_per_step x G is split across them."""
+    num_machines: int = Field(default=1, ge=1)
+    accelerate_config: str | None = None
+    """An accelerate config file (infra/accelerate/*.yaml: DDP, ZeRO-2/3, FSDP); its
+    relative path is read from the repository root. None: accelerate's defaults."""
+    main_process_port: int | None = Field(default=None, ge=1, le=65535)
+    """Rendezvous port; None picks a free one (single machine)."""
+
+
 class TrackingConfig(_Section):
     tracking_uri: str | None = None
     """MLflow tracking URI; default $MLFLOW_TRACKING_URI or SQLite under the workdir."""
@@ -286,6 +312,7 @@ class PipelineConfig(_Section):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     def hash(self) -> str:
@@ -341,9 +368,24 @@ def config_from_dict(tree: dict, overrides: list[str] | None = None) -> Pipeline
         key, value = parse_override(item)
         _set_dotted(tree, key, value)
     try:
-        return PipelineConfig.model_validate(tree)
+        cfg = PipelineConfig.model_validate(tree)
     except ValidationError as err:
         raise _first_error(err) from None
+    _cross_section_checks(cfg)
+    return cfg
+
+
+def _cross_section_checks(cfg: PipelineConfig) -> None:
+    """Rules that span two sections, named by the field a user would change."""
+    n = cfg.train.num_processes
+    batch = cfg.grpo.prompts_per_step * cfg.grpo.num_generations
+    if batch % n:
+        raise ConfigError("train.num_processes",
+                          f"{n} processes cannot share a GRPO batch of grpo.prompts_per_step x "
+                          f"grpo.num_generations = {batch} completions evenly")
+    if cfg.sft.enabled and cfg.sft.batch_size % n:
+        raise ConfigError("train.num_processes",
+                          f"{n} processes cannot share sft.batch_size={cfg.sft.batch_size} evenly")
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

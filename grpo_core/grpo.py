@@ -38,7 +38,8 @@ def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | N
     kw = dict(  # noqa: C408 - reads as TRL's keyword arguments
         output_dir=output_dir,
         num_generations=g.num_generations,
-        per_device_train_batch_size=g.prompts_per_step * g.num_generations,
+        # the batch of one optimizer step, split across processes under accelerate launch
+        per_device_train_batch_size=g.prompts_per_step * g.num_generations // cfg.train.num_processes,
         gradient_accumulation_steps=g.gradient_accumulation_steps,
         beta=beta,
         epsilon=g.epsilon,
@@ -155,34 +156,49 @@ def _trainer_class():
 
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
+            # TRL's logs hold this step's rows gathered from every process; `out` holds
+            # this process's slice. Record them all, once, on the main process.
             logs = self._logs
-            n = len(out["advantages"])
+            n = len(out["advantages"]) * self.accelerator.num_processes
             rewards = {name: list(vals)[-n:] for name, vals in logs["rewards"].items()}
             weights = self.reward_weights.tolist()
             totals = [sum(w * (r[i] if r[i] == r[i] else 0.0) for w, r in zip(weights, rewards.values()))
                       for i in range(n)]
+            advantages = list(logs["advantages"])[-n:]
             if self.skip_update_below is not None and totals and max(totals) < self.skip_update_below:
                 out["advantages"] = out["advantages"] * 0.0  # no signal: do not move the policy
+                advantages = [0.0] * n
                 self.skipped_updates += 1
             if self.rollout_sink is not None:
-                prompts, completions = list(logs["prompt"])[-n:], list(logs["completion"])[-n:]
-                advantages = out["advantages"].tolist()
-                rows = []
-                for i in range(n):
-                    rows.append({
-                        "prompt": prompts[i],
-                        "completion": completions[i] if isinstance(completions[i], str)
-                        else completions[i][-1]["content"],
-                        "answer": inputs[i].get("answer") if i < len(inputs) else None,
-                        "problem_id": inputs[i].get("problem_id") if i < len(inputs) else None,
-                        "rewards": {k: v[i] for k, v in rewards.items()},
-                        "reward": totals[i],
-                        "advantage": advantages[i] if i < len(advantages) else None,
-                    })
-                self.rollout_sink(self.state.global_step, rows)
+                meta = [(x.get("problem_id"), x.get("answer")) for x in inputs]
+                if self.accelerator.num_processes > 1:  # collective: every rank calls it
+                    from accelerate.utils import gather_object
+
+                    meta = gather_object(meta)
+                if self.accelerator.is_main_process:
+                    self.rollout_sink(self.state.global_step,
+                                      _rollout_rows(logs, rewards, totals, advantages, meta, n))
             return out
 
     return RecordingGRPOTrainer
+
+
+def _rollout_rows(logs, rewards: dict, totals: list, advantages: list, meta: list,
+                  n: int) -> list[dict]:
+    prompts, completions = list(logs["prompt"])[-n:], list(logs["completion"])[-n:]
+    rows = []
+    for i in range(n):
+        c = completions[i]
+        rows.append({
+            "prompt": prompts[i],
+            "completion": c if isinstance(c, str) else c[-1]["content"],
+            "problem_id": meta[i][0] if i < len(meta) else None,
+            "answer": meta[i][1] if i < len(meta) else None,
+            "rewards": {k: v[i] for k, v in rewards.items()},
+            "reward": totals[i],
+            "advantage": advantages[i] if i < len(advantages) else None,
+        })
+    return rows
 
 
 def grpo_dataset(problems: list[Problem], template: str, tokenizer):
@@ -259,6 +275,7 @@ def run_grpo_round(
         good = last_checkpoint(out)
         result.output_dir = good or model_path
     else:
-        trainer.save_model(result.output_dir)
-        tokenizer.save_pretrained(result.output_dir)
+        trainer.save_model(result.output_dir)  # rank 0 only, under accelerate launch
+        if trainer.is_world_process_zero():
+            tokenizer.save_pretrained(result.output_dir)
     return result

@@ -35,6 +35,15 @@ def model_fingerprint(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+def use_hub_token(cfg) -> None:
+    """Hand model.hub_token to huggingface_hub the way it reads tokens (HF_TOKEN), for
+    this process only; an HF_TOKEN already set wins."""
+    token = cfg.model.hub_token
+    masked = token is not None and set(token.get_secret_value()) <= {"*"}  # a dumped config
+    if token is not None and not masked and not os.environ.get("HF_TOKEN"):
+        os.environ["HF_TOKEN"] = token.get_secret_value()
+
+
 def configure_threads() -> None:
     """Torch intra-op threads from $GRPO_TORCH_THREADS. Tiny models run faster on one
     thread when anything else competes for the cores (OpenMP spin-waits)."""

@@ -79,7 +79,7 @@ def run_sft(
         output_dir=str(out),
         max_steps=cfg.sft.max_steps,
         learning_rate=cfg.sft.learning_rate,
-        per_device_train_batch_size=cfg.sft.batch_size,
+        per_device_train_batch_size=cfg.sft.batch_size // cfg.train.num_processes,
         max_length=cfg.sft.max_length,
         completion_only_loss=True,
         lr_scheduler_type="cosine",
@@ -108,6 +108,7 @@ def run_sft(
     )
     trainer.train()
     result.steps = trainer.state.global_step
-    trainer.save_model(result.output_dir)
-    tokenizer.save_pretrained(result.output_dir)
+    trainer.save_model(result.output_dir)  # rank 0 only, under accelerate launch
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(result.output_dir)
     return result

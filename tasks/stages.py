@@ -22,6 +22,7 @@ from grpo_core.store import Store
 from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.cache import StageCache, stage_key
+from tasks.launch import launched, read_rollouts_file, run_launched
 
 
 @dataclass
@@ -145,19 +146,27 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
 @task(name="sft")
 def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
     from grpo_core.prompts import resolve_template
-    from grpo_core.sft import run_sft
+    from grpo_core.sft import SFTResult, run_sft
 
     key = stage_key("sft", model=model_fingerprint(model_path), problems=problem_ids,
-                    sft=ctx.cfg.sft.model_dump(mode="json"), template=ctx.cfg.model.template)
+                    sft=ctx.cfg.sft.model_dump(mode="json"), template=ctx.cfg.model.template,
+                    train=ctx.cfg.train.model_dump(mode="json"))
 
     def compute(run):
         problems = pool_problems(ctx, problem_ids)
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
-        with ctx.step_logger(run) as logger:
-            result = run_sft(model_path, problems, ctx.cfg, ctx.ckpt_dir(f"sft-{key[-8:]}"),
-                             template, extra_callbacks=[logger])
+        out = ctx.ckpt_dir(f"sft-{key[-8:]}")
+        if launched(ctx.cfg):
+            res = run_launched("sft", ctx.cfg, model_path, problems, out, template, run,
+                               tracking.current_uri(), str(ctx.ws.root))
+            result = SFTResult(res["output_dir"], res["steps"], res["history"])
+            findings = res["findings"]
+        else:
+            with ctx.step_logger(run) as logger:
+                result = run_sft(model_path, problems, ctx.cfg, out, template,
+                                 extra_callbacks=[logger])
+            findings = [f for f in [logger.finding()] if f]
         tracking.log_training_curves(run, result.history, "sft")
-        findings = [f for f in [logger.finding()] if f]
         if findings:
             tracking.set_tags(run, {"findings": " | ".join(findings)})
         return {"model_dir": result.output_dir, "steps": result.steps, "findings": findings}
@@ -174,23 +183,30 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
 
     key = stage_key("grpo", model=model_fingerprint(model_path), problems=problem_ids,
                     grpo=ctx.cfg.grpo.model_dump(mode="json"), rewards=ctx.cfg.rewards.model_dump(mode="json"),
-                    template=ctx.cfg.model.template, round=round_no, seed=ctx.cfg.project.seed)
+                    template=ctx.cfg.model.template, round=round_no, seed=ctx.cfg.project.seed,
+                    train=ctx.cfg.train.model_dump(mode="json"))
 
     def compute(run):
         problems = pool_problems(ctx, problem_ids)
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"grpo-{key[-8:]}")
-        with ctx.store() as store, ctx.step_logger(run) as logger:
+        with ctx.store() as store:
             # A round killed after a checkpoint continues from it (resume=True); what the
             # killed process recorded past that checkpoint is generated again.
             ckpt = last_checkpoint(out)
-            if ckpt:
-                drop_rollouts_from(store, run, int(ckpt.rsplit("-", 1)[1]))
-            result = run_grpo_round(model_path, problems, ctx.cfg, out,
-                                    template, resume=True,
-                                    rollout_sink=rollout_sink(store, run_id=run, round=round_no),
-                                    extra_callbacks=[logger])
-        findings = result.findings + [f for f in [logger.finding()] if f]
+            resume_step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
+            drop_rollouts_from(store, run, resume_step)
+            sink = rollout_sink(store, run_id=run, round=round_no)
+            if launched(ctx.cfg):
+                result = _launched_round(ctx, run, store, sink, model_path, problems, out,
+                                         template, resume_step)
+            else:
+                with ctx.step_logger(run) as logger:
+                    result = run_grpo_round(model_path, problems, ctx.cfg, out, template,
+                                            resume=True, rollout_sink=sink,
+                                            extra_callbacks=[logger])
+                result.findings += [f for f in [logger.finding()] if f]
+        findings = result.findings
         tracking.log_training_curves(run, result.history, "grpo")
         tracking.set_tags(run, {"findings": " | ".join(findings) or "none"})
         return {"model_dir": result.output_dir, "steps": result.steps, "findings": findings,
@@ -198,6 +214,22 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
 
     return _cached(ctx, key, f"grpo/round-{round_no}", compute, paths=lambda v: [v["model_dir"]],
                    metrics=lambda v: {"grpo/steps": v["steps"], "grpo/findings": len(v["findings"])})
+
+
+def _launched_round(ctx: Ctx, run: str, store, sink, model_path: str, problems, out: Path,
+                    template: str, resume_step: int):
+    """The round on train.num_processes ranks (tasks.launch); then its rollouts, all of
+    them from the rank-0 file, into DuckDB (re-written whole: idempotent on a re-run)."""
+    from grpo_core.grpo import RoundResult
+    from grpo_core.records import drop_rollouts_from
+
+    res = run_launched("grpo", ctx.cfg, model_path, problems, out, template, run,
+                       tracking.current_uri(), str(ctx.ws.root), resume_step)
+    drop_rollouts_from(store, run, 0)
+    for step, rows in sorted(read_rollouts_file(Path(res["rollouts_file"])).items()):
+        sink(step, rows)
+    sink.flush()
+    return RoundResult(**{f: res[f] for f in RoundResult.__dataclass_fields__ if f in res})
 
 
 @task(name="evaluate")

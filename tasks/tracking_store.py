@@ -13,7 +13,6 @@ from typing import Any
 
 from grpo_core.workspace import Workspace
 
-
 _MLFLOW_ANSWERS = (200, 401, 403)
 
 

@@ -1,0 +1,175 @@
+"""SFT and GRPO stages under `accelerate launch`, when train.num_processes > 1.
+
+The pipeline process stays the only DuckDB writer: it writes a JSON spec, starts
+`accelerate launch ... -m tasks.launch SPEC` and waits. Every rank trains; only rank 0
+streams per-step metrics into the stage's MLflow run (run id and tracking URI come in
+the spec) and appends the round's rollouts (all ranks' rows: TRL gathers them) to a
+JSONL file beside the checkpoints, which the stage ingests into DuckDB when the launch
+has ended. A killed launch resumes like a single-process round: from the newest
+complete checkpoint, with the JSONL cut back to the rows before it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from grpo_core.config import PipelineConfig
+from grpo_core.problems import Problem
+
+ROOT = Path(__file__).resolve().parents[1]
+# CPU ranks on gloo (see the file for why it says MULTI_GPU): CI, laptops.
+CPU_CONFIG = "infra/accelerate/cpu_2proc.yaml"
+
+
+def launched(cfg: PipelineConfig) -> bool:
+    return cfg.train.num_processes > 1 or cfg.train.num_machines > 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(cfg: PipelineConfig, spec_path: Path, on_gpu: bool) -> list[str]:
+    t = cfg.train
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    config = t.accelerate_config or (None if on_gpu else CPU_CONFIG)
+    if config:
+        path = Path(config)
+        cmd += ["--config_file", str(path if path.is_absolute() else ROOT / path)]
+    elif t.num_processes > 1:
+        cmd += ["--multi_gpu"]
+    cmd += ["--num_processes", str(t.num_processes), "--num_machines", str(t.num_machines),
+            "--main_process_port", str(t.main_process_port or _free_port())]
+    return [*cmd, "-m", "tasks.launch", str(spec_path)]
+
+
+def _keep_rows_before(path: Path, step: int) -> None:
+    if path.is_file():
+        rows = [line for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and _step(line) is not None and _step(line) < step]
+        path.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
+
+
+def _step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a line cut short by the kill
+
+
+def read_rollouts_file(path: Path) -> dict[int, list[dict]]:
+    by_step: dict[int, list[dict]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        if _step(line) is None:
+            continue
+        row = json.loads(line)
+        by_step.setdefault(int(row.pop("step")), []).append(row)
+    return by_step
+
+
+def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: list[Problem],
+                 output_dir: Path, template: str, mlflow_run: str | None = None,
+                 tracking_uri: str | None = None, workspace: str | None = None,
+                 resume_step: int | None = None) -> dict:
+    """Run `stage` ("grpo" or "sft") on train.num_processes ranks; the rank-0 result
+    (RoundResult / SFTResult fields, plus "rollouts_file" for GRPO)."""
+    import torch
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rollouts = out / "rollouts.jsonl"
+    if stage == "grpo":  # rows past the checkpoint we resume from are generated again
+        _keep_rows_before(rollouts, resume_step or 0)
+    spec = {"stage": stage, "config": cfg.model_dump(mode="json"), "model_path": model_path,
+            "problems": [p.to_row() for p in problems], "output_dir": str(out),
+            "template": template, "mlflow_run": mlflow_run, "tracking_uri": tracking_uri,
+            "workspace": workspace, "rollouts_file": str(rollouts),
+            "result_file": str(out / f"{stage}-result.json")}
+    spec_path = out / f"{stage}-spec.json"
+    spec_path.write_text(json.dumps(spec))
+    Path(spec["result_file"]).unlink(missing_ok=True)
+    env = dict(os.environ)
+    cores = os.cpu_count() or 1
+    env.setdefault("GRPO_TORCH_THREADS", str(max(1, cores // cfg.train.num_processes)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    log = out / f"{stage}-launch.log"
+    with log.open("a") as fh:
+        proc = subprocess.run(launch_command(cfg, spec_path, torch.cuda.is_available()),
+                              env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0 or not Path(spec["result_file"]).is_file():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"accelerate launch of the {stage} stage failed (exit "
+                           f"{proc.returncode}); log {log}:\n{tail}")
+    result = json.loads(Path(spec["result_file"]).read_text())
+    result["rollouts_file"] = str(rollouts)
+    return result
+
+
+class _JsonlSink:
+    """Rank 0's rollout sink: one JSON line per completion, flushed as it goes."""
+
+    def __init__(self, path: str):
+        self.fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def __call__(self, step: int, rows: list[dict]) -> None:
+        for r in rows:
+            self.fh.write(json.dumps({"step": step, **r}, default=str) + "\n")
+        self.fh.flush()
+
+    def flush(self) -> None:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _rank_main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    cfg = PipelineConfig.model_validate(spec["config"])
+    problems = [Problem(**row) for row in spec["problems"]]
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    logger = None
+    if rank0 and spec.get("mlflow_run"):
+        from tasks import tracking
+
+        tracking.connect(spec["tracking_uri"], check=False)
+        logger = tracking.StepLogger(spec["mlflow_run"], workspace=spec["workspace"],
+                                     close_timeout_s=cfg.tracking.flush_timeout_s)
+    callbacks = [logger] if logger else []
+    try:
+        if spec["stage"] == "grpo":
+            from grpo_core.grpo import run_grpo_round
+
+            # Every rank needs a sink (gathering the rows is collective); rank 0 keeps them.
+            sink = _JsonlSink(spec["rollouts_file"]) if rank0 else (lambda step, rows: None)
+            result = run_grpo_round(spec["model_path"], problems, cfg, spec["output_dir"],
+                                    spec["template"], rollout_sink=sink, resume=True,
+                                    extra_callbacks=callbacks)
+            if rank0:
+                sink.close()
+        else:
+            from grpo_core.sft import run_sft
+
+            result = run_sft(spec["model_path"], problems, cfg, spec["output_dir"],
+                             spec["template"], extra_callbacks=callbacks)
+    finally:
+        if logger:
+            logger.close()
+    if rank0:
+        out = dataclasses.asdict(result)
+        note = logger.finding() if logger else None
+        out["findings"] = [*out.get("findings", []), *([note] if note else [])]
+        out["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
+        Path(spec["result_file"]).write_text(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[1])

@@ -1,0 +1,59 @@
+"""Helpers for tests that run `grpo run` as a real subprocess on a tiny random model."""
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+GRPO = str(Path(sys.executable).with_name("grpo"))
+
+
+def write_config(tmp_path: Path, model: str, max_steps: int = 3, **sections) -> Path:
+    """r1_zero on quickstart, shrunk: 2 rounds, 2 prompts x G=2, 8 tokens, 8 eval problems.
+    `sections` replace whole sections (e.g. filter={...})."""
+    cfg = yaml.safe_load((ROOT / "configs/recipes/r1_zero.yaml").read_text())
+    cfg["extends"] = str(ROOT / "configs/quickstart.yaml")
+    cfg.update({
+        "project": {"name": "itest", "recipe": "r1_zero"},
+        "model": {"name_or_path": model, "template": "r1_zero"},
+        "data": {"train": [{"source": "synthetic:arith", "limit": 40, "levels": [1, 2]}]},
+        "filter": {"k": 2, "max_problems": 8},
+        "grpo": {"rounds": 2, "max_steps": max_steps, "save_steps": 1, "prompts_per_step": 2,
+                 "num_generations": 2, "max_completion_length": 8, "learning_rate": 1e-3},
+        "eval": {"benchmarks": ["synthetic"], "limit": 8, "samples": 2, "max_new_tokens": 8,
+                 "bootstrap": 50},
+    })
+    cfg.update(sections)
+    path = tmp_path / "itest.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_env(workdir: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.update(GRPO_WORKDIR=str(workdir), GRPO_TORCH_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def mlflow_runs(workdir: Path, experiment: str = "itest"):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    exp = client.get_experiment_by_name(experiment)
+    return client, client.search_runs([exp.experiment_id], max_results=200)
+
+
+def run_names(workdir: Path) -> set[str]:
+    """Names of the MLflow runs so far, read with plain sqlite3 while a pipeline writes."""
+    db = workdir / "mlflow.db"
+    if not db.exists():
+        return set()
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+            return {r[0] for r in con.execute("SELECT name FROM runs")}
+    except sqlite3.Error:
+        return set()
