@@ -1,0 +1,597 @@
+"""The deployment infrastructure under infra/, checked by the tools that consume it:
+
+- infra/accelerate/*.yaml: accelerate's own config loader, its launcher's argument
+  resolution and the DeepSpeed/FSDP plugins each rank would build; cpu_2proc.yaml is
+  launched for real (two processes, one all-reduce over gloo).
+- infra/compose.yaml: `docker compose config` where Compose v2 is installed, and always
+  structural checks (services, depends_on, wiring between services, GPU reservation,
+  every ${VAR} with a default, images built from infra/docker/).
+- infra/docker/Dockerfile.*: base images, install order, every COPY source exists.
+- infra/k8s/base-job-template.json: Prefect's work-pool validation, then the Kubernetes
+  worker's own rendering of a flow run's Job (GPU limit, node selector, tolerations).
+- infra/prefect.yaml, infra/k8s/prefect.yaml: Prefect's prefect.yaml model, entrypoints
+  that import as flows, parameters the flows take, configs that load, cron schedules, and
+  work pools that compose or the k8s files define.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from functools import cache
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+from accelerate.utils import DistributedType
+
+ROOT = Path(__file__).resolve().parents[1]
+INFRA = ROOT / "infra"
+ACCEL = INFRA / "accelerate"
+COMPOSE = INFRA / "compose.yaml"
+K8S_TEMPLATE = INFRA / "k8s" / "base-job-template.json"
+DEPLOY_FILES = [INFRA / "prefect.yaml", INFRA / "k8s" / "prefect.yaml"]
+IMAGE_WORKDIR = "/opt/grpo"  # where both images install the project
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- accelerate
+
+# file -> (distributed_type, num_processes, use_cpu). cpu_2proc is MULTI_GPU on purpose:
+# see its header (accelerate launches MULTI_CPU configs only through mpirun).
+ACCEL_EXPECTED = {
+    "single_gpu.yaml": (DistributedType.NO, 1, False),
+    "multi_gpu.yaml": (DistributedType.MULTI_GPU, 8, False),
+    "zero2.yaml": (DistributedType.DEEPSPEED, 8, False),
+    "zero3.yaml": (DistributedType.DEEPSPEED, 8, False),
+    "fsdp.yaml": (DistributedType.FSDP, 8, False),
+    "cpu_2proc.yaml": (DistributedType.MULTI_GPU, 2, True),
+}
+
+
+def test_accelerate_folder_holds_exactly_the_documented_configs():
+    assert sorted(p.name for p in ACCEL.glob("*.yaml")) == sorted(ACCEL_EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(ACCEL_EXPECTED))
+def test_accelerate_config_loads_with_accelerates_loader(name):
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+
+    cfg = load_config_from_file(str(ACCEL / name))  # raises on unknown top-level keys
+    dist, nproc, use_cpu = ACCEL_EXPECTED[name]
+    assert isinstance(cfg, ClusterConfig)
+    assert cfg.distributed_type == dist
+    assert cfg.num_processes == nproc
+    assert cfg.num_machines == 1 and cfg.machine_rank == 0
+    assert cfg.use_cpu is use_cpu
+    assert cfg.mixed_precision == ("no" if use_cpu else "bf16")
+    # Nested keys are copied onto the launcher's arguments (fsdp_config.x -> fsdp_x) without
+    # any check: a misspelt one would be silently ignored, so check them against the parser.
+    known = {a.dest for a in launch_command_parser()._actions}
+    nested = [*cfg.deepspeed_config, *cfg.fsdp_config]
+    assert nested or dist not in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+    unknown = [k for k in nested if k not in known]
+    assert not unknown, f"{name}: keys accelerate launch does not know: {unknown}"
+
+
+def _resolved_launch(name: str):
+    """What `accelerate launch --config_file infra/accelerate/NAME train.py` resolves to, and
+    the environment its launcher gives each rank (no process is started)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import (
+        prepare_deepspeed_cmd_env,
+        prepare_multi_gpu_env,
+        prepare_simple_launcher_cmd_env,
+    )
+
+    args = launch_command_parser().parse_args(["--config_file", str(ACCEL / name), "train.py"])
+    args, defaults, mp_from_config = _validate_launch_command(args)
+    if args.use_deepspeed:
+        fields = [*defaults.deepspeed_config, *(["mixed_precision"] if mp_from_config else [])]
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+        return "deepspeed", args, prepare_deepspeed_cmd_env(args)[1]
+    if args.use_fsdp or args.multi_gpu:
+        return "torchrun", args, prepare_multi_gpu_env(args)
+    return "simple", args, prepare_simple_launcher_cmd_env(args)[1]
+
+
+@pytest.mark.parametrize("name,launcher", [
+    ("single_gpu.yaml", "simple"), ("multi_gpu.yaml", "torchrun"), ("cpu_2proc.yaml", "torchrun"),
+    ("zero2.yaml", "deepspeed"), ("zero3.yaml", "deepspeed"), ("fsdp.yaml", "torchrun"),
+])
+def test_accelerate_launch_resolves_each_config(name, launcher):
+    """The launcher accelerate picks, and the plugin each rank would build from its env."""
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    got, args, env = _resolved_launch(name)
+    assert got == launcher
+    assert args.num_processes == ACCEL_EXPECTED[name][1]
+    assert env["ACCELERATE_MIXED_PRECISION"] == ("no" if name == "cpu_2proc.yaml" else "bf16")
+    with mock.patch.dict(os.environ, env):
+        if name.startswith("zero"):
+            plugin = DeepSpeedPlugin()
+            stage = int(name[4])
+            assert plugin.zero_stage == stage
+            assert plugin.deepspeed_config["zero_optimization"]["stage"] == stage
+            assert plugin.zero3_init_flag is (stage == 3)
+            # ZeRO-3 shards weights: without gathering them on save, checkpoints are shards.
+            assert plugin.deepspeed_config["zero_optimization"][
+                "stage3_gather_16bit_weights_on_model_save"] is (stage == 3)
+        elif name == "fsdp.yaml":
+            plugin = FullyShardedDataParallelPlugin()
+            assert plugin.fsdp_version == 2
+            assert plugin.auto_wrap_policy is not None
+            # Full state dicts: checkpoints reload with from_pretrained (eval, vLLM).
+            assert plugin.state_dict_type.name == "FULL_STATE_DICT"
+        else:
+            assert env.get("ACCELERATE_USE_DEEPSPEED") is None and env.get("ACCELERATE_USE_FSDP") is None
+
+
+_PROBE = """
+import torch, torch.distributed as dist
+from accelerate import PartialState
+state = PartialState(cpu=True)  # what transformers does for TrainingArguments(use_cpu=True)
+t = torch.tensor([state.process_index + 1.0])
+dist.all_reduce(t)
+print("RANK", state.process_index, state.num_processes, state.distributed_type.value,
+      dist.get_backend(), int(t.item()), flush=True)
+"""
+
+
+def test_cpu_2proc_launches_two_ranks_that_all_reduce_over_gloo(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(_PROBE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ACCEL / "cpu_2proc.yaml"), "--main_process_port", str(_free_port()), str(probe)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = sorted(line.split()[1:] for line in out.stdout.splitlines() if line.startswith("RANK"))
+    # ranks 0 and 1 of 2, on gloo; all_reduce of (1, 2) gives 3 on both
+    assert lines == [["0", "2", "MULTI_CPU", "gloo", "3"], ["1", "2", "MULTI_CPU", "gloo", "3"]], out.stdout
+
+
+# --------------------------------------------------------------------------- compose
+
+COMPOSE_SERVICES = {"prefect-db", "mlflow-db", "minio", "minio-init", "mlflow", "prefect-server",
+                    "worker-cpu", "worker-gpu"}
+_BRACED = re.compile(r"\$\{([^}]*)\}")
+_BARE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_WITH_DEFAULT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(:?-)(.+)$")
+
+
+@cache
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _strings(node):
+    if isinstance(node, dict):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+    elif isinstance(node, str):
+        yield node
+
+
+def _interpolate(text: str) -> str:
+    """Compose's interpolation with no variable set: ${VAR:-default} -> default, $$ -> $."""
+    text = _BRACED.sub(lambda m: _WITH_DEFAULT.match(m.group(1)).group(3), text.replace("$$", "\0"))
+    return text.replace("\0", "$")
+
+
+def _service_env(name: str) -> dict[str, str]:
+    env = _compose()["services"][name].get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: _interpolate(str(v)) for k, v in env.items()}
+
+
+def _command(name: str) -> list[str]:
+    cmd = _compose()["services"][name]["command"]
+    return [_interpolate(c) for c in (cmd if isinstance(cmd, list) else cmd.split())]
+
+
+def _compose_cli() -> list[str] | None:
+    """`docker compose` (v2 plugin) or a standalone v2 `docker-compose`; None if neither."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], check=False,
+                                                 capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    exe = shutil.which("docker-compose")
+    if exe:
+        out = subprocess.run([exe, "version", "--short"], check=False, capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip().lstrip("v").startswith("2"):
+            return [exe]
+    return None
+
+
+@pytest.mark.parametrize("profile", [[], ["--profile", "gpu"]], ids=["default", "gpu"])
+def test_compose_file_passes_docker_compose_config(profile):
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("no Compose v2 here (`docker compose` / `docker-compose`); structural checks below")
+    # Without any of the file's variables set: every one must have a default.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTGRES_", "MINIO_", "MLFLOW_"))}
+    out = subprocess.run([*cli, "-f", str(COMPOSE), *profile, "config", "-q"], check=False,
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "is not set" not in out.stderr, out.stderr
+
+
+def test_compose_services_and_dependencies():
+    services = _compose()["services"]
+    assert COMPOSE_SERVICES <= set(services), COMPOSE_SERVICES - set(services)
+    for name, svc in services.items():
+        deps = svc.get("depends_on", {})
+        for dep in deps if isinstance(deps, list) else deps.keys():
+            assert dep in services, f"{name} depends on undefined service {dep}"
+        assert "image" in svc or "build" in svc, f"{name}: neither image nor build"
+    # The servers wait for their databases; MLflow also for its bucket.
+    assert services["prefect-server"]["depends_on"]["prefect-db"]["condition"] == "service_healthy"
+    assert services["mlflow"]["depends_on"]["mlflow-db"]["condition"] == "service_healthy"
+    assert services["mlflow"]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+    for worker in ("worker-cpu", "worker-gpu"):
+        assert set(services[worker]["depends_on"]) >= {"prefect-server", "mlflow"}
+
+
+def test_compose_wiring_between_services():
+    services = _compose()["services"]
+    prefect_db, mlflow_db, minio = (_service_env(s) for s in ("prefect-db", "mlflow-db", "minio"))
+    # Prefect server on its PostgreSQL, with the database's own credentials
+    url = _service_env("prefect-server")["PREFECT_API_DATABASE_CONNECTION_URL"]
+    assert url == (f"postgresql+asyncpg://{prefect_db['POSTGRES_USER']}:{prefect_db['POSTGRES_PASSWORD']}"
+                   f"@prefect-db:5432/{prefect_db['POSTGRES_DB']}")
+    # MLflow on its PostgreSQL, artifacts in the bucket that minio-init creates, through MinIO
+    cmd = _command("mlflow")
+    assert cmd[:2] == ["mlflow", "server"] and "--serve-artifacts" in cmd
+    opts = dict(c.split("=", 1) for c in cmd if c.startswith("--") and "=" in c)
+    assert opts["--backend-store-uri"] == (
+        f"postgresql://{mlflow_db['POSTGRES_USER']}:{mlflow_db['POSTGRES_PASSWORD']}"
+        f"@mlflow-db:5432/{mlflow_db['POSTGRES_DB']}")
+    init_env = _service_env("minio-init")
+    assert opts["--artifacts-destination"] == f"s3://{init_env['MLFLOW_BUCKET']}"
+    init_cmd = " ".join(_command("minio-init"))
+    assert "mc mb" in init_cmd and "$MLFLOW_BUCKET" in init_cmd and "http://minio:9000" in init_cmd
+    assert (init_env["MINIO_ROOT_USER"], init_env["MINIO_ROOT_PASSWORD"]) == (
+        minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"])
+    ml = _service_env("mlflow")
+    assert ml["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
+    assert (ml["AWS_ACCESS_KEY_ID"], ml["AWS_SECRET_ACCESS_KEY"]) == (
+        minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"])
+    assert "mlflow:*" in ml["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")  # workers call http://mlflow:5000
+    assert len(minio["MINIO_ROOT_PASSWORD"]) >= 8  # MinIO refuses shorter ones
+    # Ports the clients use are the ones the servers listen on
+    assert "--port=5000" in cmd and "5000:5000" in services["mlflow"]["ports"]
+    assert _command("prefect-server")[-2:] == ["--port", "4200"]
+    for worker in ("worker-cpu", "worker-gpu"):
+        env = _service_env(worker)
+        assert env["PREFECT_API_URL"] == "http://prefect-server:4200/api"
+        assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+        assert env["GRPO_REPO_DIR"] == IMAGE_WORKDIR  # the pull step of infra/prefect.yaml
+
+
+def _compose_pools() -> dict[str, str]:
+    """Work pools the compose workers create and poll: {pool: service}."""
+    pools = {}
+    for name, svc in _compose()["services"].items():
+        cmd = _command(name) if "command" in svc else []
+        if cmd[:3] == ["prefect", "worker", "start"]:
+            pools[cmd[cmd.index("--pool") + 1]] = name
+            assert cmd[cmd.index("--type") + 1] == "process", f"{name}: --type creates the pool"
+    return pools
+
+
+def test_compose_workers_and_gpu_reservation():
+    assert _compose_pools() == {"grpo-cpu": "worker-cpu", "grpo-gpu": "worker-gpu"}
+    gpu = _compose()["services"]["worker-gpu"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"]
+               and (d.get("count") == "all" or int(d.get("count", 0)) >= 1) for d in devices), devices
+    assert "gpu" in gpu.get("profiles", []), "a CPU-only host must be able to `up` without it"
+    assert "deploy" not in _compose()["services"]["worker-cpu"]
+
+
+def test_compose_images_are_built_from_infra_docker():
+    services = _compose()["services"]
+    built = {}
+    for name, svc in services.items():
+        if "build" in svc:
+            context = (INFRA / svc["build"]["context"]).resolve()
+            dockerfile = context / svc["build"]["dockerfile"]
+            assert context == ROOT, f"{name}: build context must be the repository root"
+            assert dockerfile.is_file() and dockerfile.parent == INFRA / "docker", dockerfile
+            built[svc["image"]] = dockerfile.name
+    assert built == {"grpo-pipeline:cpu": "Dockerfile.cpu", "grpo-pipeline:gpu": "Dockerfile.gpu"}
+    for name in ("mlflow", "prefect-server", "worker-cpu"):
+        assert services[name]["image"] == "grpo-pipeline:cpu"
+    assert services["worker-gpu"]["image"] == "grpo-pipeline:gpu"
+
+
+def test_compose_every_variable_has_a_default_and_secrets_come_from_variables():
+    refs = []
+    for text in _strings(_compose()):
+        text = text.replace("$$", "")  # an escaped $, passed to the container's shell
+        assert not _BARE.search(text), f"unbraced variable (no default possible): {text!r}"
+        refs += _BRACED.findall(text)
+    assert refs, "no ${VAR} found: the parser or the file changed"
+    for ref in refs:
+        m = _WITH_DEFAULT.match(ref)
+        assert m, f"${{{ref}}} has no default: write ${{VAR:-default}}"
+    for name, svc in _compose()["services"].items():
+        env = svc.get("environment", {})
+        for key, value in (env.items() if isinstance(env, dict) else []):
+            if re.search(r"PASSWORD|SECRET", key):
+                assert re.fullmatch(r"\$\{[A-Za-z_]\w*:-[^}]+\}", str(value)), \
+                    f"{name}.{key} must come from a variable with a default, not a literal"
+
+
+# --------------------------------------------------------------------------- Dockerfiles
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    lines, current = [], ""
+    for raw in path.read_text().splitlines():
+        if raw.strip().startswith("#") and not current:
+            continue
+        current += raw.rstrip().removesuffix("\\") + " "
+        if not raw.rstrip().endswith("\\"):
+            if current.strip():
+                lines.append(current.strip())
+            current = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def _package_roots() -> set[str]:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    return {p.rstrip("*") for p in include} | {project["project"]["readme"], "pyproject.toml", "configs"}
+
+
+@pytest.mark.parametrize("name,base,extras", [
+    ("Dockerfile.cpu", r"python:3\.11-slim", "dev"),
+    ("Dockerfile.gpu", r"nvidia/cuda:12\.\d+(\.\d+)?-(cudnn-)?runtime-ubuntu\d+\.\d+", "dev,gpu"),
+])
+def test_dockerfile(name, base, extras):
+    ins = _instructions(INFRA / "docker" / name)
+    froms = [a for i, a in ins if i == "FROM"]
+    assert len(froms) == 1 and re.fullmatch(base, froms[0]), froms
+    runs = [a for i, a in ins if i == "RUN"]
+    install = [k for k, a in enumerate(runs) if f'pip install -e ".[{extras}]"' in a]
+    assert len(install) == 1, f'{name}: one `pip install -e ".[{extras}]"`'
+    if name == "Dockerfile.cpu":
+        torch_cpu = [k for k, a in enumerate(runs)
+                     if "torch==" in a and "download.pytorch.org/whl/cpu" in a]
+        assert torch_cpu and torch_cpu[0] < install[0], "CPU torch must be installed before the project"
+    copied = set()
+    for i, args in ins:
+        if i == "COPY":
+            *sources, _dest = args.split()
+            for src in sources:
+                assert (ROOT / src).exists(), f"{name}: COPY {src} does not exist"
+                copied.add(src.rstrip("/"))
+    assert _package_roots() <= copied, f"{name} misses {_package_roots() - copied}"
+    assert ("WORKDIR", IMAGE_WORKDIR) in ins
+
+
+# --------------------------------------------------------------------------- Kubernetes
+
+
+class _NoServer:
+    """A Prefect client that fails if used: rendering a job must not need the API."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"unexpected Prefect API call: {name}")
+
+
+@cache
+def _template() -> dict:
+    return json.loads(K8S_TEMPLATE.read_text())
+
+
+def _render(values: dict) -> dict:
+    """The Job manifest the Kubernetes worker would submit for a flow run with `values`."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+    cfg = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(
+        _template(), values, client=_NoServer()))
+    cfg.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="infra-test"))
+    return cfg.job_manifest
+
+
+def _validate_job_variables(values: dict) -> None:
+    """The server's check of deployment job variables against the pool's schema."""
+    from prefect.utilities.schema_tools import validate
+
+    validate(values, _template()["variables"], raise_on_error=True, preprocess=True, ignore_required=True)
+
+
+def test_k8s_template_passes_prefect_work_pool_validation():
+    from prefect.server.schemas.actions import WorkPoolCreate
+    from prefect.utilities.schema_tools import is_valid_schema
+    from prefect_kubernetes.worker import KubernetesWorker
+
+    # job_configuration placeholders must all be declared variables
+    WorkPoolCreate(name="grpo-k8s", type="kubernetes", base_job_template=_template())
+    is_valid_schema(_template()["variables"], preprocess=False)
+    props = _template()["variables"]["properties"]
+    assert {"gpu_count", "node_selector", "tolerations"} <= set(props)
+    # Still a superset of the installed worker's default variables (image, env, cpu/memory...)
+    default = KubernetesWorker.get_default_base_job_template()
+    assert set(default["variables"]["properties"]) <= set(props)
+    assert set(default["job_configuration"]) <= set(_template()["job_configuration"])
+
+
+def test_k8s_template_renders_gpus_node_selector_and_tolerations():
+    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    values = {"gpu_count": 2, "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+              "tolerations": tolerations, "image": "grpo-pipeline:gpu"}
+    _validate_job_variables(values)
+    pod = _render(values)["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container["image"] == "grpo-pipeline:gpu"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod["tolerations"] == tolerations
+    # NCCL needs more shared memory than a container's default 64 MiB
+    shm = [v for v in pod["volumes"] if v["name"] == "dshm"]
+    assert shm and shm[0]["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert container["args"] == ["prefect", "flow-run", "execute"]
+
+
+def test_k8s_template_defaults_request_no_gpu_and_place_anywhere():
+    pod = _render({})["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"].get("limits", {})
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+
+
+@pytest.mark.parametrize("bad", [
+    {"gpu_count": -1}, {"gpu_count": "two"}, {"node_selector": {"pool": 3}},
+    {"tolerations": [{"key": "x", "operator": "Sometimes"}]}, {"tolerations": {"key": "x"}},
+])
+def test_k8s_template_rejects_bad_job_variables(bad):
+    from prefect.utilities.schema_tools.validation import ValidationError
+
+    with pytest.raises(ValidationError):
+        _validate_job_variables(bad)
+
+
+# --------------------------------------------------------------------------- deployments
+
+
+def _k8s_pools() -> set[str]:
+    """Pools infra/k8s defines: the `prefect work-pool create` of infra/k8s/prefect.yaml."""
+    text = (INFRA / "k8s" / "prefect.yaml").read_text()
+    return set(re.findall(r"prefect work-pool create (\S+) --type kubernetes "
+                          r"--base-job-template infra/k8s/base-job-template\.json", text))
+
+
+POOLS_BY_FILE = {"prefect.yaml": _compose_pools, "k8s/prefect.yaml": _k8s_pools}
+
+
+@cache
+def _flow(entrypoint: str):
+    from prefect.flows import Flow, load_flow_from_entrypoint
+
+    path, func = entrypoint.split(":")
+    flow = load_flow_from_entrypoint(f"{ROOT / path}:{func}")
+    assert isinstance(flow, Flow), f"{entrypoint} is not a Prefect flow"
+    return flow
+
+
+def _deployments(path: Path) -> list[dict]:
+    return yaml.safe_load(path.read_text())["deployments"]
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(INFRA))
+
+
+@pytest.mark.parametrize("path", DEPLOY_FILES, ids=_id)
+def test_deployment_file_parses_as_prefect_deploy_does(path):
+    from prefect.cli.deploy._models import PrefectYamlModel
+
+    raw = yaml.safe_load(path.read_text())
+    model = PrefectYamlModel.model_validate(raw)
+    assert model.deployments and len(model.deployments) == len(raw["deployments"])
+    for d in model.deployments:
+        assert d.name and d.entrypoint and d.work_pool and d.work_pool.name, d
+
+
+@pytest.mark.parametrize("path", DEPLOY_FILES, ids=_id)
+def test_deployment_entrypoints_are_flows_taking_the_given_parameters(path):
+    for d in _deployments(path):
+        flow = _flow(d["entrypoint"])
+        inspect.signature(flow.fn).bind(**d.get("parameters", {}))  # TypeError on unknown names
+
+
+@pytest.mark.parametrize("path", DEPLOY_FILES, ids=_id)
+def test_deployment_configs_exist_and_load(path):
+    from grpo_core.config import PipelineConfig, load_config
+
+    checked = 0
+    for d in _deployments(path):
+        params = d.get("parameters", {})
+        overrides = params.get("overrides") or []
+        for item in overrides:
+            value = item.split("=", 1)[1]
+            if value.startswith("infra/"):
+                assert (ROOT / value).is_file(), f"{d['name']}: {item}: no such file"
+        if "config_path" not in params:
+            continue
+        sections = {o.split(".", 1)[0] for o in overrides}
+        missing = sections - set(PipelineConfig.model_fields)
+        if missing:  # the multi-process `train.*` fields land separately (issue #6)
+            assert missing == {"train"}, f"{d['name']}: unknown config sections {missing}"
+            overrides = [o for o in overrides if not o.startswith("train.")]
+        load_config(ROOT / params["config_path"], overrides)
+        checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("path", DEPLOY_FILES, ids=_id)
+def test_deployment_work_pools_are_defined_by_compose_or_k8s(path):
+    own = POOLS_BY_FILE[_id(path)]()
+    assert own, f"no pool defined for {_id(path)}"
+    everywhere = set(_compose_pools()) | _k8s_pools()
+    for d in _deployments(path):
+        pool = d["work_pool"]["name"]
+        assert pool in everywhere, f"{d['name']}: pool {pool} is defined nowhere"
+        assert pool in own, f"{d['name']}: pool {pool} is not one {_id(path)} is meant for"
+
+
+@pytest.mark.parametrize("path", DEPLOY_FILES, ids=_id)
+def test_deployment_schedules_are_valid_crons(path):
+    from prefect.client.schemas.schedules import CronSchedule
+
+    for d in _deployments(path):
+        for s in d.get("schedules", []):
+            CronSchedule(cron=s["cron"], timezone=s.get("timezone"))
+
+
+def test_deployment_names_do_not_collide_across_files():
+    seen = {}
+    for path in DEPLOY_FILES:
+        for d in _deployments(path):
+            key = (_flow(d["entrypoint"]).name, d["name"])
+            assert key not in seen, f"{key} in both {seen.get(key)} and {_id(path)}: one overwrites the other"
+            seen[key] = _id(path)
+
+
+def test_k8s_deployments_render_their_jobs():
+    pull = yaml.safe_load((INFRA / "k8s" / "prefect.yaml").read_text())["pull"]
+    assert pull[0]["prefect.deployments.steps.set_working_directory"]["directory"] == IMAGE_WORKDIR
+    gpu_counts = []
+    for d in _deployments(INFRA / "k8s" / "prefect.yaml"):
+        values = d["work_pool"].get("job_variables", {})
+        _validate_job_variables(values)
+        container = _render(values)["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == values["image"]
+        assert container["image"].split(":")[-1] == ("gpu" if values.get("gpu_count") else "cpu"), d["name"]
+        limits = container["resources"].get("limits", {})
+        assert limits.get("nvidia.com/gpu") == values.get("gpu_count"), d["name"]
+        if "train.num_processes=8" in d.get("parameters", {}).get("overrides", []):
+            assert values["gpu_count"] == 8, f"{d['name']}: one process per GPU"
+        gpu_counts.append(values.get("gpu_count"))
+    assert {None, 1, 8} <= set(gpu_counts)  # CPU jobs, one GPU, a node of 8
