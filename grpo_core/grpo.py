@@ -24,6 +24,7 @@ class RoundResult:
     findings: list[str] = field(default_factory=list)  # rules that fired (collapse, NaN, KL)
     stopped_early: bool = False
     train_seconds: float = 0.0  # TRL's train_runtime: the training loop alone
+    nonfinite_rewards: list = field(default_factory=list)  # (reward name, value) seen
 
 
 def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None):
@@ -126,6 +127,12 @@ def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list):
                 self._stop(control, f"divergence: kl {kl:.4g} above kl_ceiling {g.kl_ceiling} "
                                     f"at step {state.global_step}")
 
+        def on_step_end(self, args, state, control, **kw):
+            if result.nonfinite_rewards and not result.stopped_early:
+                name, value = result.nonfinite_rewards[0]
+                self._stop(control, f"divergence: reward {name} returned {value} at step "
+                                    f"{state.global_step}")
+
         def _stop(self, control, finding: str):
             result.findings.append(finding)
             result.stopped_early = True
@@ -201,6 +208,22 @@ def _rollout_rows(logs, rewards: dict, totals: list, advantages: list, meta: lis
     return rows
 
 
+def _watch_finite(funcs: list, seen: list) -> list:
+    """TRL sums rewards with nansum (a reward's None, "not scored", arrives as NaN), so a
+    reward function returning NaN would vanish from the logged reward; note any non-finite
+    value here, and the Monitor stops the round at the end of that step."""
+    def wrap(fn):
+        def watched(completions, **kw):
+            out = fn(completions, **kw)
+            bad = next((v for v in out if v is not None and not math.isfinite(v)), None)
+            if bad is not None:
+                seen.append((fn.__name__, bad))
+            return out
+        watched.__name__ = fn.__name__  # TRL logs rewards/<__name__>
+        return watched
+    return [wrap(f) for f in funcs]
+
+
 def grpo_dataset(problems: list[Problem], template: str, tokenizer):
     from datasets import Dataset
 
@@ -250,6 +273,7 @@ def run_grpo_round(
     args = trl_grpo_args(cfg, str(out), report_to)
     args.reward_weights = weights
     result = RoundResult(output_dir=str(out / "final"), steps=0)
+    funcs = _watch_finite(funcs, result.nonfinite_rewards)
     trainer_ref: list = []
     cls = _trainer_class()
     trainer = cls(

@@ -1,5 +1,5 @@
 """SIGKILL `grpo run` at three points (during the difficulty filter, during a GRPO round
-after a checkpoint, during the final evaluation), re-run it each time, and compare with
+after a checkpoint, during an evaluation), re-run it each time, and compare with
 an uninterrupted run of the same config and seed: the same DuckDB rows (no duplicates),
 the same final metrics, one parent MLflow run. Meanwhile a second pipeline on the same
 store waits for `data.store_lock_timeout`, exits with a clear message and changes
@@ -136,8 +136,8 @@ def test_sigkill_at_three_points_matches_an_uninterrupted_run(tiny_model_path, t
     stages = _watch(proc := _start(cfg, ref), ref)
     _finish(proc)
     filter_s = stages["grpo/round-1"] - stages["filter/round-1"]
-    eval_s = stages["end"] - stages["eval/final"]
-    print(f"uninterrupted: {stages['end']:.0f} s, filter {filter_s:.1f} s, final eval {eval_s:.1f} s")
+    eval_s = stages["filter/round-2"] - stages["eval/round-1"]
+    print(f"uninterrupted: {stages['end']:.0f} s, filter {filter_s:.1f} s, eval after round 1 {eval_s:.1f} s")
 
     wd = tmp_path / "killed"
     # 1. during the filter: it started, and it never finished (GRPO never started)
@@ -146,9 +146,10 @@ def test_sigkill_at_three_points_matches_an_uninterrupted_run(tiny_model_path, t
     # 2. during GRPO round 1, after its checkpoint-2 (of 4)
     _kill_when(cfg, wd, lambda: _checkpoint_in_round_one(wd, 2), delay=0.0)
     assert not (_round_dirs(wd)[0] / "final").exists(), "the kill came after round 1"
-    # 3. during the final evaluation: it started, and logged nothing
-    _kill_when(cfg, wd, lambda: "eval/final" in run_names(wd), delay=min(0.5, eval_s / 4))
-    assert _metric_count(wd, "eval/final") == 0, "the kill came after the final evaluation"
+    # 3. during the evaluation after round 1: it started, and logged nothing. (Not
+    # eval/final: it evaluates the round-2 model under eval/round-2's protocol, a cache hit.)
+    _kill_when(cfg, wd, lambda: "eval/round-1" in run_names(wd), delay=min(0.5, eval_s / 4))
+    assert _metric_count(wd, "eval/round-1") == 0, "the kill came after the evaluation"
     assert _parent_status(wd) == "RUNNING"
 
     # The last re-run; a second pipeline on the same store meanwhile waits 3 s, gives up.

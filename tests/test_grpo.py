@@ -81,24 +81,43 @@ def test_round_records_completions_and_resumes(tiny_random_model, tmp_path):
     assert min(h["step"] for h in more.history) == 3
 
 
-def test_nan_reward_stops_round_and_keeps_good_checkpoint(tiny_random_model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_bad_reward_stops_round_and_keeps_good_checkpoint(bad, tiny_random_model, tmp_path,
+                                                          monkeypatch):
     from grpo_core import rewards
 
     calls = {"n": 0}
     real = rewards.REWARDS["format"]
 
-    def format(completions, **kw):
+    def format(completions, **kw):  # turns bad at the third step's scoring
         calls["n"] += 1
         out = real(completions, **kw)
-        return [float("inf")] * len(out) if calls["n"] >= 3 else out
+        return [bad] * len(out) if calls["n"] >= 3 else out
 
     monkeypatch.setitem(rewards.REWARDS, "format", format)
     out = tmp_path / "diverge"
-    result = run_grpo_round(tiny_random_model, generate_problems("train", 8, levels=[1]),
-                            _cfg(max_steps=5), out, "r1_zero")
-    assert result.stopped_early
-    assert any(f.startswith("divergence: reward") for f in result.findings), result.findings
+    problems = generate_problems("train", 8, levels=[1])
+    result = run_grpo_round(tiny_random_model, problems, _cfg(max_steps=5), out, "r1_zero")
+    assert result.stopped_early and result.steps == 3
+    rule = "divergence: reward format returned nan" if bad != bad else "divergence: reward is inf"
+    assert any(f.startswith(rule) for f in result.findings), result.findings
     assert result.output_dir == last_checkpoint(out) and result.output_dir.endswith("checkpoint-2")
+    # The next round starts from the good checkpoint: it is a complete model folder.
+    monkeypatch.setitem(rewards.REWARDS, "format", real)
+    nxt = run_grpo_round(result.output_dir, problems, _cfg(max_steps=1), tmp_path / "next",
+                         "r1_zero")
+    assert nxt.steps == 1 and not nxt.stopped_early
+
+
+def test_kl_above_ceiling_stops_round(tiny_random_model, tmp_path):
+    out = tmp_path / "kl"
+    result = run_grpo_round(tiny_random_model, generate_problems("train", 8, levels=[1]),
+                            _cfg(max_steps=4, beta=0.04, kl_ceiling=1e-9, learning_rate=5e-2),
+                            out, "r1_zero")
+    assert result.stopped_early and result.steps < 4, result.history
+    assert any(f.startswith("divergence: kl") and "kl_ceiling 1e-09" in f
+               for f in result.findings), result.findings
+    assert result.output_dir == last_checkpoint(out)
 
 
 def test_too_few_problems_for_a_step_is_an_error(tiny_random_model, tmp_path):
