@@ -65,6 +65,10 @@ def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | N
         use_vllm=g.use_vllm,
         vllm_mode=g.vllm_mode,
         vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        vllm_tensor_parallel_size=g.vllm_tensor_parallel_size,
+        vllm_server_host=g.vllm_server_host,
+        vllm_server_port=g.vllm_server_port,
+        vllm_server_timeout=g.vllm_server_timeout,
         disable_tqdm=True,
         dataloader_num_workers=0,
         activation_checkpointing=False,  # avoids the gradient_checkpointing deprecation warning

@@ -113,13 +113,16 @@ class VLLMBackend:
     """vLLM offline engine (GPU). Import-guarded: the extra is optional."""
 
     def __init__(self, model_path: str, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0):
+                 gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0,
+                 data_parallel_size: int = 1):
         if not vllm_available():
             raise RuntimeError("rollout.backend=vllm needs the gpu extra: pip install -e '.[gpu]'")
         from vllm import LLM
 
+        extra = {"data_parallel_size": data_parallel_size} if data_parallel_size > 1 else {}
         self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel_size,
-                       gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed)
+                       gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed,
+                       **extra)
         self.tokenizer = self.llm.get_tokenizer()
         self._stop = stop_token_ids(self.tokenizer)
 

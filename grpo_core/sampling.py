@@ -152,7 +152,8 @@ def build_backend(model_path: str, cfg, progress: bool = False):
     if name == "vllm":
         backend = VLLMBackend(model_path, cfg.rollout.tensor_parallel_size,
                               cfg.rollout.gpu_memory_utilization, cfg.model.dtype,
-                              seed=cfg.project.seed)
+                              seed=cfg.project.seed,
+                              data_parallel_size=cfg.rollout.data_parallel_size)
         return backend, backend.tokenizer
     from grpo_core.models import load_policy
 

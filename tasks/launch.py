@@ -27,7 +27,11 @@ CPU_CONFIG = "infra/accelerate/cpu_2proc.yaml"
 
 
 def launched(cfg: PipelineConfig) -> bool:
-    return cfg.train.num_processes > 1 or cfg.train.num_machines > 1
+    """More than one process, or a vLLM server on some of the GPUs (the trainer must then
+    start in a process whose CUDA_VISIBLE_DEVICES leaves those out)."""
+    from tasks.vllm_server import launches_server
+
+    return cfg.train.num_processes > 1 or cfg.train.num_machines > 1 or launches_server(cfg)
 
 
 def _free_port() -> int:
@@ -77,7 +81,7 @@ def read_rollouts_file(path: Path) -> dict[int, list[dict]]:
 def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: list[Problem],
                  output_dir: Path, template: str, mlflow_run: str | None = None,
                  tracking_uri: str | None = None, workspace: str | None = None,
-                 resume_step: int | None = None) -> dict:
+                 resume_step: int | None = None, extra_env: dict | None = None) -> dict:
     """Run `stage` ("grpo" or "sft") on train.num_processes ranks; the rank-0 result
     (RoundResult / SFTResult fields, plus "rollouts_file" for GRPO)."""
     import torch
@@ -95,7 +99,7 @@ def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: lis
     spec_path = out / f"{stage}-spec.json"
     spec_path.write_text(json.dumps(spec))
     Path(spec["result_file"]).unlink(missing_ok=True)
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     cores = os.cpu_count() or 1
     env.setdefault("GRPO_TORCH_THREADS", str(max(1, cores // cfg.train.num_processes)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

@@ -23,6 +23,7 @@ from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.cache import StageCache, stage_key
 from tasks.launch import launched, read_rollouts_file, run_launched
+from tasks.vllm_server import vllm_server
 
 
 @dataclass
@@ -119,14 +120,21 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
     from grpo_core.records import problem_key
 
     fp = model_fingerprint(model_path)
-    key = stage_key("filter", model=fp, problems=problem_ids, filter=ctx.cfg.filter.model_dump(mode="json"),
+    # Sharding changes where estimates are computed, not what they are: not in the key.
+    how = ctx.cfg.filter.model_dump(mode="json", exclude={"shards", "shard_runner"})
+    key = stage_key("filter", model=fp, problems=problem_ids, filter=how,
                     rollout=ctx.cfg.rollout.model_dump(mode="json"), seed=ctx.cfg.project.seed)
 
     def compute(run):
         problems = pool_problems(ctx, problem_ids)
+        fresh: list[str] = []
+        if ctx.cfg.filter.shards > 1:  # workers fill the missing estimates; this process ingests
+            from flows.shards import prefill_estimates
+
+            fresh = prefill_estimates(ctx.cfg, model_path, problems, ctx.store, ctx.ws.root)
         with ctx.store() as store:
             report = run_filter(model_path, problems, ctx.cfg, store=store, progress=ctx.progress,
-                                models_cache=str(ctx.ws.models))
+                                models_cache=str(ctx.ws.models), fresh=fresh)
         summary = report.summary()
         tracking.log_passrate_histogram(run, [r["pass_rate"] for r in report.estimates],
                                         report.band, k=report.k)
@@ -223,8 +231,9 @@ def _launched_round(ctx: Ctx, run: str, store, sink, model_path: str, problems, 
     from grpo_core.grpo import RoundResult
     from grpo_core.records import drop_rollouts_from
 
-    res = run_launched("grpo", ctx.cfg, model_path, problems, out, template, run,
-                       tracking.current_uri(), str(ctx.ws.root), resume_step)
+    with vllm_server(ctx.cfg, model_path, Path(out) / "vllm-server.log") as gpu_env:
+        res = run_launched("grpo", ctx.cfg, model_path, problems, out, template, run,
+                           tracking.current_uri(), str(ctx.ws.root), resume_step, gpu_env)
     drop_rollouts_from(store, run, 0)
     for step, rows in sorted(read_rollouts_file(Path(res["rollouts_file"])).items()):
         sink(step, rows)

@@ -1,9 +1,9 @@
 """SIGKILL `grpo run` at three points (during the difficulty filter, during a GRPO round
 after a checkpoint, during an evaluation), re-run it each time, and compare with
 an uninterrupted run of the same config and seed: the same DuckDB rows (no duplicates),
-the same final metrics, one parent MLflow run. Meanwhile a second pipeline on the same
-store waits for `data.store_lock_timeout`, exits with a clear message and changes
-nothing. Real processes, real Prefect/MLflow/DuckDB, a tiny random model."""
+the same final metrics, one parent MLflow run. During the uninterrupted run a second
+pipeline on the same store waits for `data.store_lock_timeout`, exits with a clear
+message and changes nothing (the uninterrupted run's rows are the reference). Real processes, real Prefect/MLflow/DuckDB, a tiny random model."""
 import json
 import os
 import signal
@@ -34,13 +34,16 @@ def _finish(proc: subprocess.Popen) -> str:
     return out
 
 
-def _watch(proc: subprocess.Popen, workdir: Path) -> dict[str, float]:
-    """Run to the end, noting when each MLflow child run first appears (stage starts)."""
+def _watch(proc: subprocess.Popen, workdir: Path, on_stage=None) -> dict[str, float]:
+    """Run to the end, noting when each MLflow child run first appears (stage starts);
+    `on_stage(name)` is called once per new stage."""
     seen: dict[str, float] = {}
     t0 = time.monotonic()
     while proc.poll() is None:
         for name in run_names(workdir) - seen.keys():
             seen[name] = time.monotonic() - t0
+            if on_stage:
+                on_stage(name)
         time.sleep(0.1)
     seen["end"] = time.monotonic() - t0
     return seen
@@ -133,8 +136,24 @@ def test_sigkill_at_three_points_matches_an_uninterrupted_run(tiny_model_path, t
               "bootstrap": 50})
 
     ref = tmp_path / "ref"
-    stages = _watch(proc := _start(cfg, ref), ref)
+    # Once the reference run is training, a second pipeline on the same store starts; it
+    # must wait 3 s for the store, give up with a clear message and change nothing.
+    other: dict = {}
+
+    def contend(stage: str) -> None:
+        if stage == "grpo/round-1":
+            other["t0"] = time.monotonic()
+            other["proc"] = subprocess.Popen(
+                [GRPO, "run", str(cfg), "--quiet", "--set", "data.store_lock_timeout=3"],
+                env=run_env(ref), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True)
+
+    stages = _watch(proc := _start(cfg, ref), ref, contend)
     _finish(proc)
+    out, err = other["proc"].communicate(timeout=TIMEOUT)
+    print(f"second pipeline: exit {other['proc'].returncode}: {err.strip()}")
+    assert other["proc"].returncode == 1 and "in use by another pipeline" in err, out + err
+    assert str(ref / "store.duckdb") in err and f"pid {proc.pid}" in err and "Traceback" not in err
     filter_s = stages["grpo/round-1"] - stages["filter/round-1"]
     eval_s = stages["filter/round-2"] - stages["eval/round-1"]
     print(f"uninterrupted: {stages['end']:.0f} s, filter {filter_s:.1f} s, eval after round 1 {eval_s:.1f} s")
@@ -152,26 +171,12 @@ def test_sigkill_at_three_points_matches_an_uninterrupted_run(tiny_model_path, t
     assert _metric_count(wd, "eval/round-1") == 0, "the kill came after the evaluation"
     assert _parent_status(wd) == "RUNNING"
 
-    # The last re-run; a second pipeline on the same store meanwhile waits 3 s, gives up.
-    last = _start(cfg, wd)
-    lock = wd / "store.duckdb.pipeline.lock"
-    deadline = time.monotonic() + TIMEOUT
-    while not (lock.is_file() and lock.read_text() and json.loads(lock.read_text())["pid"] == last.pid):
-        assert last.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-    t0 = time.monotonic()
-    other = subprocess.run([GRPO, "run", str(cfg), "--quiet", "--set", "data.store_lock_timeout=3"],
-                           env=run_env(wd), cwd=ROOT, capture_output=True, text=True,
-                           timeout=TIMEOUT, check=False)
-    waited = time.monotonic() - t0
-    print(f"second pipeline: exit {other.returncode} after {waited:.1f} s: {other.stderr.strip()}")
-    assert other.returncode == 1 and "in use by another pipeline" in other.stderr, other.stderr
-    assert str(wd / "store.duckdb") in other.stderr and f"pid {last.pid}" in other.stderr
-    assert "Traceback" not in other.stderr
-    _finish(last)
+    _finish(_start(cfg, wd))  # the last re-run, to the end
 
     with duckdb.connect(str(wd / "store.duckdb")) as con:  # integrity: replays the WAL,
         con.execute("CHECKPOINT")  # rewrites every block; raises on a corrupt file
+    with duckdb.connect(str(ref / "store.duckdb")) as con:  # the contended store too
+        con.execute("CHECKPOINT")
     got, want = _store_rows(wd), _store_rows(ref)
     for table in want:
         assert len(got[table]) == len(want[table]), (table, len(got[table]), len(want[table]))
