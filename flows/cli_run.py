@@ -43,27 +43,32 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
     from flows import configure_prefect
 
     configure_prefect(ws.root)
+    from grpo_core.locks import pipeline_lock
     from grpo_core.store import StoreLockedError
 
     t0 = time.time()
     try:
-        if config is None:
-            from flows.compare import compare_recipes
+        # Take the store before Prefect and the models load: a second `grpo run` on this
+        # workspace waits here, then stops in seconds. (The flow takes it again, re-entrant;
+        # a flow started by a Prefect worker takes it there.)
+        with pipeline_lock(ws.db_path, configs[0].data.store_lock_timeout):
+            if config is None:
+                from flows.compare import compare_recipes
 
-            out = compare_recipes(configs, progress=not quiet)
-            typer.echo(out["markdown"])
-            typer.echo(f"\nreport: {out['report_dir']}/comparison.md (.csv, .png)")
-        else:
-            from flows.pipeline import grpo_pipeline
+                out = compare_recipes(configs, progress=not quiet)
+                typer.echo(out["markdown"])
+                typer.echo(f"\nreport: {out['report_dir']}/comparison.md (.csv, .png)")
+            else:
+                from flows.pipeline import grpo_pipeline
 
-            out = grpo_pipeline(configs[0], progress=not quiet)
-            for bench, res in out["final"].items():
-                m = res["metrics"].get(configs[0].eval.primary_metric) or {}
-                typer.echo(f"{bench}: {configs[0].eval.primary_metric} {m.get('mean')} "
-                           f"[{m.get('lo')}, {m.get('hi')}]")
-            for f in out["findings"]:
-                typer.echo(f"finding: {f}")
-            typer.echo(f"model: {out['model_dir']}")
+                out = grpo_pipeline(configs[0], progress=not quiet)
+                for bench, res in out["final"].items():
+                    m = res["metrics"].get(configs[0].eval.primary_metric) or {}
+                    typer.echo(f"{bench}: {configs[0].eval.primary_metric} {m.get('mean')} "
+                               f"[{m.get('lo')}, {m.get('hi')}]")
+                for f in out["findings"]:
+                    typer.echo(f"finding: {f}")
+                typer.echo(f"model: {out['model_dir']}")
     except KeyboardInterrupt:
         fail("interrupted; run the same command again to resume", 130)
     except StoreLockedError as exc:

@@ -130,7 +130,8 @@ class VLLMBackend:
         from vllm import SamplingParams as VSP
 
         sp = VSP(n=n, temperature=max(params.temperature, 0.0), top_p=params.top_p,
-                 max_tokens=params.max_new_tokens, seed=params.seed, stop_token_ids=self._stop)
+                 max_tokens=params.max_new_tokens, seed=params.seed, stop_token_ids=self._stop,
+                 include_stop_str_in_output=True)  # keep </answer>, as the hf path does
         outputs = self.llm.generate(prompts, sp, use_tqdm=False)
         return [
             [Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length" else "stop")

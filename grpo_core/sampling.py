@@ -137,7 +137,8 @@ def _vllm_seeded(backend: VLLMBackend, prompts: list[str], n: int, params: Sampl
     from vllm import SamplingParams as VSP
 
     sps = [VSP(n=n, temperature=params.temperature, top_p=params.top_p,
-               max_tokens=params.max_new_tokens, seed=s % 2**31, stop_token_ids=backend._stop)
+               max_tokens=params.max_new_tokens, seed=s % 2**31, stop_token_ids=backend._stop,
+               include_stop_str_in_output=True)  # vLLM V1 drops a stop token's text
            for s in seeds]
     outputs = backend.llm.generate(prompts, sps, use_tqdm=False)
     return [[Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length"
