@@ -8,7 +8,7 @@ from pathlib import Path
 from grpo_core.tiny_model import BUILTIN_PREFIX, ensure_builtin
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
-_HASH_LIMIT = 256 * 2**20  # hash contents up to this size; above it, names+sizes+mtimes
+_HASH_LIMIT = 256 * 2**20  # hash whole files up to this size; above it, sampled chunks
 
 
 def resolve_model_path(name_or_path: str, models_cache: str | Path, progress: bool = False) -> str:
@@ -24,15 +24,30 @@ def model_fingerprint(path: str) -> str:
     if not p.is_dir():
         return hashlib.sha256(path.encode()).hexdigest()[:16]  # hub id: the name is the key
     h = hashlib.sha256()
-    files = sorted(f for f in p.iterdir() if f.suffix in WEIGHT_SUFFIXES or f.name == "config.json")
+    # training_args.bin is a pickle of the trainer's arguments (output_dir included), not
+    # weights: two folders with the same model must get one key.
+    files = sorted(f for f in p.iterdir() if f.name != "training_args.bin"
+                   and (f.suffix in WEIGHT_SUFFIXES or f.name == "config.json"))
     for f in files:
         st = f.stat()
         h.update(f.name.encode())
         if st.st_size <= _HASH_LIMIT:
             h.update(f.read_bytes())
         else:
-            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+            _hash_sampled(f, st.st_size, h)
     return h.hexdigest()[:16]
+
+
+def _hash_sampled(path: Path, size: int, h, chunks: int = 64, chunk: int = 1 << 16) -> None:
+    """Size plus 64 chunks of 64 KiB spread over a big weights file: content-based (the
+    same weights in two folders, or after a copy, get one key; the mtime would differ)
+    and fast on multi-GB files. A training step rewrites nearly every byte, so sampled
+    chunks see it."""
+    h.update(str(size).encode())
+    with path.open("rb") as fh:
+        for i in range(chunks):
+            fh.seek((size - chunk) * i // (chunks - 1))
+            h.update(fh.read(chunk))
 
 
 def use_hub_token(cfg) -> None:
