@@ -12,14 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 GRPO = str(Path(sys.executable).with_name("grpo"))
 
 
-def write_config(tmp_path: Path, model: str, max_steps: int = 3, **sections) -> Path:
+def write_config(tmp_path: Path, model_path: str, max_steps: int = 3, **sections) -> Path:
     """r1_zero on quickstart, shrunk: 2 rounds, 2 prompts x G=2, 8 tokens, 8 eval problems.
     `sections` replace whole sections (e.g. filter={...})."""
     cfg = yaml.safe_load((ROOT / "configs/recipes/r1_zero.yaml").read_text())
     cfg["extends"] = str(ROOT / "configs/quickstart.yaml")
     cfg.update({
         "project": {"name": "itest", "recipe": "r1_zero"},
-        "model": {"name_or_path": model, "template": "r1_zero"},
+        "model": {"name_or_path": model_path, "template": "r1_zero"},
         "data": {"train": [{"source": "synthetic:arith", "limit": 40, "levels": [1, 2]}]},
         "filter": {"k": 2, "max_problems": 8},
         "grpo": {"rounds": 2, "max_steps": max_steps, "save_steps": 1, "prompts_per_step": 2,
