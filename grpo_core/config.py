@@ -98,6 +98,8 @@ class RolloutConfig(_Section):
     """Completion budget for filtering/eval sampling."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """vLLM tensor parallel size."""
+    data_parallel_size: int = Field(default=1, ge=1)
+    """vLLM data parallel size (engine replicas) for filter and eval sampling."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     """vLLM share of GPU memory."""
 
@@ -116,6 +118,12 @@ class FilterConfig(_Section):
     """Estimate at most this many problems per round (sampled with the seed)."""
     refilter_each_round: bool = True
     """Re-estimate pass rates under the current policy before every round."""
+    shards: int = Field(default=1, ge=1)
+    """Split the missing estimates across this many worker processes (a Prefect flow,
+    flows/shards.py); 1 estimates in the pipeline's process. The rows do not change."""
+    shard_runner: Literal["process", "ray", "dask"] = "process"
+    """Where shards run when shards > 1: a local process pool, or a Ray / Dask cluster
+    (extras grpo-pipeline[ray] / [dask]; workers need the model path and a shared folder)."""
 
     @field_validator("band")
     @classmethod
@@ -185,7 +193,18 @@ class GRPOConfig(_Section):
     use_vllm: bool = False
     """Generate with vLLM inside TRL (GPU)."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
+    """colocate: vLLM shares the training GPUs; server: a `trl vllm-serve` on its own GPUs."""
     vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    vllm_tensor_parallel_size: int = Field(default=1, ge=1)
+    """Colocate mode: vLLM tensor parallel size (GPUs per vLLM engine)."""
+    vllm_server_launch: bool = True
+    """Server mode: the stage starts `trl vllm-serve` for the round on the first
+    vllm_server_gpus visible GPUs and trains on the rest; False: use a server you run."""
+    vllm_server_gpus: int = Field(default=1, ge=1)
+    vllm_server_host: str = "127.0.0.1"
+    vllm_server_port: int = Field(default=8000, ge=1, le=65535)
+    vllm_server_timeout: float = Field(default=600.0, gt=0)
+    """Seconds to wait for the vLLM server to answer /health."""
     bf16: bool | None = None
     """None: bf16 on GPU, fp32 on CPU."""
     logging_steps: int = Field(default=1, ge=1)
