@@ -99,7 +99,13 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     pool = data["problem_ids"]
     for r in range(1, cfg.grpo.rounds + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
-            kept = stages.difficulty_filter(ctx, model, data["problem_ids"], r)
+            fresh = []
+            if cfg.filter.shards > 1:  # workers fill the missing estimates; one writer ingests
+                from flows.shards import prefill_estimates
+
+                fresh = prefill_estimates(cfg, model, stages.pool_problems(ctx, data["problem_ids"]),
+                                          ctx.store, ws.root)
+            kept = stages.difficulty_filter(ctx, model, data["problem_ids"], r, fresh)
             log.info("filter round %d: kept %d of %d", r, kept["kept"], kept["considered"])
             pool, note = training_prompts(kept, data["problem_ids"], cfg.grpo.prompts_per_step)
             if note:

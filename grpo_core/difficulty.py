@@ -11,7 +11,8 @@ parameters, the template, the seed, the prompt text and the gold (`input_hash`).
 
 Sample j of a problem is drawn from a seed derived from (project seed, problem content,
 j) only (grpo_core.sampling), so a pass rate does not depend on which problems were
-estimated with it: a sharded filter gives the unsharded result.
+estimated with it: a sharded filter gives the unsharded result (filter.shards > 1:
+grpo_core.shards estimates `missing_estimates` in worker processes, `fresh` counts them).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,23 +64,13 @@ def _score(p: Problem, completions) -> tuple[int, int, float]:
     return ok, trunc, mean_tokens
 
 
-def estimate_pass_rates(backend, problems: list[Problem], model_fp: str, cfg, template: str,
-                        tokenizer=None, con=None, chunk_problems: int | None = None
-                        ) -> list[dict]:
-    """One pass-rate row per problem, in input order; stored ones are reused.
-
-    `backend` is a RolloutBackend, or a zero-argument callable making one, called only when
-    some problem has no stored estimate (so a fully cached filter never loads the model).
-    `con` (duckdb connection or Store) is where estimates are read from and written to;
-    None keeps nothing. Rows carry `reused` (True when read from the store). Estimates are
-    written after every chunk of problems, so a killed filter resumes where it stopped.
-    """
-    template = resolve_template(template, tokenizer)
-    spec = sampling_spec(cfg, template)
+def _reuse(problems: list[Problem], model_fp: str, cfg, template: str, tokenizer, con,
+           fresh: Collection[str] = ()) -> tuple[list[str], list[str], list[str],
+                                                 list[dict | None], list[int]]:
+    """(prompts, input hashes, ids, rows, todo): rows[i] is the stored estimate of problem i
+    when still valid (its `reused` False when its id is in `fresh`), else None and i is in
+    todo. `template` is resolved."""
     key = sampling_key(cfg, template)
-    k = cfg.filter.k
-    params = SamplingParams(temperature=cfg.filter.temperature, top_p=cfg.filter.top_p,
-                            max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.project.seed)
     prompts = [render_prompt(p.problem, template, tokenizer) for p in problems]
     inputs = [_input_hash(pr, p.answer) for pr, p in zip(prompts, problems)]
     ids = [problem_key(p) for p in problems]
@@ -88,12 +79,36 @@ def estimate_pass_rates(backend, problems: list[Problem], model_fp: str, cfg, te
         stored = {r["problem_id"]: r for r in read_pass_rates(con, model_fp, key, ids)}
     rows: list[dict | None] = [None] * len(problems)
     todo = []
+    fresh = set(fresh)
     for i, (pid, ih) in enumerate(zip(ids, inputs)):
         hit = stored.get(pid)
-        if hit is not None and hit["input_hash"] == ih and hit["k"] == k:
-            rows[i] = {**hit, "reused": True}
+        if hit is not None and hit["input_hash"] == ih and hit["k"] == cfg.filter.k:
+            rows[i] = {**hit, "reused": pid not in fresh}
         else:
             todo.append(i)
+    return prompts, inputs, ids, rows, todo
+
+
+def estimate_pass_rates(backend, problems: list[Problem], model_fp: str, cfg, template: str,
+                        tokenizer=None, con=None, chunk_problems: int | None = None,
+                        fresh: Collection[str] = ()) -> list[dict]:
+    """One pass-rate row per problem, in input order; stored ones are reused.
+
+    `backend` is a RolloutBackend, or a zero-argument callable making one, called only when
+    some problem has no stored estimate (so a fully cached filter never loads the model).
+    `con` (duckdb connection or Store) is where estimates are read from and written to;
+    None keeps nothing. Rows carry `reused` (True when read from the store, except for the
+    problem ids in `fresh`: estimates a sharded filter stored for this very call). Estimates
+    are written after every chunk of problems, so a killed filter resumes where it stopped.
+    """
+    template = resolve_template(template, tokenizer)
+    spec = sampling_spec(cfg, template)
+    key = sampling_key(cfg, template)
+    k = cfg.filter.k
+    params = SamplingParams(temperature=cfg.filter.temperature, top_p=cfg.filter.top_p,
+                            max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.project.seed)
+    prompts, inputs, ids, rows, todo = _reuse(problems, model_fp, cfg, template, tokenizer,
+                                              con, fresh)
     if todo:
         if callable(backend) and not hasattr(backend, "sample"):
             backend = backend()  # lazy: built only now that sampling is needed
@@ -168,13 +183,29 @@ def _subsample(problems: list[Problem], n: int | None, seed: int) -> list[Proble
     return [problems[i] for i in keep]
 
 
+def _verifiable(problems: list[Problem]) -> list[Problem]:
+    return [p for p in problems if parse_gold(p.answer) is not None]
+
+
+def missing_estimates(problems: list[Problem], model_fp: str, cfg, template: str,
+                      tokenizer=None, con=None) -> list[Problem]:
+    """The problems filter_problems would sample now: considered (filter.max_problems),
+    verifiable, and without a valid stored estimate. What a sharded filter hands out."""
+    considered = _verifiable(_subsample(problems, cfg.filter.max_problems, cfg.project.seed))
+    template = resolve_template(template, tokenizer)
+    todo = _reuse(considered, model_fp, cfg, template, tokenizer, con)[-1]
+    return [considered[i] for i in todo]
+
+
 def filter_problems(backend, problems: list[Problem], model_fp: str, cfg, template: str,
-                    tokenizer=None, con=None) -> FilterReport:
-    """Estimate (or reuse) pass rates and keep the problems within cfg.filter.band."""
+                    tokenizer=None, con=None, fresh: Collection[str] = ()) -> FilterReport:
+    """Estimate (or reuse) pass rates and keep the problems within cfg.filter.band.
+    `fresh`: see estimate_pass_rates (counted as estimated, not reused)."""
     t0 = time.perf_counter()
     considered = _subsample(problems, cfg.filter.max_problems, cfg.project.seed)
-    verifiable = [p for p in considered if parse_gold(p.answer) is not None]
-    rows = estimate_pass_rates(backend, verifiable, model_fp, cfg, template, tokenizer, con)
+    verifiable = _verifiable(considered)
+    rows = estimate_pass_rates(backend, verifiable, model_fp, cfg, template, tokenizer, con,
+                               fresh=fresh)
     band = tuple(cfg.filter.band)
     kept_rows, counts = select_band(rows, band)
     by_id = {problem_key(p): p for p in verifiable}
@@ -190,9 +221,10 @@ def filter_problems(backend, problems: list[Problem], model_fp: str, cfg, templa
 
 
 def run_filter(model: str, problems: list[Problem], cfg, store=None, progress: bool = False,
-               models_cache: str | None = None) -> FilterReport:
+               models_cache: str | None = None, fresh: Collection[str] = ()) -> FilterReport:
     """Resolve the model, fingerprint it, and filter; the model is loaded only if some
-    estimate is missing from the store. `model` may be `builtin:tiny-arith`."""
+    estimate is missing from the store. `model` may be `builtin:tiny-arith`. `fresh`:
+    problem ids a sharded filter (grpo_core.shards) just stored, reported as estimated."""
     from transformers import AutoTokenizer
 
     from grpo_core.models import model_fingerprint, resolve_model_path
@@ -204,4 +236,4 @@ def run_filter(model: str, problems: list[Problem], cfg, store=None, progress: b
     tokenizer = AutoTokenizer.from_pretrained(path)
     make: Callable[[], Any] = lambda: build_backend(path, cfg, progress=progress)[0]
     return filter_problems(make, problems, model_fingerprint(path), cfg, cfg.model.template,
-                           tokenizer, con=store)
+                           tokenizer, con=store, fresh=fresh)

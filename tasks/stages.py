@@ -115,7 +115,10 @@ def base_model(ctx: Ctx) -> str:
 
 
 @task(name="filter")
-def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int) -> dict:
+def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int,
+                      fresh: list[str] | None = None) -> dict:
+    """`fresh`: ids whose estimates sharded workers stored just now (flows/shards.py);
+    they count as estimated, not reused."""
     from grpo_core.difficulty import run_filter
     from grpo_core.records import problem_key
 
@@ -127,14 +130,9 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
 
     def compute(run):
         problems = pool_problems(ctx, problem_ids)
-        fresh: list[str] = []
-        if ctx.cfg.filter.shards > 1:  # workers fill the missing estimates; this process ingests
-            from flows.shards import prefill_estimates
-
-            fresh = prefill_estimates(ctx.cfg, model_path, problems, ctx.store, ctx.ws.root)
         with ctx.store() as store:
             report = run_filter(model_path, problems, ctx.cfg, store=store, progress=ctx.progress,
-                                models_cache=str(ctx.ws.models), fresh=fresh)
+                                models_cache=str(ctx.ws.models), fresh=fresh or [])
         summary = report.summary()
         tracking.log_passrate_histogram(run, [r["pass_rate"] for r in report.estimates],
                                         report.band, k=report.k)

@@ -1,0 +1,139 @@
+"""The sharded difficulty filter as a Prefect flow: `filter-shard` tasks in worker
+processes (or on Ray / Dask), the calling process ingests their Parquet files.
+
+    fresh = prefill_estimates(cfg, model_path, problems, open_store, workdir)
+    report = run_filter(model_path, problems, cfg, store=store, fresh=fresh)
+
+`prefill_estimates` hands the problems without a stored estimate to
+`filter.shards` workers and writes their rows into the store in one transaction; the
+ordinary filter then finds every estimate stored (`fresh` keeps its counts honest).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from flows import configure_prefect
+
+configure_prefect()  # before prefect is imported
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from grpo_core import shards
+from grpo_core.config import ConfigError, PipelineConfig
+from grpo_core.problems import Problem
+
+EXTRAS = {"ray": ("prefect_ray", "RayTaskRunner"), "dask": ("prefect_dask", "DaskTaskRunner")}
+
+
+def task_runner(kind: str, workers: int):
+    """The Prefect task runner for filter.shard_runner: a local process pool, or Ray / Dask
+    (their own address settings: RAY_ADDRESS, or a local Dask cluster of `workers`)."""
+    if kind == "process":
+        from prefect.task_runners import ProcessPoolTaskRunner
+
+        return ProcessPoolTaskRunner(max_workers=workers)
+    module, name = EXTRAS[kind]
+    try:
+        runner = getattr(importlib.import_module(module), name)
+    except ImportError:
+        raise ConfigError("filter.shard_runner", f"{kind} needs {module.replace('_', '-')}: "
+                          f"pip install 'grpo-pipeline[{kind}]'") from None
+    if kind == "dask":
+        return runner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1})
+    return runner()
+
+
+@task(name="filter-shard", task_run_name="filter-shard-{index}", cache_policy=NO_CACHE)
+def filter_shard(index: int, model_path: str, cfg: dict, template: str, model_fp: str,
+                 problems_path: str, out_path: str, threads: int | None) -> str:
+    problems = shards.read_problems(problems_path)
+    return shards.estimate_shard(model_path, cfg, template, model_fp, problems, out_path,
+                                 threads)
+
+
+@flow(name="sharded-filter", validate_parameters=False)
+def sharded_filter(model_path: str, cfg: dict, template: str, model_fp: str,
+                   problem_files: list[str], threads: int | None = None) -> list[str]:
+    """One filter-shard task per problem file; the Parquet paths, in shard order."""
+    futures = [filter_shard.submit(i, model_path, cfg, template, model_fp, f,
+                                   str(Path(f).with_suffix(".parquet")), threads)
+               for i, f in enumerate(problem_files)]
+    return [f.result() for f in futures]
+
+
+def run_shards(cfg: PipelineConfig, model_path: str, template: str, model_fp: str,
+               problems: list[Problem], out_dir: str | Path) -> list[str]:
+    """Split `problems` into cfg.filter.shards parts, run the sharded-filter flow on them
+    with cfg.filter.shard_runner, return the shard Parquet paths (under out_dir, which
+    Ray / Dask workers must see too)."""
+    parts = shards.split(problems, cfg.filter.shards)
+    if not parts:
+        return []
+    kind = cfg.filter.shard_runner
+    runner = task_runner(kind, len(parts))
+    # Local processes share this machine's cores; a cluster's workers keep their own.
+    threads = shards.worker_threads(len(parts)) if kind == "process" else None
+    files = [shards.write_problems(part, Path(out_dir) / f"shard-{i:03d}.jsonl")
+             for i, part in enumerate(parts)]
+    # The secret-free dump: Prefect stores flow parameters (tokens reach workers as HF_TOKEN).
+    dumped = cfg.model_dump(mode="json", exclude={"tracking"})
+    dumped["model"]["hub_token"] = None
+    with workers_share_the_api():
+        return sharded_filter.with_options(task_runner=runner)(
+            model_path, dumped, template, model_fp, files, threads)
+
+
+@contextlib.contextmanager
+def workers_share_the_api() -> Iterator[None]:
+    """Worker processes start bare: without PREFECT_API_URL each one would start a
+    temporary Prefect server of its own (~40 s on 2 busy cores). Hand them this process's
+    (the one get_client() starts, reused when running). A configured server is kept."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_ENABLED,
+        temporary_settings,
+    )
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        yield
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start()
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        yield
+
+
+def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Problem],
+                      open_store: Callable[[], AbstractContextManager[Any]],
+                      workdir: str | Path) -> list[str]:
+    """Estimate, on cfg.filter.shards workers, what the filter would sample now, and
+    store it (one transaction); returns the ids stored. The store is opened only to read
+    what is missing and to ingest, never while workers run. `model_path` is resolved."""
+    from transformers import AutoTokenizer
+
+    from grpo_core.difficulty import missing_estimates
+    from grpo_core.models import model_fingerprint
+    from grpo_core.prompts import resolve_template
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    template = resolve_template(cfg.model.template, tokenizer)
+    fp = model_fingerprint(model_path)
+    with open_store() as store:
+        todo = missing_estimates(problems, fp, cfg, template, tokenizer, store)
+    if not todo:
+        return []
+    root = Path(workdir) / "shards"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix="filter-") as tmp:
+        paths = run_shards(cfg, model_path, template, fp, todo, tmp)
+        with open_store() as store:
+            return shards.ingest_shards(store, paths)

@@ -1,0 +1,113 @@
+"""Sharded difficulty filter: the missing estimates split across worker processes.
+
+    parts = split(todo, cfg.filter.shards)                  # contiguous, deterministic
+    paths = [estimate_shard(path, cfg_dict, template, fp, part, out) ...]  # one per worker
+    fresh = ingest_shards(store, paths)                     # one transaction
+
+A worker loads the model itself and writes its rows to a Parquet file (records'
+PASS_RATE_SCHEMA); only the process holding the store writes DuckDB, all shards at once,
+so a failed shard or a failed ingest leaves no half-filled filter behind. Each problem is
+sampled from its own seed (difficulty.problem_seed), so the rows equal the unsharded
+filter's whatever the split. No Prefect here: flows/shards.py maps the workers.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from grpo_core.problems import Problem
+from grpo_core.records import PASS_RATE_SCHEMA, _now, _transaction, ensure_tables
+
+T = TypeVar("T")
+
+
+def split(items: Sequence[T], n: int) -> list[list[T]]:
+    """min(n, len(items)) contiguous shards in order, sizes differing by at most one (the
+    first ones larger); concatenated they give `items` back. Depends on nothing else."""
+    if n < 1:
+        raise ValueError(f"need at least one shard, got {n}")
+    n = min(n, len(items))
+    size, extra = divmod(len(items), n) if n else (0, 0)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (i < extra)
+        out.append(list(items[start:end]))
+        start = end
+    return out
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def worker_threads(shards: int, cores: int | None = None) -> int:
+    """Torch threads per worker so that the shards together use the cores once."""
+    return max(1, (cores or usable_cores()) // max(1, shards))
+
+
+def write_problems(problems: list[Problem], path: str | Path) -> str:
+    """A shard's input as JSON lines (Problem rows): keeps the flow's parameters small."""
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(p.to_row(), ensure_ascii=False) + "\n" for p in problems)
+    return str(path)
+
+
+def read_problems(path: str | Path) -> list[Problem]:
+    with open(path, encoding="utf-8") as fh:
+        return [Problem(**json.loads(line)) for line in fh if line.strip()]
+
+
+def estimate_shard(model_path: str, cfg: dict[str, Any], template: str, model_fp: str,
+                   problems: list[Problem], out_path: str | Path,
+                   threads: int | None = None) -> str:
+    """Estimate one shard's pass rates in this process and write them to `out_path`
+    (Parquet, PASS_RATE_SCHEMA); returns the path. Writes no store. `cfg` is a
+    PipelineConfig as a dict; `threads` sets $GRPO_TORCH_THREADS before the model loads."""
+    from grpo_core.config import PipelineConfig
+    from grpo_core.difficulty import estimate_pass_rates
+    from grpo_core.sampling import build_backend
+
+    if threads:
+        os.environ["GRPO_TORCH_THREADS"] = str(threads)  # read by models.load_policy
+    config = PipelineConfig.model_validate(cfg)
+    backend, tokenizer = build_backend(model_path, config)
+    rows = estimate_pass_rates(backend, problems, model_fp, config, template, tokenizer,
+                               con=None)
+    table = pa.Table.from_pylist([{n: r[n] for n in PASS_RATE_SCHEMA.names} for r in rows],
+                                 schema=PASS_RATE_SCHEMA)
+    out = Path(out_path)
+    part = out.with_name(out.name + ".part")
+    pq.write_table(table, part)
+    os.replace(part, out)  # a killed worker leaves no file that looks finished
+    return str(out)
+
+
+def ingest_shards(con_or_store: Any, paths: list[str | Path]) -> list[str]:
+    """Insert (or replace) every shard file's rows into `pass_rates` in ONE transaction:
+    all of them or, when any file is missing or unreadable, none. Returns the problem ids
+    written, in file order."""
+    con = ensure_tables(con_or_store)
+    cols = ", ".join(PASS_RATE_SCHEMA.names)
+    ids: list[str] = []
+    now = _now()
+    with _transaction(con):
+        for path in paths:
+            # Read inside the transaction, one file at a time: memory stays one shard.
+            table = pq.read_table(path).select(PASS_RATE_SCHEMA.names).cast(PASS_RATE_SCHEMA)
+            con.register("_shard_pass_rates", table)
+            try:
+                con.execute(f"INSERT OR REPLACE INTO pass_rates ({cols}, created_at) "
+                            f"SELECT {cols}, ? FROM _shard_pass_rates", [now])
+            finally:
+                con.unregister("_shard_pass_rates")
+            ids += table.column("problem_id").to_pylist()
+    return ids

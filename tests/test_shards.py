@@ -1,0 +1,172 @@
+"""The sharded difficulty filter: a deterministic split, an all-or-nothing ingest, and
+the same pass-rate rows as the unsharded filter through the real Prefect flow (two
+worker processes, Prefect's temporary local server)."""
+from __future__ import annotations
+
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from grpo_core.config import ConfigError, PipelineConfig
+from grpo_core.difficulty import run_filter
+from grpo_core.records import PASS_RATE_SCHEMA, problem_key, read_pass_rates, write_pass_rates
+from grpo_core.shards import ingest_shards, split, worker_threads
+from grpo_core.store import Store
+from grpo_core.synthetic import generate_problems
+
+pytest_plugins = ["fixtures_models"]
+
+
+@pytest.fixture(scope="module")
+def shard_flows(tmp_path_factory):
+    """flows.shards with Prefect's home in a temporary folder (set before prefect loads)."""
+    from flows import configure_prefect
+
+    configure_prefect(tmp_path_factory.mktemp("prefect-ws"))
+    import flows.shards
+
+    return flows.shards
+
+
+# ----------------------------------------------------------------------------- split
+
+
+@pytest.mark.parametrize("n_items,n", [(10, 3), (10, 1), (3, 5), (0, 2), (8, 8), (128, 2)])
+def test_split_is_contiguous_balanced_and_deterministic(n_items, n):
+    items = list(range(n_items))
+    parts = split(items, n)
+    assert parts == split(items, n)  # no randomness
+    assert [x for part in parts for x in part] == items  # contiguous, in order
+    assert len(parts) == min(n, n_items) and all(parts)  # no empty shard
+    sizes = [len(p) for p in parts]
+    assert sizes == sorted(sizes, reverse=True) and (not sizes or max(sizes) - min(sizes) <= 1)
+
+
+def test_split_refuses_zero_shards_and_threads_share_the_cores():
+    with pytest.raises(ValueError):
+        split([1, 2], 0)
+    assert worker_threads(2, cores=2) == 1 and worker_threads(3, cores=16) == 5
+    assert worker_threads(4, cores=2) == 1  # never 0
+
+
+def test_config_shards_fields():
+    cfg = PipelineConfig()
+    assert cfg.filter.shards == 1 and cfg.filter.shard_runner == "process"
+    with pytest.raises(ValidationError):
+        cfg.filter.shards = 0
+    with pytest.raises(ValidationError):
+        cfg.filter.shard_runner = "threads"
+
+
+# ----------------------------------------------------------------------------- ingest
+
+
+def _row(pid: str, successes: int, fp: str = "fp") -> dict:
+    return {"model_fingerprint": fp, "problem_id": pid, "sampling_key": "sk", "input_hash": "ih",
+            "source": "synthetic:arith", "level": 1, "k": 4, "successes": successes,
+            "pass_rate": successes / 4, "wilson_lo": 0.0, "wilson_hi": 1.0, "truncated": 0,
+            "mean_tokens": 3.0, "sampling": "{}"}
+
+
+def _shard_file(path, rows) -> str:
+    pq.write_table(pa.Table.from_pylist(rows, schema=PASS_RATE_SCHEMA), path)
+    return str(path)
+
+
+def test_ingest_writes_every_shard_in_one_transaction(tmp_path):
+    a = _shard_file(tmp_path / "a.parquet", [_row("p1", 1), _row("p2", 2)])
+    b = _shard_file(tmp_path / "b.parquet", [_row("p3", 3)])
+    with Store.open(tmp_path / "s.duckdb") as store:
+        write_pass_rates(store, [_row("p0", 0), _row("p1", 4)])  # p1 gets replaced
+        assert ingest_shards(store, [a, b]) == ["p1", "p2", "p3"]
+        got = {r["problem_id"]: r["successes"] for r in read_pass_rates(store)}
+    assert got == {"p0": 0, "p1": 1, "p2": 2, "p3": 3}
+
+
+@pytest.mark.parametrize("bad", ["corrupt", "missing"])
+def test_ingest_failing_mid_way_leaves_the_table_unchanged(tmp_path, bad):
+    good = _shard_file(tmp_path / "good.parquet", [_row("p1", 1), _row("p2", 2)])
+    broken = tmp_path / "broken.parquet"
+    if bad == "corrupt":
+        broken.write_bytes(b"PAR1 not really parquet")
+    later = _shard_file(tmp_path / "later.parquet", [_row("p3", 3)])
+    with Store.open(tmp_path / "s.duckdb") as store:
+        write_pass_rates(store, [_row("p0", 0), _row("p1", 4)])
+        before = read_pass_rates(store)
+        # The good file is inserted first, then reading the broken one fails.
+        with pytest.raises((OSError, pa.ArrowException)):
+            ingest_shards(store, [good, str(broken), later])
+        assert read_pass_rates(store) == before  # created_at included: nothing touched
+        assert ingest_shards(store, [good, later]) == ["p1", "p2", "p3"]  # still writable
+
+
+def test_missing_runner_extra_is_one_line(shard_flows, monkeypatch):
+    monkeypatch.setitem(sys.modules, "prefect_ray", None)  # import fails
+    monkeypatch.setitem(sys.modules, "prefect_dask", None)
+    for kind in ("ray", "dask"):
+        with pytest.raises(ConfigError) as err:
+            shard_flows.task_runner(kind, 2)
+        msg = str(err.value)
+        assert "\n" not in msg and f"pip install 'grpo-pipeline[{kind}]'" in msg
+    assert type(shard_flows.task_runner("process", 2)).__name__ == "ProcessPoolTaskRunner"
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def _cfg(shards: int) -> PipelineConfig:
+    cfg = PipelineConfig()
+    cfg.rollout.backend = "hf"
+    cfg.rollout.batch_size = 8
+    cfg.rollout.max_new_tokens = 12
+    cfg.model.template = "r1_zero"
+    cfg.filter.k = 4
+    cfg.filter.band = (0.0, 1.0)
+    cfg.project.seed = 7
+    cfg.filter.shards = shards
+    return cfg
+
+
+def _rows(store) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "created_at"} for r in read_pass_rates(store)]
+
+
+@pytest.mark.integration
+def test_sharded_filter_gives_the_unsharded_rows(shard_flows, tiny_model_path, tmp_path):
+    problems = generate_problems("train", 12, seed=5)
+    with Store.open(tmp_path / "one.duckdb") as store:
+        one = run_filter(tiny_model_path, problems, _cfg(1), store=store)
+        expected = _rows(store)
+    assert one.estimated == 12 and len(expected) == 12
+
+    db = tmp_path / "two.duckdb"
+    with Store.open(db) as store:  # a third already stored: reuse stays
+        run_filter(tiny_model_path, problems[:4], _cfg(1), store=store)
+    cfg = _cfg(2)
+    # As in the pipeline: the sharded flow runs from inside a task of an outer flow.
+    from prefect import flow, task
+
+    @task(name="filter")
+    def filter_task():
+        return shard_flows.prefill_estimates(cfg, tiny_model_path, problems,
+                                             lambda: Store.open(db), tmp_path / "ws")
+
+    @flow(name="pipeline-like")
+    def outer():
+        return filter_task()
+
+    fresh = outer()
+    assert fresh == [problem_key(p) for p in problems[4:]]  # only the missing, in order
+    with Store.open(db) as store:
+        two = run_filter(tiny_model_path, problems, cfg, store=store, fresh=fresh)
+        assert _rows(store) == expected  # every column but created_at
+    assert (two.estimated, two.reused) == (8, 4)
+    assert two.counts == one.counts and [p.id for p in two.kept] == [p.id for p in one.kept]
+    assert not list((tmp_path / "ws" / "shards").iterdir())  # shard files cleaned up
+
+    # Everything stored now: no flow, no worker.
+    assert shard_flows.prefill_estimates(cfg, tiny_model_path, problems,
+                                         lambda: Store.open(db), tmp_path / "ws") == []
