@@ -22,23 +22,11 @@ import argparse
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
-def load() -> str:
-    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+from common import ROOT, load, timed  # noqa: F401 - also puts the repo root on sys.path
 
 
 def main() -> None:

@@ -29,11 +29,10 @@ def bare_trl(model: str, steps: int, out: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from grpo_core.models import configure_threads
     from grpo_core.prompts import render_prompt
     from grpo_core.rewards import accuracy, format, tag_count
     from grpo_core.synthetic import generate_problems
-
-    from grpo_core.models import configure_threads
 
     configure_threads()  # the same torch thread count as the pipeline's stages
     t_start = time.perf_counter()  # after imports: those are start-up cost on both sides

@@ -17,13 +17,10 @@ The built-in model is cached under .grpo/models (built once, ~2-3 min on 2 cores
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, load, timed  # noqa: F401 - also puts the repo root on sys.path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.difficulty import run_filter
@@ -33,12 +30,6 @@ from grpo_core.rollout import HFBackend, SamplingParams
 from grpo_core.sampling import sample_seeded
 from grpo_core.store import Store
 from grpo_core.synthetic import generate_problems
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def main() -> None:
