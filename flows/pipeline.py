@@ -83,10 +83,16 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     cfg, ws, parent = ctx.cfg, ctx.ws, ctx.parent_run
     primary_bench = cfg.eval.benchmarks[:1]  # per-round evals: the first benchmark only
 
+    scorer = None
+    if cfg.eval.shards > 1:  # workers score the problems; this process aggregates, writes
+        from flows.shards import eval_scorer
+
+        scorer = eval_scorer(ws.root)
+
     data = stages.ingest(ctx)
     log.info("data: %d problems in the training pool", data["pool_size"])
     model = stages.base_model(ctx)
-    base = stages.evaluate(ctx, model, "eval/base", cfg.eval.benchmarks)
+    base = stages.evaluate(ctx, model, "eval/base", cfg.eval.benchmarks, scorer)
     before = base
 
     findings: list[str] = []
@@ -94,7 +100,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         sft = stages.sft(ctx, model, data["problem_ids"])
         model = sft["model_dir"]
         findings += [f"sft: {f}" for f in sft.get("findings", [])]
-        before = stages.evaluate(ctx, model, "eval/sft", primary_bench)
+        before = stages.evaluate(ctx, model, "eval/sft", primary_bench, scorer)
 
     pool = data["problem_ids"]
     for r in range(1, cfg.grpo.rounds + 1):
@@ -112,11 +118,11 @@ def _stages(ctx: stages.Ctx, log) -> dict:
                 findings.append(f"round {r}: {note}")
         train = stages.grpo_round(ctx, model, pool, r)
         model = train["model_dir"]
-        after = stages.evaluate(ctx, model, f"eval/round-{r}", primary_bench)
+        after = stages.evaluate(ctx, model, f"eval/round-{r}", primary_bench, scorer)
         findings += health_gate(r, train, before, after, cfg.eval.primary_metric)
         before = after
 
-    final = stages.evaluate(ctx, model, "eval/final", cfg.eval.benchmarks)
+    final = stages.evaluate(ctx, model, "eval/final", cfg.eval.benchmarks, scorer)
     report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws)
     log.info("final: %s", report.get("summary"))
     return {"parent_run": parent, "model_dir": model, "final": final["benchmarks"],

@@ -7,10 +7,17 @@ processes (or on Ray / Dask), the calling process ingests their Parquet files.
 `prefill_estimates` hands the problems without a stored estimate to
 `filter.shards` workers and writes their rows into the store in one transaction; the
 ordinary filter then finds every estimate stored (`fresh` keeps its counts honest).
+
+Evaluation (eval.shards > 1): `eval_scorer(workdir)` is evaluation.evaluate's `scorer`.
+The `sharded-eval` flow scores contiguous shards of a benchmark's problems in workers
+(`eval-shard` tasks, one Parquet file of per-problem records each); the calling process
+concatenates them in order, aggregates the metrics and writes the run in one transaction,
+exactly as the unsharded evaluate does.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import tempfile
 from collections.abc import Callable, Iterator
@@ -73,7 +80,15 @@ def run_shards(cfg: PipelineConfig, model_path: str, template: str, model_fp: st
     """Split `problems` into cfg.filter.shards parts, run the sharded-filter flow on them
     with cfg.filter.shard_runner, return the shard Parquet paths (under out_dir, which
     Ray / Dask workers must see too)."""
-    parts = shards.split(problems, cfg.filter.shards)
+    return _map_shards(sharded_filter, cfg, cfg.filter.shards, model_path, template,
+                       problems, out_dir, model_fp=model_fp)
+
+
+def _map_shards(flow_fn, cfg: PipelineConfig, n: int, model_path: str, template: str,
+                problems: list[Problem], out_dir: str | Path, **extra: Any) -> list[str]:
+    """`flow_fn` over min(n, len(problems)) contiguous shards on cfg.filter.shard_runner;
+    the shard output paths, in shard order."""
+    parts = shards.split(problems, n)
     if not parts:
         return []
     kind = cfg.filter.shard_runner
@@ -86,8 +101,9 @@ def run_shards(cfg: PipelineConfig, model_path: str, template: str, model_fp: st
     dumped = cfg.model_dump(mode="json", exclude={"tracking"})
     dumped["model"]["hub_token"] = None
     with workers_share_the_api():
-        return sharded_filter.with_options(task_runner=runner)(
-            model_path, dumped, template, model_fp, files, threads)
+        return flow_fn.with_options(task_runner=runner)(
+            model_path=model_path, cfg=dumped, template=template, problem_files=files,
+            threads=threads, **extra)
 
 
 @contextlib.contextmanager
@@ -137,3 +153,40 @@ def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Probl
         paths = run_shards(cfg, model_path, template, fp, todo, tmp)
         with open_store() as store:
             return shards.ingest_shards(store, paths)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@task(name="eval-shard", task_run_name="eval-shard-{index}", cache_policy=NO_CACHE)
+def eval_shard(index: int, model_path: str, cfg: dict, template: str, problems_path: str,
+               out_path: str, threads: int | None) -> str:
+    problems = shards.read_problems(problems_path)
+    return shards.score_shard(model_path, cfg, template, problems, out_path, threads)
+
+
+@flow(name="sharded-eval", validate_parameters=False)
+def sharded_eval(model_path: str, cfg: dict, template: str, problem_files: list[str],
+                 threads: int | None = None) -> list[str]:
+    """One eval-shard task per problem file; the records' Parquet paths, in shard order."""
+    futures = [eval_shard.submit(i, model_path, cfg, template, f,
+                                 str(Path(f).with_suffix(".parquet")), threads)
+               for i, f in enumerate(problem_files)]
+    return [f.result() for f in futures]
+
+
+def score_sharded(cfg: PipelineConfig, model_path: str, template: str,
+                  problems: list[Problem], *, workdir: str | Path) -> list[dict]:
+    """The eval records of `problems`, scored on cfg.eval.shards workers (runner:
+    cfg.filter.shard_runner), in problem order; the shard files are removed after."""
+    root = Path(workdir) / "shards"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix="eval-") as tmp:
+        paths = _map_shards(sharded_eval, cfg, cfg.eval.shards, model_path, template,
+                            problems, tmp)
+        return [r for path in paths for r in shards.read_records(path)]
+
+
+def eval_scorer(workdir: str | Path) -> Callable[..., list[dict]]:
+    """evaluation.evaluate's (and tasks.stages.evaluate's) `scorer` for eval.shards > 1."""
+    return functools.partial(score_sharded, workdir=str(workdir))

@@ -283,6 +283,10 @@ class EvalConfig(_Section):
     """Bootstrap resamples for the 95% CIs."""
     primary_metric: str = "greedy_accuracy"
     """Metric that decides champion promotion: greedy_accuracy, avg@<samples>, maj@k, pass@k."""
+    shards: int = Field(default=1, ge=1)
+    """Score each benchmark's problems in this many worker processes (the sharded-eval
+    flow, flows/shards.py; where they run: filter.shard_runner); 1 = in-process. The
+    per-problem rows and the metrics do not change."""
 
     @model_validator(mode="after")
     def _known_metric(self) -> EvalConfig:

@@ -11,6 +11,10 @@ ingested into the store. Sampling follows R1: k samples at T=0.6, top_p=0.95 (ev
 The protocol (template and its hash, k, T, top_p, max tokens, extractor version,
 benchmark, problem set) is hashed: numbers are comparable only under one protocol hash.
 With a store, the per-problem rows and the run's metrics are written under that hash.
+
+Two parts: `score_problems` (sampling + verification, per problem: shardable, as
+eval.shards > 1 does in worker processes) and the aggregation in `evaluate` (metrics with
+bootstrap CIs over all records, then one write).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import inspect
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,12 +172,50 @@ def score(records: list[dict], cfg) -> dict:
     return metrics
 
 
+def score_problems(backend, tokenizer, problems: list[Problem], cfg, template: str
+                   ) -> list[dict]:
+    """The per-problem records of `problems`: the expensive part (sampling, verification).
+    A problem's record depends on that problem alone (greedy decoding; samples seeded from
+    its fingerprint), so scoring any contiguous split of the list, in any process, and
+    concatenating gives the records of the whole list (eval.shards, flows/shards.py)."""
+    prompts = [render_prompt(p.problem, template, tokenizer) for p in problems]
+    e, seed = cfg.eval, cfg.project.seed
+    greedy = [None] * len(problems)
+    if e.greedy:
+        outs = backend.sample(prompts, 1, SamplingParams(temperature=0.0,
+                                                         max_new_tokens=e.max_new_tokens))
+        greedy = [o[0] for o in outs]
+    params = SamplingParams(temperature=e.temperature, top_p=e.top_p,
+                            max_new_tokens=e.max_new_tokens, seed=seed)
+    samples = sample_seeded(backend, prompts, e.samples, params,
+                            [derive_seed(seed, "eval", p.fingerprint) for p in problems])
+    return [_record(p, g, s, pr.rstrip().endswith("<think>"))
+            for p, g, s, pr in zip(problems, greedy, samples, prompts)]
+
+
+def load_tokenizer(path: str, cfg):
+    """The tokenizer build_backend's hf path loads (left padding, a pad token), without
+    the model: for a process that only renders prompts and hashes the protocol."""
+    from transformers import AutoTokenizer
+
+    kw = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None = None,
-             backend=None, tokenizer=None, progress: bool = False) -> EvalResult:
+             backend=None, tokenizer=None, progress: bool = False,
+             scorer: Callable[..., list[dict]] | None = None) -> EvalResult:
     """Evaluate one model on one benchmark under cfg.eval; write rows when `store` is given.
 
     `model_path` may be `builtin:tiny-arith` (built into the workspace cache on first use).
     Pass `backend` and `tokenizer` to reuse a loaded model across benchmarks.
+    `scorer(cfg, path, template, problems) -> records` scores the problems elsewhere (the
+    sharded-eval flow's workers, flows/shards.py) instead of `score_problems` here; no
+    model is loaded then. The records are aggregated and stored the same way either way.
     """
     from grpo_core.models import model_fingerprint, resolve_model_path
     from grpo_core.workspace import Workspace
@@ -183,27 +226,21 @@ def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None
     if not problems:
         raise SourceError(f"benchmark {benchmark!r} has no problems")
     path = resolve_model_path(model_path, Workspace.at(cfg.project.workdir).models, progress)
-    if backend is None:
+    if scorer is not None:
+        tokenizer = tokenizer or load_tokenizer(path, cfg)
+    elif backend is None:
         from grpo_core.sampling import build_backend
 
         backend, tokenizer = build_backend(path, cfg, progress=progress)
     template = resolve_template(cfg.model.template, tokenizer)
-    prompts = [render_prompt(p.problem, template, tokenizer) for p in problems]
     protocol = protocol_for(cfg, benchmark, template, problems, tokenizer)
     phash = protocol_hash(protocol)
-    e, seed = cfg.eval, cfg.project.seed
-
-    greedy = [None] * len(problems)
-    if e.greedy:
-        outs = backend.sample(prompts, 1, SamplingParams(temperature=0.0,
-                                                         max_new_tokens=e.max_new_tokens))
-        greedy = [o[0] for o in outs]
-    params = SamplingParams(temperature=e.temperature, top_p=e.top_p,
-                            max_new_tokens=e.max_new_tokens, seed=seed)
-    samples = sample_seeded(backend, prompts, e.samples, params,
-                            [derive_seed(seed, "eval", p.fingerprint) for p in problems])
-    records = [_record(p, g, s, pr.rstrip().endswith("<think>"))
-               for p, g, s, pr in zip(problems, greedy, samples, prompts)]
+    if scorer is not None:
+        records = scorer(cfg, path, template, problems)
+    else:
+        records = score_problems(backend, tokenizer, problems, cfg, template)
+    if [r["problem_id"] for r in records] != [problem_key(p) for p in problems]:
+        raise RuntimeError(f"{benchmark}: the scored records do not match the problems")
     metrics = score(records, cfg)
     result = EvalResult(metrics=metrics, protocol=protocol, protocol_hash=phash,
                         per_problem=records, run_id=uuid.uuid4().hex[:12], benchmark=benchmark,
@@ -212,7 +249,7 @@ def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None
     if store is not None:
         write_eval(store, {"run_id": result.run_id, "protocol_hash": phash,
                            "benchmark": benchmark, "model": model_path,
-                           "model_fingerprint": result.model_fingerprint, "seed": seed,
-                           "protocol": protocol, "metrics": metrics,
+                           "model_fingerprint": result.model_fingerprint,
+                           "seed": cfg.project.seed, "protocol": protocol, "metrics": metrics,
                            "seconds": result.seconds}, records)
     return result

@@ -144,13 +144,21 @@ def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list):
             control.should_save = False  # keep the last good checkpoint as the last one
 
     class FlushRollouts(TrainerCallback):
-        """Sinks that buffer (records.RolloutBuffer) write at each checkpoint and at the end."""
+        """Sinks that buffer (records.RolloutBuffer) write before each checkpoint and at
+        the end. Before, not after (on_save): a kill between a complete checkpoint and the
+        write would lose the steps since the last write, which the resumed round does not
+        generate again. (Trainer decides to save in on_step_end, then saves.)"""
 
-        def on_save(self, args, state, control, **kw):
+        def _flush(self):
             if trainer_ref and hasattr(trainer_ref[0].rollout_sink, "flush"):
                 trainer_ref[0].rollout_sink.flush()
 
-        on_train_end = on_save
+        def on_step_end(self, args, state, control, **kw):
+            if control.should_save:
+                self._flush()
+
+        def on_train_end(self, args, state, control, **kw):
+            self._flush()
 
     return [KLSchedule(), Monitor(), FlushRollouts()]
 

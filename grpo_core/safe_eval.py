@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -187,6 +188,26 @@ _set_async_exc.restype = ctypes.c_int
 _REFIRE_S = 0.05  # re-raise every 50 ms if something swallowed the first exception
 
 
+def _quiet_unraisable() -> None:
+    """A deadline can land while the thread runs a finalizer (a __del__ during garbage
+    collection inside the timed call): Python then reports it as "unraisable" and goes on,
+    and the re-fire 50 ms later interrupts the call properly. Reporting it would format a
+    traceback - which the re-fire can interrupt in turn - so DeadlineExceeded is dropped
+    there, and everything else goes to the hook that was installed (checked on each arm:
+    test runners install their own hooks later)."""
+    hook = sys.unraisablehook
+    if getattr(hook, "_grpo_quiet", False):
+        return
+
+    def quiet(info, _next=hook):
+        if info.exc_type is DeadlineExceeded:
+            return
+        _next(info)
+
+    quiet._grpo_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = quiet
+
+
 class _Token:
     __slots__ = ("active", "fired", "tid")
 
@@ -207,6 +228,7 @@ class _Watchdog:
             self._thread.start()
 
     def arm(self, seconds: float) -> _Token:
+        _quiet_unraisable()
         token = _Token(threading.get_ident())
         with self._cond:
             self._ensure_thread()

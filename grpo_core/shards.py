@@ -9,6 +9,10 @@ PASS_RATE_SCHEMA); only the process holding the store writes DuckDB, all shards 
 so a failed shard or a failed ingest leaves no half-filled filter behind. Each problem is
 sampled from its own seed (difficulty.problem_seed), so the rows equal the unsharded
 filter's whatever the split. No Prefect here: flows/shards.py maps the workers.
+
+Evaluation the same way (eval.shards): `score_shard` writes one shard's per-problem eval
+records (evaluation.score_problems) to Parquet, `read_records` gives them back exactly;
+the parent concatenates the shards in order, aggregates and stores as unsharded.
 """
 from __future__ import annotations
 
@@ -22,7 +26,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from grpo_core.problems import Problem
-from grpo_core.records import PASS_RATE_SCHEMA, _now, _transaction, ensure_tables
+from grpo_core.records import (
+    EVAL_RESULT_SCHEMA,
+    PASS_RATE_SCHEMA,
+    _now,
+    _transaction,
+    ensure_tables,
+)
 
 T = TypeVar("T")
 
@@ -111,3 +121,50 @@ def ingest_shards(con_or_store: Any, paths: list[str | Path]) -> list[str]:
                 con.unregister("_shard_pass_rates")
             ids += table.column("problem_id").to_pylist()
     return ids
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+# An eval record's columns (evaluation._record): the stored row less what the run adds.
+EVAL_RECORD_SCHEMA = pa.schema([f for f in EVAL_RESULT_SCHEMA if f.name not in
+                                ("run_id", "protocol_hash", "model_fingerprint", "benchmark")])
+
+
+def write_records(records: list[dict], path: str | Path) -> str:
+    """Eval records to Parquet so that `read_records` gives them back equal, key for key
+    and type for type: only the columns the records have (greedy_* are absent when
+    eval.greedy is off), typed by EVAL_RECORD_SCHEMA (a bool stays a bool, a list a list).
+    A key outside the schema or records with different keys raise: nothing is dropped."""
+    keys = list(records[0]) if records else EVAL_RECORD_SCHEMA.names
+    unknown = sorted({k for r in records for k in r} - set(EVAL_RECORD_SCHEMA.names))
+    if unknown:
+        raise ValueError(f"eval record columns without a Parquet type: {unknown}")
+    if any(set(r) != set(keys) for r in records):
+        raise ValueError("eval records with different columns in one shard")
+    schema = pa.schema([EVAL_RECORD_SCHEMA.field(k) for k in keys])
+    out = Path(path)
+    part = out.with_name(out.name + ".part")
+    pq.write_table(pa.Table.from_pylist(records, schema=schema), part)
+    os.replace(part, out)  # a killed worker leaves no file that looks finished
+    return str(out)
+
+
+def read_records(path: str | Path) -> list[dict]:
+    return pq.read_table(path).to_pylist()
+
+
+def score_shard(model_path: str, cfg: dict[str, Any], template: str, problems: list[Problem],
+                out_path: str | Path, threads: int | None = None) -> str:
+    """Score one shard of an eval's problems in this process (evaluation.score_problems)
+    and write the records to `out_path` (Parquet); returns the path. Writes no store.
+    `cfg` is a PipelineConfig as a dict; `threads` as for estimate_shard."""
+    from grpo_core.config import PipelineConfig
+    from grpo_core.evaluation import score_problems
+    from grpo_core.sampling import build_backend
+
+    if threads:
+        os.environ["GRPO_TORCH_THREADS"] = str(threads)  # read by models.load_policy
+    config = PipelineConfig.model_validate(cfg)
+    backend, tokenizer = build_backend(model_path, config)
+    return write_records(score_problems(backend, tokenizer, problems, config, template),
+                         out_path)

@@ -240,21 +240,28 @@ def _launched_round(ctx: Ctx, run: str, store, sink, model_path: str, problems, 
 
 
 @task(name="evaluate")
-def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str]) -> dict:
+def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
+             scorer=None) -> dict:
+    """`scorer`: scores the problems in workers (flows/shards.py eval_scorer, for
+    eval.shards > 1); None scores them here. The rows and metrics are the same."""
     from grpo_core.evaluation import evaluate as run_eval
     from grpo_core.sampling import build_backend
 
+    # Sharding changes where records are computed, not what they are: not in the key.
     key = stage_key("eval", model=model_fingerprint(model_path), benchmarks=benchmarks,
-                    eval=ctx.cfg.eval.model_dump(mode="json"), template=ctx.cfg.model.template,
+                    eval=ctx.cfg.eval.model_dump(mode="json", exclude={"shards"}),
+                    template=ctx.cfg.model.template,
                     rollout=ctx.cfg.rollout.model_dump(mode="json"), seed=ctx.cfg.project.seed)
 
     def compute(run):
-        backend, tokenizer = build_backend(model_path, ctx.cfg, progress=ctx.progress)
+        backend = tokenizer = None
+        if scorer is None:  # the workers load the model themselves
+            backend, tokenizer = build_backend(model_path, ctx.cfg, progress=ctx.progress)
         out = {}
         with ctx.store() as store:
             for bench in benchmarks:
                 res = run_eval(model_path, bench, ctx.cfg, store=store, backend=backend,
-                               tokenizer=tokenizer, progress=ctx.progress)
+                               tokenizer=tokenizer, progress=ctx.progress, scorer=scorer)
                 out[bench] = {"metrics": res.metrics, "protocol_hash": res.protocol_hash}
                 tracking.log_eval_table(run, res.per_problem, f"eval/{bench}.json")
         return {"benchmarks": out}

@@ -99,7 +99,7 @@ def test_bad_reward_stops_round_and_keeps_good_checkpoint(bad, tiny_random_model
     problems = generate_problems("train", 8, levels=[1])
     result = run_grpo_round(tiny_random_model, problems, _cfg(max_steps=5), out, "r1_zero")
     assert result.stopped_early and result.steps == 3
-    rule = "divergence: reward format returned nan" if bad != bad else "divergence: reward is inf"
+    rule = "divergence: reward format returned nan" if math.isnan(bad) else "divergence: reward is inf"
     assert any(f.startswith(rule) for f in result.findings), result.findings
     assert result.output_dir == last_checkpoint(out) and result.output_dir.endswith("checkpoint-2")
     # The next round starts from the good checkpoint: it is a complete model folder.
@@ -107,6 +107,29 @@ def test_bad_reward_stops_round_and_keeps_good_checkpoint(bad, tiny_random_model
     nxt = run_grpo_round(result.output_dir, problems, _cfg(max_steps=1), tmp_path / "next",
                          "r1_zero")
     assert nxt.steps == 1 and not nxt.stopped_early
+
+
+def test_rollouts_are_written_before_each_checkpoint(tiny_random_model, tmp_path):
+    out = tmp_path / "r"
+
+    class Sink:  # a buffering sink, like records.RolloutBuffer
+        def __init__(self):
+            self.pending, self.flushes = [], []
+
+        def __call__(self, step, rows):
+            self.pending.append(step)
+
+        def flush(self):
+            self.flushes.append((sorted(set(self.pending)), last_checkpoint(out)))
+            self.pending = []
+
+    sink = Sink()
+    run_grpo_round(tiny_random_model, generate_problems("train", 8, levels=[1]), _cfg(max_steps=2),
+                   out, "r1_zero", rollout_sink=sink)
+    # Each step's rows are stored before the checkpoint that covers them exists: a kill
+    # right after a checkpoint can never lose rows the resumed round will not regenerate.
+    assert sink.flushes[0] == ([0], None)
+    assert sink.flushes[1][0] == [1] and sink.flushes[1][1].endswith("checkpoint-1")
 
 
 def test_kl_above_ceiling_stops_round(tiny_random_model, tmp_path):

@@ -147,8 +147,10 @@ from accelerate import PartialState
 state = PartialState(cpu=True)  # what transformers does for TrainingArguments(use_cpu=True)
 t = torch.tensor([state.process_index + 1.0])
 dist.all_reduce(t)
-print("RANK", state.process_index, state.num_processes, state.distributed_type.value,
-      dist.get_backend(), int(t.item()), flush=True)
+# one file per rank: two ranks printing to one pipe interleave their lines
+with open(f"rank{state.process_index}.txt", "w") as fh:
+    print(state.process_index, state.num_processes, state.distributed_type.value,
+          dist.get_backend(), int(t.item()), file=fh)
 """
 
 
@@ -161,7 +163,7 @@ def test_cpu_2proc_launches_two_ranks_that_all_reduce_over_gloo(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
                          check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = sorted(line.split()[1:] for line in out.stdout.splitlines() if line.startswith("RANK"))
+    lines = sorted(f.read_text().split() for f in tmp_path.glob("rank*.txt"))
     # ranks 0 and 1 of 2, on gloo; all_reduce of (1, 2) gives 3 on both
     assert lines == [["0", "2", "MULTI_CPU", "gloo", "3"], ["1", "2", "MULTI_CPU", "gloo", "3"]], out.stdout
 

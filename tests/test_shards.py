@@ -1,8 +1,10 @@
-"""The sharded difficulty filter: a deterministic split, an all-or-nothing ingest, and
-the same pass-rate rows as the unsharded filter through the real Prefect flow (two
-worker processes, Prefect's temporary local server)."""
+"""The sharded difficulty filter and evaluation: a deterministic split, an all-or-nothing
+ingest, eval records that round-trip Parquet exactly, and the same pass-rate rows / eval
+records and metrics as the unsharded stages through the real Prefect flows (two worker
+processes, Prefect's temporary local server)."""
 from __future__ import annotations
 
+import json
 import sys
 
 import pyarrow as pa
@@ -13,7 +15,13 @@ from pydantic import ValidationError
 from grpo_core.config import ConfigError, PipelineConfig
 from grpo_core.difficulty import run_filter
 from grpo_core.records import PASS_RATE_SCHEMA, problem_key, read_pass_rates, write_pass_rates
-from grpo_core.shards import ingest_shards, split, worker_threads
+from grpo_core.shards import (
+    ingest_shards,
+    read_records,
+    split,
+    worker_threads,
+    write_records,
+)
 from grpo_core.store import Store
 from grpo_core.synthetic import generate_problems
 
@@ -59,6 +67,9 @@ def test_config_shards_fields():
         cfg.filter.shards = 0
     with pytest.raises(ValidationError):
         cfg.filter.shard_runner = "threads"
+    assert cfg.eval.shards == 1
+    with pytest.raises(ValidationError):
+        cfg.eval.shards = 0
 
 
 # ----------------------------------------------------------------------------- ingest
@@ -170,3 +181,123 @@ def test_sharded_filter_gives_the_unsharded_rows(shard_flows, tiny_model_path, t
     # Everything stored now: no flow, no worker.
     assert shard_flows.prefill_estimates(cfg, tiny_model_path, problems,
                                          lambda: Store.open(db), tmp_path / "ws") == []
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def _eval_record(i: int, greedy: bool = True) -> dict:
+    rec = {"problem_id": f"p{i}", "source": "synthetic:arith", "level": None if i else 3,
+           "subject": None, "gold": str(i)}
+    if greedy:
+        rec.update(greedy_answer=None if i % 2 else "7", greedy_correct=bool(i % 2),
+                   greedy_truncated=True, greedy_well_formatted=False,
+                   greedy_completion="<think> ünïcode </think> <answer> 7")
+    rec.update(sample_answers=["7", None], sample_correct=[True, False],
+               sample_truncated=[False, True], sample_well_formatted=[True, True],
+               sample_num_tokens=[3, 12], sample_completions=["a", ""])
+    return rec
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_eval_records_round_trip_parquet_exactly(tmp_path, greedy):
+    records = [_eval_record(i, greedy) for i in range(3)]
+    back = read_records(write_records(records, tmp_path / "r.parquet"))
+    assert back == records
+    assert [list(r) for r in back] == [list(r) for r in records]  # same keys, same order
+    types = lambda rs: [{k: (type(v), [type(x) for x in v] if isinstance(v, list) else None)
+                         for k, v in r.items()} for r in rs]
+    assert types(back) == types(records)  # bools stay bools, lists stay lists
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_eval_records_refuse_what_parquet_would_drop(tmp_path):
+    with pytest.raises(ValueError, match="without a Parquet type"):
+        write_records([{**_eval_record(0), "new_column": 1}], tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match="different columns"):
+        write_records([_eval_record(0), _eval_record(1, greedy=False)], tmp_path / "b.parquet")
+
+
+def test_metrics_of_records_read_back_from_shards_are_the_same(tmp_path):
+    """The random tiny model below answers nothing right; here the CIs are not all 0."""
+    from grpo_core.evaluation import score
+
+    records = []
+    for i in range(12):
+        rec = _eval_record(i)
+        rec.update(level=1 + i % 3, greedy_correct=i % 3 != 0, greedy_well_formatted=i % 2 == 0,
+                   sample_correct=[i % 2 == 0, i % 5 == 0], sample_answers=[str(i % 4), "1/2"])
+        records.append(rec)
+    paths = [write_records(part, tmp_path / f"s{i}.parquet")
+             for i, part in enumerate(split(records, 3))]
+    back = [r for path in paths for r in read_records(path)]
+    assert back == records
+    cfg = PipelineConfig()
+    cfg.eval.samples, cfg.eval.bootstrap = 2, 200
+    metrics = score(records, cfg)
+    assert 0 < metrics["greedy_accuracy"]["lo"] < metrics["greedy_accuracy"]["hi"] < 1
+    assert _exact(score(back, cfg)) == _exact(metrics)
+
+
+def _eval_cfg(shards: int, workdir) -> PipelineConfig:
+    cfg = PipelineConfig()
+    cfg.project.workdir = str(workdir)
+    cfg.project.seed = 11
+    cfg.rollout.backend = "hf"
+    cfg.rollout.batch_size = 8  # 12 prompts batch as 8+4 here, 6 per shard: other shapes
+    cfg.model.template = "r1_zero"
+    cfg.eval.samples = 2
+    cfg.eval.max_new_tokens = 10
+    cfg.eval.bootstrap = 200
+    cfg.eval.shards = shards
+    return cfg
+
+
+def _exact(value) -> str:
+    """Every number to the last bit (repr), NaN included, in one comparable string."""
+    return json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.integration
+def test_sharded_eval_gives_the_unsharded_records_and_metrics(shard_flows, tiny_model_path,
+                                                              tmp_path):
+    from grpo_core.evaluation import evaluate
+    from grpo_core.records import read_eval_results, read_eval_runs
+
+    with Store.open(tmp_path / "one.duckdb") as store:
+        one = evaluate(tiny_model_path, "synthetic", _eval_cfg(1, tmp_path), store=store,
+                       limit=12)
+    assert len(one.per_problem) == 12
+    # Not a vacuous comparison: every problem's sampled completions are its own.
+    assert len({tuple(r["sample_completions"]) for r in one.per_problem}) == 12
+
+    cfg, db = _eval_cfg(2, tmp_path), tmp_path / "two.duckdb"
+    # As in the pipeline: the sharded flow runs from inside the evaluate task of a flow.
+    from prefect import flow, task
+
+    @task(name="evaluate")
+    def eval_task():
+        with Store.open(db) as store:
+            return evaluate(tiny_model_path, "synthetic", cfg, store=store, limit=12,
+                            scorer=shard_flows.eval_scorer(tmp_path / "ws"))
+
+    @flow(name="pipeline-like")
+    def outer():
+        return eval_task()
+
+    two = outer()
+    assert two.per_problem == one.per_problem  # every record, in order, types included
+    assert _exact(two.per_problem) == _exact(one.per_problem)
+    assert _exact(two.metrics) == _exact(one.metrics)  # every number, CIs included
+    assert (two.protocol_hash, two.protocol) == (one.protocol_hash, one.protocol)
+    assert two.model_fingerprint == one.model_fingerprint
+    assert not list((tmp_path / "ws" / "shards").iterdir())  # shard files cleaned up
+
+    # Stored alike: one run, its rows (but for the run id) and its metrics.
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "run_id"} for r in rows]
+    with Store.open(tmp_path / "one.duckdb", read_only=True) as a, \
+            Store.open(db, read_only=True) as b:
+        assert drop(read_eval_results(b)) == drop(read_eval_results(a))
+        runs_a, runs_b = read_eval_runs(a), read_eval_runs(b)
+    assert len(runs_b) == 1 and runs_b[0]["n_problems"] == 12
+    assert _exact(runs_b[0]["metrics"]) == _exact(runs_a[0]["metrics"])
