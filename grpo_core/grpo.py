@@ -245,6 +245,14 @@ def grpo_dataset(problems: list[Problem], template: str, tokenizer):
     ])
 
 
+def quiet_trainer(trainer) -> None:
+    """With disable_tqdm, transformers prints every log dict to stdout (PrinterCallback):
+    the metrics go to MLflow and the history instead."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+
+
 def last_checkpoint(output_dir: str | Path) -> str | None:
     """The newest *complete* checkpoint: a process killed while saving leaves a folder
     without trainer_state.json (written last), which must not be resumed from."""
@@ -297,6 +305,7 @@ def run_grpo_round(
         callbacks=_callbacks(cfg, result, trainer_ref) + list(extra_callbacks or []),
     )
     trainer_ref.append(trainer)
+    quiet_trainer(trainer)
     trainer.rollout_sink = rollout_sink
     trainer.skip_update_below = cfg.grpo.skip_update_below
     ckpt = last_checkpoint(out) if resume else None

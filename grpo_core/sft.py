@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
+from grpo_core.grpo import quiet_trainer
 from grpo_core.problems import Problem
 from grpo_core.prompts import render_prompt
 
@@ -106,6 +107,7 @@ def run_sft(
         processing_class=tokenizer,
         callbacks=[History(), *(extra_callbacks or [])],
     )
+    quiet_trainer(trainer)
     trainer.train()
     result.steps = trainer.state.global_step
     trainer.save_model(result.output_dir)  # rank 0 only, under accelerate launch
