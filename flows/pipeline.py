@@ -79,6 +79,17 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
             raise
 
 
+def _prefill_sharded(ctx: stages.Ctx, model: str, problem_ids: list[str]) -> list[str]:
+    """With filter.shards > 1, workers estimate the missing pass rates and this process
+    stores them (one writer); returns the ids stored now. Otherwise nothing to do."""
+    if ctx.cfg.filter.shards <= 1:
+        return []
+    from flows.shards import prefill_estimates
+
+    return prefill_estimates(ctx.cfg, model, stages.pool_problems(ctx, problem_ids),
+                             ctx.store, ctx.ws.root)
+
+
 def _stages(ctx: stages.Ctx, log) -> dict:
     cfg, ws, parent = ctx.cfg, ctx.ws, ctx.parent_run
     primary_bench = cfg.eval.benchmarks[:1]  # per-round evals: the first benchmark only
@@ -105,12 +116,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     pool = data["problem_ids"]
     for r in range(1, cfg.grpo.rounds + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
-            fresh = []
-            if cfg.filter.shards > 1:  # workers fill the missing estimates; one writer ingests
-                from flows.shards import prefill_estimates
-
-                fresh = prefill_estimates(cfg, model, stages.pool_problems(ctx, data["problem_ids"]),
-                                          ctx.store, ws.root)
+            fresh = _prefill_sharded(ctx, model, data["problem_ids"])
             kept = stages.difficulty_filter(ctx, model, data["problem_ids"], r, fresh)
             log.info("filter round %d: kept %d of %d", r, kept["kept"], kept["considered"])
             pool, note = training_prompts(kept, data["problem_ids"], cfg.grpo.prompts_per_step)

@@ -56,8 +56,8 @@ def launch_command(cfg: PipelineConfig, spec_path: Path, on_gpu: bool) -> list[s
 
 def _keep_rows_before(path: Path, step: int) -> None:
     if path.is_file():
-        rows = [line for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and _step(line) is not None and _step(line) < step]
+        steps = ((line, _step(line)) for line in path.read_text(encoding="utf-8").splitlines())
+        rows = [line for line, k in steps if k is not None and k < step]
         path.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
 
 

@@ -84,6 +84,10 @@ class MetricShipper:
                 self._in_flight = []
                 self._cv.notify_all()
 
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
     def pending(self) -> int:
         with self._cv:
             return len(self._queue) + len(self._in_flight)

@@ -95,7 +95,7 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
             def close(self) -> int:
                 """Hand over the last points and wait for MLflow (idempotent): call it in
                 a `finally` too, since a trainer that raises skips on_train_end."""
-                if not self.shipper._closing:
+                if not self.shipper.closed:
                     self.flush()
                     self.unsent = self.shipper.close(self.close_timeout_s)
                 return self.unsent
