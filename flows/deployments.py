@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flows import configure_prefect
+
+configure_prefect()  # before prefect is imported: a worker imports this module first
+
 from prefect import flow
 
 from flows.compare import compare_recipes, default_recipes

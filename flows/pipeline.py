@@ -5,7 +5,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 
 from flows import configure_prefect
 
@@ -63,20 +65,53 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
     ws = Workspace.at(cfg.project.workdir).ensure()
     use_hub_token(cfg)
     # One pipeline per store: a second one waits, then stops before its MLflow run exists.
-    with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout):
-        parent = tracking.start_parent_run(cfg, config_hash=cfg.hash(), recipe=cfg.project.recipe,
-                                           git_commit=git_commit(), flow_run_id=str(flow_run.id),
-                                           workspace=ws)
-        replayed = tracking.replay_unsent_metrics(ws)
-        if replayed:
-            log.info("sent %d metric points kept while MLflow was unreachable",
-                     sum(replayed.values()))
-        ctx = stages.Ctx(cfg=cfg, ws=ws, parent_run=parent, progress=progress)
-        try:
-            return _stages(ctx, log)
-        except BaseException as exc:  # mark the runs FAILED (a SIGKILL leaves them to resume)
-            tracking.fail_pipeline(parent, f"{type(exc).__name__}: {exc}", ws)
-            raise
+    with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout), \
+            parent_run(cfg, ws, log, progress, config_hash=cfg.hash(),
+                       recipe=cfg.project.recipe) as ctx:
+        return _stages(ctx, log)
+
+
+@contextlib.contextmanager
+def parent_run(cfg: PipelineConfig, ws: Workspace, log, progress: bool, *, config_hash: str,
+               recipe: str) -> Iterator[stages.Ctx]:
+    """Start (or resume) the parent MLflow run of `config_hash`, send the metric points
+    kept while MLflow was unreachable, and yield the stages' context. An exception in the
+    block marks the runs FAILED (a SIGKILL leaves them to resume). Hold pipeline_lock
+    around it: everything from here on writes."""
+    parent = tracking.start_parent_run(cfg, config_hash=config_hash, recipe=recipe,
+                                       git_commit=git_commit(), flow_run_id=str(flow_run.id),
+                                       workspace=ws)
+    replayed = tracking.replay_unsent_metrics(ws)
+    if replayed:
+        log.info("sent %d metric points kept while MLflow was unreachable",
+                 sum(replayed.values()))
+    try:
+        yield stages.Ctx(cfg=cfg, ws=ws, parent_run=parent, progress=progress)
+    except BaseException as exc:  # mark the runs FAILED (a SIGKILL leaves them to resume)
+        tracking.fail_pipeline(parent, f"{type(exc).__name__}: {exc}", ws)
+        raise
+
+
+def eval_scorer_for(cfg: PipelineConfig, ws: Workspace):
+    """stages.evaluate's `scorer`: with eval.shards > 1 workers score the problems and
+    this process aggregates and writes; otherwise None (scored in this process)."""
+    if cfg.eval.shards <= 1:
+        return None
+    from flows.shards import eval_scorer
+
+    return eval_scorer(ws.root)
+
+
+def filter_round(ctx: stages.Ctx, model: str, problem_ids: list[str], round_no: int,
+                 log) -> tuple[list[str], str | None]:
+    """Round `round_no`'s difficulty filter of `problem_ids` under `model` (estimates
+    prefilled by shards when filter.shards > 1), then its training prompts: the
+    `training_prompts` choice, and the finding it notes (None when the band was enough)."""
+    fresh = _prefill_sharded(ctx, model, problem_ids)
+    kept = stages.difficulty_filter(ctx, model, problem_ids, round_no, fresh)
+    log.info("filter round %d: kept %d of %d", round_no, kept["kept"], kept["considered"])
+    prompts, note = training_prompts(kept, problem_ids, ctx.cfg.grpo.prompts_per_step)
+    return prompts, (f"round {round_no}: {note}" if note else None)
 
 
 def _prefill_sharded(ctx: stages.Ctx, model: str, problem_ids: list[str]) -> list[str]:
@@ -94,12 +129,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     cfg, ws, parent = ctx.cfg, ctx.ws, ctx.parent_run
     primary_bench = cfg.eval.benchmarks[:1]  # per-round evals: the first benchmark only
 
-    scorer = None
-    if cfg.eval.shards > 1:  # workers score the problems; this process aggregates, writes
-        from flows.shards import eval_scorer
-
-        scorer = eval_scorer(ws.root)
-
+    scorer = eval_scorer_for(cfg, ws)
     data = stages.ingest(ctx)
     log.info("data: %d problems in the training pool", data["pool_size"])
     model = stages.base_model(ctx)
@@ -116,12 +146,9 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     pool = data["problem_ids"]
     for r in range(1, cfg.grpo.rounds + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
-            fresh = _prefill_sharded(ctx, model, data["problem_ids"])
-            kept = stages.difficulty_filter(ctx, model, data["problem_ids"], r, fresh)
-            log.info("filter round %d: kept %d of %d", r, kept["kept"], kept["considered"])
-            pool, note = training_prompts(kept, data["problem_ids"], cfg.grpo.prompts_per_step)
+            pool, note = filter_round(ctx, model, data["problem_ids"], r, log)
             if note:
-                findings.append(f"round {r}: {note}")
+                findings.append(note)
         train = stages.grpo_round(ctx, model, pool, r)
         model = train["model_dir"]
         after = stages.evaluate(ctx, model, f"eval/round-{r}", primary_bench, scorer)

@@ -1,14 +1,24 @@
 """Scheduled retraining: start from the registered champion, re-filter the pool with it,
 run one GRPO round, evaluate champion and challenger under one protocol, and promote the
 challenger only if it beats the champion beyond the champion's CI. The decision and the
-numbers behind it are recorded on the retrain run."""
+numbers behind it are recorded on the retrain run.
+
+It shares the pipeline's steps (flows/pipeline.py): the store's pipeline lock, the parent
+run (unsent metrics replayed, FAILED on an exception), the round's filter and choice of
+training prompts, sharded filtering and evaluation, the health gate."""
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
 
-from flows.pipeline import git_commit  # first: it configures prefect before import
+from flows.pipeline import (  # first: it configures prefect before import
+    eval_scorer_for,
+    filter_round,
+    health_gate,
+    parent_run,
+)
 from grpo_core.config import PipelineConfig
+from grpo_core.locks import pipeline_lock
+from grpo_core.models import use_hub_token
 from grpo_core.workspace import Workspace
 from tasks import stages, tracking
 
@@ -18,36 +28,48 @@ def retrain(config: PipelineConfig, progress: bool = True) -> dict:
     log = get_run_logger()
     cfg = config
     ws = Workspace.at(cfg.project.workdir).ensure()
-    tracking.connect(tracking.tracking_uri(cfg, ws))
-    name = tracking.model_name(cfg)
-    champion = tracking.champion_version(name)
-    if champion is None:
-        raise LookupError(f"no champion for {name!r}: run the pipeline for this config first")
-    champion_dir = str(tracking.download_champion(name, ws.root / "champions" / name))
-    # One retrain run per champion version: a killed retrain resumes under the same run.
-    parent = tracking.start_parent_run(cfg, config_hash=f"{cfg.hash()}-retrain-v{champion.version}",
-                                       recipe=f"{cfg.project.recipe}+retrain", git_commit=git_commit(),
-                                       flow_run_id=str(flow_run.id), workspace=ws)
-    tracking.set_tags(parent, {"grpo.champion_version": champion.version})
-    ctx = stages.Ctx(cfg=cfg, ws=ws, parent_run=parent, progress=progress)
-    try:
-        data = stages.ingest(ctx)
-        pool = data["problem_ids"]
-        if cfg.filter.enabled:
-            pool = stages.difficulty_filter(ctx, champion_dir, pool, 1)["kept_ids"] or pool
-        train = stages.grpo_round(ctx, champion_dir, pool, 1)
-        before = stages.evaluate(ctx, champion_dir, "eval/champion", cfg.eval.benchmarks)
-        after = stages.evaluate(ctx, train["model_dir"], "eval/final", cfg.eval.benchmarks)
-        bench = cfg.eval.benchmarks[0]
-        champion_metrics = before["benchmarks"][bench]["metrics"]
-        report = tracking.finish_pipeline(parent, cfg, train["model_dir"], after, train["findings"], ws,
-                                          champion_metrics=champion_metrics)
-    except BaseException as exc:
-        tracking.fail_pipeline(parent, f"{type(exc).__name__}: {exc}", ws)
-        raise
-    tracking.log_json(parent, {"champion_version": champion.version, "champion": champion_metrics,
-                               "challenger": after["benchmarks"][bench]["metrics"],
-                               "promoted": report.get("promoted"), "reason": report.get("reason")},
-                      "report/retrain_decision.json")
+    use_hub_token(cfg)
+    # One pipeline per store, as in grpo_pipeline. Taken before the champion is read, so a
+    # pipeline promoting a new champion meanwhile is waited for, not raced; a retrain
+    # that gives up has downloaded nothing and started no MLflow run.
+    with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout):
+        tracking.connect(tracking.tracking_uri(cfg, ws))
+        name = tracking.model_name(cfg)
+        champion = tracking.champion_version(name)
+        if champion is None:
+            raise LookupError(f"no champion for {name!r}: run the pipeline for this config first")
+        champion_dir = str(tracking.download_champion(name, ws.root / "champions" / name))
+        # One retrain run per champion version: a killed retrain resumes under the same run.
+        with parent_run(cfg, ws, log, progress,
+                        config_hash=f"{cfg.hash()}-retrain-v{champion.version}",
+                        recipe=f"{cfg.project.recipe}+retrain") as ctx:
+            tracking.set_tags(ctx.parent_run, {"grpo.champion_version": champion.version})
+            out = _stages(ctx, champion_dir, log)
+        report, bench = out["decision"], cfg.eval.benchmarks[0]
+        tracking.log_json(ctx.parent_run, {
+            "champion_version": str(champion.version), "champion": out["champion"][bench]["metrics"],
+            "challenger": out["challenger"][bench]["metrics"],
+            "promoted": report.get("promoted"), "reason": report.get("reason")},
+            "report/retrain_decision.json")
     log.info("retrain: %s", report.get("summary"))
-    return {"parent_run": parent, "model_dir": train["model_dir"], "decision": report}
+    return {"parent_run": ctx.parent_run, "model_dir": out["model_dir"], "decision": report,
+            "findings": out["findings"]}
+
+
+def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
+    cfg, ws = ctx.cfg, ctx.ws
+    scorer = eval_scorer_for(cfg, ws)
+    data = stages.ingest(ctx)
+    pool, findings = data["problem_ids"], []
+    if cfg.filter.enabled:
+        pool, note = filter_round(ctx, champion_dir, data["problem_ids"], 1, log)
+        findings += [note] if note else []
+    train = stages.grpo_round(ctx, champion_dir, pool, 1)
+    before = stages.evaluate(ctx, champion_dir, "eval/champion", cfg.eval.benchmarks, scorer)
+    after = stages.evaluate(ctx, train["model_dir"], "eval/final", cfg.eval.benchmarks, scorer)
+    findings += health_gate(1, train, before, after, cfg.eval.primary_metric)
+    champion_metrics = before["benchmarks"][cfg.eval.benchmarks[0]]["metrics"]
+    report = tracking.finish_pipeline(ctx.parent_run, cfg, train["model_dir"], after, findings, ws,
+                                      champion_metrics=champion_metrics)
+    return {"model_dir": train["model_dir"], "champion": before["benchmarks"],
+            "challenger": after["benchmarks"], "findings": findings, "decision": report}
