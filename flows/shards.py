@@ -7,6 +7,10 @@ processes (or on Ray / Dask), the calling process ingests their Parquet files.
 `prefill_estimates` hands the problems without a stored estimate to
 `filter.shards` workers and writes their rows into the store in one transaction; the
 ordinary filter then finds every estimate stored (`fresh` keeps its counts honest).
+Resumable: the shard files live in <workdir>/shards/filter-<work key> (grpo_core.shards
+.work_key: model, sampling, shard count, the ordered todo), so a run killed while shards
+sample reuses the shards that finished and samples only the others; the folder is removed
+once its rows are stored.
 
 Evaluation (eval.shards > 1): `eval_scorer(workdir)` is evaluation.evaluate's `scorer`.
 The `sharded-eval` flow scores contiguous shards of a benchmark's problems in workers
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -67,21 +72,39 @@ def filter_shard(index: int, model_path: str, cfg: dict, template: str, model_fp
 
 @flow(name="sharded-filter", validate_parameters=False)
 def sharded_filter(model_path: str, cfg: dict, template: str, model_fp: str,
-                   problem_files: list[str], threads: int | None = None) -> list[str]:
-    """One filter-shard task per problem file; the Parquet paths, in shard order."""
+                   problem_files: list[str], threads: int | None = None,
+                   indices: list[int] | None = None) -> list[str]:
+    """One filter-shard task per problem file (`indices`: their shard numbers, when only
+    some shards run); the Parquet paths, in the files' order."""
+    indices = indices if indices is not None else list(range(len(problem_files)))
     futures = [filter_shard.submit(i, model_path, cfg, template, model_fp, f,
                                    str(Path(f).with_suffix(".parquet")), threads)
-               for i, f in enumerate(problem_files)]
+               for i, f in zip(indices, problem_files)]
     return [f.result() for f in futures]
+
+
+def shard_path(out_dir: str | Path, index: int) -> Path:
+    """Shard `index`'s output file (its input is the same name with .jsonl)."""
+    return Path(out_dir) / f"shard-{index:03d}.parquet"
 
 
 def run_shards(cfg: PipelineConfig, model_path: str, template: str, model_fp: str,
                problems: list[Problem], out_dir: str | Path) -> list[str]:
-    """Split `problems` into cfg.filter.shards parts, run the sharded-filter flow on them
-    with cfg.filter.shard_runner, return the shard Parquet paths (under out_dir, which
-    Ray / Dask workers must see too)."""
-    return _map_shards(sharded_filter, cfg, cfg.filter.shards, model_path, template,
-                       problems, out_dir, model_fp=model_fp)
+    """Split `problems` into cfg.filter.shards parts, run the sharded-filter flow on the
+    parts whose Parquet file out_dir does not hold finished already (shards.finished_shard:
+    out_dir must be this very work's, see prefill_estimates) with cfg.filter.shard_runner;
+    return every shard's Parquet path, in shard order (under out_dir, which Ray / Dask
+    workers must see too)."""
+    from grpo_core.difficulty import sampling_key
+
+    parts = shards.split(problems, cfg.filter.shards)
+    key = sampling_key(cfg, template)
+    todo = {i: part for i, part in enumerate(parts)
+            if not shards.finished_shard(shard_path(out_dir, i), part, model_fp, key)}
+    if todo:
+        _run_parts(sharded_filter, cfg, todo, model_path, template, out_dir,
+                   model_fp=model_fp)
+    return [str(shard_path(out_dir, i)) for i in range(len(parts))]
 
 
 def _map_shards(flow_fn, cfg: PipelineConfig, n: int, model_path: str, template: str,
@@ -91,19 +114,28 @@ def _map_shards(flow_fn, cfg: PipelineConfig, n: int, model_path: str, template:
     parts = shards.split(problems, n)
     if not parts:
         return []
+    return _run_parts(flow_fn, cfg, dict(enumerate(parts)), model_path, template, out_dir,
+                      **extra)
+
+
+def _run_parts(flow_fn, cfg: PipelineConfig, parts: dict[int, list[Problem]],
+               model_path: str, template: str, out_dir: str | Path,
+               **extra: Any) -> list[str]:
+    """`flow_fn` over `parts` (shard number -> its problems) on cfg.filter.shard_runner,
+    one worker each; their output paths, in the order of `parts`."""
     kind = cfg.filter.shard_runner
     runner = task_runner(kind, len(parts))
     # Local processes share this machine's cores; a cluster's workers keep their own.
     threads = shards.worker_threads(len(parts)) if kind == "process" else None
-    files = [shards.write_problems(part, Path(out_dir) / f"shard-{i:03d}.jsonl")
-             for i, part in enumerate(parts)]
+    files = [shards.write_problems(part, shard_path(out_dir, i).with_suffix(".jsonl"))
+             for i, part in parts.items()]
     # The secret-free dump: Prefect stores flow parameters (tokens reach workers as HF_TOKEN).
     dumped = cfg.model_dump(mode="json", exclude={"tracking"})
     dumped["model"]["hub_token"] = None
     with workers_share_the_api():
         return flow_fn.with_options(task_runner=runner)(
             model_path=model_path, cfg=dumped, template=template, problem_files=files,
-            threads=threads, **extra)
+            threads=threads, indices=list(parts), **extra)
 
 
 @contextlib.contextmanager
@@ -136,7 +168,7 @@ def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Probl
     what is missing and to ingest, never while workers run. `model_path` is resolved."""
     from transformers import AutoTokenizer
 
-    from grpo_core.difficulty import missing_estimates
+    from grpo_core.difficulty import missing_estimates, sampling_spec
     from grpo_core.models import model_fingerprint
     from grpo_core.prompts import resolve_template
 
@@ -145,14 +177,39 @@ def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Probl
     fp = model_fingerprint(model_path)
     with open_store() as store:
         todo = missing_estimates(problems, fp, cfg, template, tokenizer, store)
-    if not todo:
-        return []
     root = Path(workdir) / "shards"
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root, prefix="filter-") as tmp:
-        paths = run_shards(cfg, model_path, template, fp, todo, tmp)
-        with open_store() as store:
-            return shards.ingest_shards(store, paths)
+    if not todo:
+        _remove_filter_dirs(root, keep=None)
+        return []
+    chat = getattr(tokenizer, "chat_template", None) if template == "chat" else None
+    key = shards.work_key(fp, sampling_spec(cfg, template), cfg.filter.shards, todo, chat)
+    work = root / f"filter-{key}"
+    _remove_filter_dirs(root, keep=work)
+    work.mkdir(parents=True, exist_ok=True)
+    # A shard file already in `work` is one a killed (or failed) run finished: same key,
+    # same problems; run_shards samples only the others.
+    paths = run_shards(cfg, model_path, template, fp, todo, work)
+    with open_store() as store:
+        fresh = shards.ingest_shards(store, paths)
+    shutil.rmtree(work, ignore_errors=True)  # stored: nothing left to resume
+    return fresh
+
+
+def _remove_filter_dirs(root: Path, keep: Path | None) -> None:
+    """Remove the sharded filters' work folders under `root` but `keep`: those left by
+    runs killed (or failed) under other inputs (another model, config or todo: a resumed
+    run with the same inputs finds its own folder, `keep`) and older versions' temporary
+    folders. Their files cannot serve this run, and keeping them for a return to those
+    exact inputs would let a workdir fill up with shards nobody reads. No age limit is
+    needed because nothing else can be using them now: the store's pipeline lock
+    (grpo_core.locks, held by the pipeline, retrain and `grpo filter` around every
+    prefill) lets one of them at a time use a workdir (its store is
+    <workdir>/store.duckdb). Another caller must hold that lock too."""
+    if not root.is_dir():
+        return
+    for path in root.glob("filter-*"):
+        if path.is_dir() and path != keep:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -167,11 +224,13 @@ def eval_shard(index: int, model_path: str, cfg: dict, template: str, problems_p
 
 @flow(name="sharded-eval", validate_parameters=False)
 def sharded_eval(model_path: str, cfg: dict, template: str, problem_files: list[str],
-                 threads: int | None = None) -> list[str]:
-    """One eval-shard task per problem file; the records' Parquet paths, in shard order."""
+                 threads: int | None = None, indices: list[int] | None = None) -> list[str]:
+    """One eval-shard task per problem file (`indices`: their shard numbers); the
+    records' Parquet paths, in shard order."""
+    indices = indices if indices is not None else list(range(len(problem_files)))
     futures = [eval_shard.submit(i, model_path, cfg, template, f,
                                  str(Path(f).with_suffix(".parquet")), threads)
-               for i, f in enumerate(problem_files)]
+               for i, f in zip(indices, problem_files)]
     return [f.result() for f in futures]
 
 

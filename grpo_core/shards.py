@@ -10,12 +10,19 @@ so a failed shard or a failed ingest leaves no half-filled filter behind. Each p
 sampled from its own seed (difficulty.problem_seed), so the rows equal the unsharded
 filter's whatever the split. No Prefect here: flows/shards.py maps the workers.
 
+Resumable: `work_key` names a shard run's folder after everything its files depend on
+(model, sampling spec, prompt rendering, shard count, the ordered problems), so a run
+killed while shards sample finds the same folder again; `finished_shard` tells which of
+its Parquet files (written atomically) are complete and for the very same problems, and
+only the others are sampled again.
+
 Evaluation the same way (eval.shards): `score_shard` writes one shard's per-problem eval
 records (evaluation.score_problems) to Parquet, `read_records` gives them back exactly;
 the parent concatenates the shards in order, aggregates and stores as unsharded.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -32,6 +39,7 @@ from grpo_core.records import (
     _now,
     _transaction,
     ensure_tables,
+    problem_key,
 )
 
 T = TypeVar("T")
@@ -99,6 +107,40 @@ def estimate_shard(model_path: str, cfg: dict[str, Any], template: str, model_fp
     pq.write_table(table, part)
     os.replace(part, out)  # a killed worker leaves no file that looks finished
     return str(out)
+
+
+def work_key(model_fp: str, spec: dict[str, Any], shards: int, problems: list[Problem],
+             chat_template: str | None = None) -> str:
+    """The key of a sharded filter's work: equal exactly when its shard files would be.
+    `spec` is difficulty.sampling_spec (template, k, temperature, top_p, max_new_tokens,
+    seed, sampler: what a stored estimate is keyed by), `shards` the shard count asked for
+    (with the problems it fixes the split), `problems` the todo in order, whole rows (id,
+    text, gold, source, level: what a row's input_hash and columns come from), and
+    `chat_template` the tokenizer's when the template is "chat" (it renders the prompts but
+    is not part of the model fingerprint)."""
+    h = hashlib.sha256()
+    head = {"model_fingerprint": model_fp, "sampling": spec, "shards": shards,
+            "chat_template": chat_template, "n": len(problems)}
+    h.update(json.dumps(head, sort_keys=True).encode())
+    for p in problems:
+        h.update(b"\n" + json.dumps(p.to_row(), sort_keys=True, ensure_ascii=False)
+                 .encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:16]
+
+
+def finished_shard(path: str | Path, problems: list[Problem], model_fp: str,
+                   sampling_key: str) -> bool:
+    """True when `path` is a complete shard file (estimate_shard writes it atomically) of
+    exactly these problems, in order, under this model and sampling key; False when it is
+    missing, unreadable or for something else (then the shard is sampled again)."""
+    try:
+        table = pq.read_table(path, columns=["problem_id", "model_fingerprint",
+                                             "sampling_key"])
+    except (OSError, pa.ArrowException):
+        return False
+    return (table.column("problem_id").to_pylist() == [problem_key(p) for p in problems]
+            and set(table.column("model_fingerprint").to_pylist()) <= {model_fp}
+            and set(table.column("sampling_key").to_pylist()) <= {sampling_key})
 
 
 def ingest_shards(con_or_store: Any, paths: list[str | Path]) -> list[str]:

@@ -57,3 +57,14 @@ def run_names(workdir: Path) -> set[str]:
             return {r[0] for r in con.execute("SELECT name FROM runs")}
     except sqlite3.Error:
         return set()
+
+
+def prefect_flow_runs(prefect_home: Path) -> dict[str, list[str]]:
+    """Prefect flow name -> the final state of each of its runs, from Prefect's database."""
+    with sqlite3.connect(f"file:{prefect_home / 'prefect.db'}?mode=ro", uri=True) as con:
+        rows = con.execute("SELECT f.name, r.state_type FROM flow_run r JOIN flow f "
+                           "ON r.flow_id = f.id").fetchall()
+    out: dict[str, list[str]] = {}
+    for name, state in rows:
+        out.setdefault(name, []).append(state)
+    return out

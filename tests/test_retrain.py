@@ -9,14 +9,13 @@ run. Once the store is free a retrain runs to the end: its MLflow run records th
 tasks/registry.py promote_if_better (the challenger wins only above the champion's CI
 upper bound). The slow variant shards the retrain's filter and evaluations."""
 import json
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, write_config
+from pipeline_runs import GRPO, ROOT, mlflow_runs, prefect_flow_runs, run_env, write_config
 
 from grpo_core.locks import lock_path
 from grpo_core.workspace import Workspace
@@ -51,17 +50,6 @@ def _retrain(cfg: Path, workdir: Path, *overrides: str, **env: str) -> subproces
 def _parents(workdir: Path) -> dict:
     _, runs = mlflow_runs(workdir)
     return {r.data.tags["recipe"]: r for r in runs if "mlflow.parentRunId" not in r.data.tags}
-
-
-def _flow_runs(prefect_home: Path) -> dict[str, list[str]]:
-    """Prefect flow name -> the final state of each of its runs, from Prefect's database."""
-    with sqlite3.connect(f"file:{prefect_home / 'prefect.db'}?mode=ro", uri=True) as con:
-        rows = con.execute("SELECT f.name, r.state_type FROM flow_run r JOIN flow f "
-                           "ON r.flow_id = f.id").fetchall()
-    out: dict[str, list[str]] = {}
-    for name, state in rows:
-        out.setdefault(name, []).append(state)
-    return out
 
 
 def _champion(client) -> str:
@@ -137,7 +125,7 @@ def test_retrain_waits_for_the_store_then_decides_by_the_champion_ci(tiny_model_
     assert f"pid {pipeline.pid}" in locked.stderr and "waited 2 s" in locked.stderr
     assert set(_parents(workdir)) == {"r1_zero"}  # no retrain run started
     assert not (workdir / "champions").exists()  # the champion was not even downloaded
-    assert sorted(_flow_runs(other_home)["grpo-retrain"]) == ["FAILED", "FAILED"]  # entry, inner flow
+    assert sorted(prefect_flow_runs(other_home)["grpo-retrain"]) == ["FAILED", "FAILED"]  # entry, inner flow
     from mlflow import MlflowClient
 
     assert _champion(MlflowClient(f"sqlite:///{workdir}/mlflow.db")) == "1"
@@ -146,7 +134,7 @@ def test_retrain_waits_for_the_store_then_decides_by_the_champion_ci(tiny_model_
     done = _retrain(cfg, workdir)
     retrain_s = time.time() - t0
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert sorted(_flow_runs(workdir / "prefect")["grpo-retrain"]) == ["COMPLETED", "COMPLETED"]
+    assert sorted(prefect_flow_runs(workdir / "prefect")["grpo-retrain"]) == ["COMPLETED", "COMPLETED"]
     _check_retrain_run(workdir, tmp_path)
     print(f"pipeline (with the locked-out retrain) {pipeline_s:.0f} s, retrain {retrain_s:.0f} s")
 
@@ -162,6 +150,6 @@ def test_sharded_retrain(tiny_model_path, tmp_path):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     done = _retrain(cfg, workdir, "filter.shards=2", "eval.shards=2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    flows = _flow_runs(workdir / "prefect")
+    flows = prefect_flow_runs(workdir / "prefect")
     assert flows["sharded-filter"] == ["COMPLETED"] and flows["sharded-eval"] == ["COMPLETED"]
     _check_retrain_run(workdir, tmp_path)

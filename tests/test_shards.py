@@ -5,6 +5,7 @@ processes, Prefect's temporary local server)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pyarrow as pa
@@ -16,9 +17,11 @@ from grpo_core.config import ConfigError, PipelineConfig
 from grpo_core.difficulty import run_filter
 from grpo_core.records import PASS_RATE_SCHEMA, problem_key, read_pass_rates, write_pass_rates
 from grpo_core.shards import (
+    finished_shard,
     ingest_shards,
     read_records,
     split,
+    work_key,
     worker_threads,
     write_records,
 )
@@ -181,6 +184,97 @@ def test_sharded_filter_gives_the_unsharded_rows(shard_flows, tiny_model_path, t
     # Everything stored now: no flow, no worker.
     assert shard_flows.prefill_estimates(cfg, tiny_model_path, problems,
                                          lambda: Store.open(db), tmp_path / "ws") == []
+
+
+# ----------------------------------------------------------------------------- resuming
+
+
+def test_work_key_is_the_inputs_and_nothing_else():
+    problems = generate_problems("train", 6, seed=5)
+    spec = {"k": 4, "seed": 7, "template": "r1_zero"}
+    key = work_key("fp", spec, 2, problems)
+    assert key == work_key("fp", dict(spec), 2, list(problems))  # same inputs, same folder
+    edited = problems[:2] + [type(problems[2])(**{**problems[2].to_row(), "answer": "-1",
+                                                  "fingerprint": ""})] + problems[3:]
+    for other in (work_key("fp2", spec, 2, problems), work_key("fp", {**spec, "k": 8}, 2,
+                                                                 problems),
+                  work_key("fp", spec, 3, problems), work_key("fp", spec, 2, problems[::-1]),
+                  work_key("fp", spec, 2, problems[:-1]), work_key("fp", spec, 2, edited),
+                  work_key("fp", spec, 2, problems, chat_template="{{ messages }}")):
+        assert other != key
+
+
+def test_a_shard_file_is_reused_only_when_complete_and_for_the_same_problems(tmp_path):
+    problems = generate_problems("train", 3, seed=5)
+    rows = [{**_row(problem_key(p), 1), "sampling_key": "sk"} for p in problems]
+    path = _shard_file(tmp_path / "shard-000.parquet", rows)
+    assert finished_shard(path, problems, "fp", "sk")
+    assert not finished_shard(path, problems[::-1], "fp", "sk")  # other order
+    assert not finished_shard(path, problems[:2], "fp", "sk")  # other problems
+    assert not finished_shard(path, problems, "fp2", "sk")  # other model
+    assert not finished_shard(path, problems, "fp", "sk2")  # other sampling
+    assert not finished_shard(tmp_path / "shard-001.parquet", problems, "fp", "sk")  # none
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 cut short")
+    assert not finished_shard(tmp_path / "bad.parquet", problems, "fp", "sk")
+
+
+class Killed(Exception):
+    """Stands for a SIGKILL: the process ends between the shards and the ingest."""
+
+
+@pytest.mark.integration
+def test_a_killed_sharded_filter_resumes_with_the_shards_it_finished(shard_flows,
+                                                                      tiny_model_path,
+                                                                      tmp_path):
+    problems = generate_problems("train", 8, seed=5)
+    with Store.open(tmp_path / "one.duckdb") as store:
+        run_filter(tiny_model_path, problems, _cfg(1), store=store)
+        expected = _rows(store)
+    cfg, db, ws = _cfg(2), tmp_path / "two.duckdb", tmp_path / "ws"
+    root = ws / "shards"
+    stale = root / "filter-0123456789abcdef"  # a killed run's, under other inputs
+    stale.mkdir(parents=True)
+    (stale / "shard-000.parquet").write_bytes(b"old")
+    (root / "eval-other").mkdir()  # not the filter's: left alone
+
+    opened = []
+
+    def killed_at_ingest():
+        opened.append(1)
+        if len(opened) > 1:
+            raise Killed  # both shards finished, nothing stored
+        return Store.open(db)
+
+    with pytest.raises(Killed):
+        shard_flows.prefill_estimates(cfg, tiny_model_path, problems, killed_at_ingest, ws)
+    work = sorted(root.glob("filter-*"))
+    assert len(work) == 1 and work[0] != stale  # this run's folder stays; the stale one went
+    work = work[0]
+    done, lost = work / "shard-000.parquet", work / "shard-001.parquet"
+    assert done.is_file() and lost.is_file()
+    lost.unlink()  # as if killed while shard 1 sampled: only its half-written part is left
+    (work / "shard-001.parquet.part").write_bytes(b"PAR1 half")
+    before = os.stat(done)
+
+    at_ingest = {}
+
+    def watching():
+        at_ingest.update({p.name: os.stat(p) for p in work.glob("*.parquet")})
+        return Store.open(db)
+
+    fresh = shard_flows.prefill_estimates(cfg, tiny_model_path, problems, watching, ws)
+    # Shard 0's file was not written again (estimate_shard's os.replace gives a new inode
+    # and mtime), shard 1 ran again.
+    kept = at_ingest["shard-000.parquet"]
+    assert (kept.st_ino, kept.st_mtime_ns, kept.st_size) == (before.st_ino,
+                                                            before.st_mtime_ns,
+                                                            before.st_size)
+    assert "shard-001.parquet" in at_ingest
+    assert fresh == [problem_key(p) for p in problems]
+    with Store.open(db) as store:
+        assert _rows(store) == expected  # every column but created_at
+    assert not work.exists() and not list(root.glob("filter-*"))  # stored: folder removed
+    assert (root / "eval-other").is_dir()
 
 
 # ----------------------------------------------------------------------------- evaluation
