@@ -77,6 +77,40 @@ def _open_store(cfg):
         _fail(str(exc), 1)
 
 
+def _shard_flows(cfg):
+    """flows.shards, with Prefect's home in this command's workspace (set before prefect
+    is imported, as `grpo run` does)."""
+    from flows import configure_prefect
+
+    configure_prefect(cfg.project.workdir)
+    import flows.shards
+
+    return flows.shards
+
+
+def _prefill_sharded(cfg, problems: list, progress: bool) -> list[str]:
+    """With filter.shards > 1, the sharded-filter flow stores the missing estimates (the
+    store closed meanwhile: one writer); the ids it stored. Otherwise nothing to do.
+    It holds the store's pipeline lock, as a pipeline does around the same step: the
+    shard work folders under the workspace are one pipeline's at a time."""
+    if cfg.filter.shards <= 1:
+        return []
+    from grpo_core.locks import pipeline_lock
+    from grpo_core.models import resolve_model_path
+    from grpo_core.store import StoreLockedError
+    from grpo_core.workspace import Workspace
+
+    ws = Workspace.at(cfg.project.workdir)
+    path = resolve_model_path(cfg.model.name_or_path, ws.models, progress)
+    flows_shards = _shard_flows(cfg)
+    try:
+        with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout):
+            return flows_shards.prefill_estimates(cfg, path, problems,
+                                                  lambda: _open_store(cfg), ws.root)
+    except StoreLockedError as exc:
+        _fail(str(exc), 1)
+
+
 def _progress(as_json: bool) -> bool:
     return not as_json and sys.stderr.isatty()
 
@@ -120,7 +154,7 @@ def filter_cmd(
         [(d.source, d.split, d.levels) for d in cfg.data.train]
     progress = _progress(as_json)
     with _open_store(cfg) as store:
-        problems = []
+        problems: list = []
         try:
             for name, split, levels in sources:
                 n = limit or next((d.limit for d in cfg.data.train if d.source == name), None)
@@ -133,13 +167,16 @@ def filter_cmd(
             _fail(str(exc), 1)
         if not problems:
             _fail(f"no problems in {', '.join(s for s, _, _ in sources)}", 1)
-        _building_note(cfg.model.name_or_path)
-        try:
+    _building_note(cfg.model.name_or_path)
+    try:
+        # filter.shards > 1: workers sample what is missing while the store is closed
+        fresh = _prefill_sharded(cfg, problems, progress)
+        with _open_store(cfg) as store:
             report = run_filter(cfg.model.name_or_path, problems, cfg, store=store,
-                                progress=progress)
-        except OSError as exc:
-            _fail(f"cannot load model {cfg.model.name_or_path}: "
-                  f"{str(exc).strip().splitlines()[0]}", 1)
+                                progress=progress, fresh=fresh)
+    except OSError as exc:
+        _fail(f"cannot load model {cfg.model.name_or_path}: "
+              f"{str(exc).strip().splitlines()[0]}", 1)
     if plot:
         plot_histogram([r["pass_rate"] for r in report.estimates], report.band, plot,
                        bins=report.k)
@@ -233,12 +270,16 @@ def eval_cmd(
         "data.data_dir": str(data_dir) if data_dir else None, "model.template": template})
     progress = _progress(as_json)
     results = []
+    backend = tokenizer = scorer = None
+    if cfg.eval.shards > 1:  # workers load the model and score; this process writes
+        scorer = _shard_flows(cfg).eval_scorer(Workspace.at(cfg.project.workdir).root)
     with _open_store(cfg) as store:
         _building_note(cfg.model.name_or_path)
         try:
             path = resolve_model_path(cfg.model.name_or_path,
                                       Workspace.at(cfg.project.workdir).models, progress)
-            backend, tokenizer = build_backend(path, cfg, progress=progress)
+            if scorer is None:
+                backend, tokenizer = build_backend(path, cfg, progress=progress)
         except OSError as exc:
             _fail(f"cannot load model {cfg.model.name_or_path}: "
                   f"{str(exc).strip().splitlines()[0]}", 1)
@@ -246,7 +287,7 @@ def eval_cmd(
             try:
                 results.append(evaluate(cfg.model.name_or_path, bench, cfg, store=store,
                                         backend=backend, tokenizer=tokenizer,
-                                        progress=progress))
+                                        progress=progress, scorer=scorer))
             except SourceError as exc:
                 _fail(str(exc), 2)
             except SourceUnreadable as exc:
