@@ -91,22 +91,18 @@ def _shard_flows(cfg):
 def _prefill_sharded(cfg, problems: list, progress: bool) -> list[str]:
     """With filter.shards > 1, the sharded-filter flow stores the missing estimates (the
     store closed meanwhile: one writer); the ids it stored. Otherwise nothing to do.
-    It holds the store's pipeline lock, as a pipeline does around the same step: the
-    shard work folders under the workspace are one pipeline's at a time."""
+    A pipeline running on this workspace holds it: exit 1 after data.store_lock_timeout."""
     if cfg.filter.shards <= 1:
         return []
-    from grpo_core.locks import pipeline_lock
     from grpo_core.models import resolve_model_path
     from grpo_core.store import StoreLockedError
     from grpo_core.workspace import Workspace
 
     ws = Workspace.at(cfg.project.workdir)
     path = resolve_model_path(cfg.model.name_or_path, ws.models, progress)
-    flows_shards = _shard_flows(cfg)
     try:
-        with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout):
-            return flows_shards.prefill_estimates(cfg, path, problems,
-                                                  lambda: _open_store(cfg), ws.root)
+        return _shard_flows(cfg).prefill_estimates(cfg, path, problems,
+                                                   lambda: _open_store(cfg), ws.root)
     except StoreLockedError as exc:
         _fail(str(exc), 1)
 
@@ -270,14 +266,14 @@ def eval_cmd(
         "data.data_dir": str(data_dir) if data_dir else None, "model.template": template})
     progress = _progress(as_json)
     results = []
+    ws = Workspace.at(cfg.project.workdir)
     backend = tokenizer = scorer = None
     if cfg.eval.shards > 1:  # workers load the model and score; this process writes
-        scorer = _shard_flows(cfg).eval_scorer(Workspace.at(cfg.project.workdir).root)
+        scorer = _shard_flows(cfg).eval_scorer(ws.root)
     with _open_store(cfg) as store:
         _building_note(cfg.model.name_or_path)
         try:
-            path = resolve_model_path(cfg.model.name_or_path,
-                                      Workspace.at(cfg.project.workdir).models, progress)
+            path = resolve_model_path(cfg.model.name_or_path, ws.models, progress)
             if scorer is None:
                 backend, tokenizer = build_backend(path, cfg, progress=progress)
         except OSError as exc:

@@ -165,7 +165,20 @@ def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Probl
                       workdir: str | Path) -> list[str]:
     """Estimate, on cfg.filter.shards workers, what the filter would sample now, and
     store it (one transaction); returns the ids stored. The store is opened only to read
-    what is missing and to ingest, never while workers run. `model_path` is resolved."""
+    what is missing and to ingest, never while workers run. `model_path` is resolved.
+    Holds the workspace store's pipeline lock (re-entrant: the pipeline and retrain hold
+    it already; StoreLockedError after data.store_lock_timeout): the shard work folders
+    under `workdir` are one run's at a time."""
+    from grpo_core.locks import pipeline_lock
+    from grpo_core.workspace import Workspace
+
+    with pipeline_lock(Workspace.at(workdir).db_path, cfg.data.store_lock_timeout):
+        return _prefill(cfg, model_path, problems, open_store, workdir)
+
+
+def _prefill(cfg: PipelineConfig, model_path: str, problems: list[Problem],
+             open_store: Callable[[], AbstractContextManager[Any]],
+             workdir: str | Path) -> list[str]:
     from transformers import AutoTokenizer
 
     from grpo_core.difficulty import missing_estimates, sampling_spec
@@ -201,10 +214,8 @@ def _remove_filter_dirs(root: Path, keep: Path | None) -> None:
     run with the same inputs finds its own folder, `keep`) and older versions' temporary
     folders. Their files cannot serve this run, and keeping them for a return to those
     exact inputs would let a workdir fill up with shards nobody reads. No age limit is
-    needed because nothing else can be using them now: the store's pipeline lock
-    (grpo_core.locks, held by the pipeline, retrain and `grpo filter` around every
-    prefill) lets one of them at a time use a workdir (its store is
-    <workdir>/store.duckdb). Another caller must hold that lock too."""
+    needed because nothing else can be using them now: prefill_estimates holds the
+    workspace store's pipeline lock (grpo_core.locks), as the pipeline and retrain do."""
     if not root.is_dir():
         return
     for path in root.glob("filter-*"):
