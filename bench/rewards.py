@@ -1,6 +1,7 @@
 """Accuracy-reward throughput: ours against calling math-verify directly, side by side.
 
     .venv/bin/python bench/rewards.py [--gsm8k-prompts 200] [--math-prompts 100]
+                                      [--math500-prompts 480]
 
 For each prompt, a group of G=8 completions `<think>...</think><answer>...</answer>`:
 3 correct answers written different ways and 5 wrong ones. "ours" is
@@ -9,6 +10,13 @@ exactly, verdicts cached, math-verify for the rest); "math-verify" is what a rew
 function does without any of that: `verify(parse(gold), parse(answer))` per completion. Inputs come from ../shared/data when present (GSM8K test, MATH-500), else
 synthetic ones. Each side runs in a fresh process, warmed up on 20 other prompts, then
 timed with cold caches on the measured prompts.
+
+Then the MATH-500 row of the evaluation scorer, `answers.is_correct` under each extraction
+mode (strict, flexible): every MATH-500 gold (skipped when ../shared/data/math500 is absent)
+with 8 completions written the ways models write them (answer tag, boxed, "The final
+answer is ...", a GSM8K-style last line) and wrong ones (another problem's gold, the gold
+with one digit changed). With code that predates the flexible mode, strict is scored as
+`verify(parse_gold(gold), extract_answer(c))` (the same thing) and flexible is n/a.
 """
 
 from __future__ import annotations
@@ -86,6 +94,59 @@ def math_group(golds: list[str], i: int) -> list[str]:
     return [completion(a) for a in correct + [f"${h}$" for h in others]]
 
 
+def math500_golds() -> list[str] | None:
+    path = shared_data() / "math500" / "test.jsonl"
+    return [r["answer"] for r in _rows(path)] if path.is_file() else None
+
+
+def _one_digit_changed(g: str) -> str:
+    for i, ch in enumerate(g):
+        if ch.isdigit():
+            return g[:i] + str((int(ch) + 1) % 10) + g[i + 1 :]
+    return g + "+1"
+
+
+def math500_modes_group(golds: list[str], i: int) -> list[str]:
+    """4 right (tag, boxed, Minerva's "final answer", a last line) and 4 wrong completions."""
+    g, other = golds[i], golds[(i + 1) % len(golds)]
+    near = _one_digit_changed(g)
+    think = "Let me work through it. With 3 cases and 5 options we get this."
+    return [
+        completion(g),
+        f"{think} So the answer is $\\boxed{{{g}}}$.",
+        f"{think}\nFinal Answer: The final answer is ${g}$. I hope it is correct.",
+        f"{think}\nThe answer is {g}",
+        completion(other),
+        f"{think} So the answer is $\\boxed{{{near}}}$.",
+        f"{think}\nThe answer is ${near}$.",
+        f"{think} Hence {other}",
+    ]
+
+
+def score_modes(mode: str, groups: list[tuple[str, list[str]]]) -> list:
+    if hasattr(answers, "is_correct"):
+        return [answers.is_correct(c, g, extraction=mode) for g, group in groups for c in group]
+    if mode != "strict":
+        return []  # code from before the flexible extraction
+    return [
+        answers.verify(answers.parse_gold(g), answers.extract_answer(c))
+        for g, group in groups
+        for c in group
+    ]
+
+
+def measure_modes(mode: str, n_prompts: int, warm_n: int = 20) -> dict:
+    answers.warm_up()
+    golds = math500_golds() or []
+    groups = [(golds[i], math500_modes_group(golds, i)) for i in range(len(golds))]
+    groups = groups[warm_n:][:n_prompts] + groups[:warm_n]  # warm on the last ones
+    score_modes(mode, groups[-warm_n:])
+    answers.clear_caches()
+    start = time.perf_counter()
+    verdicts = score_modes(mode, groups[:-warm_n])
+    return {"seconds": time.perf_counter() - start, "verdicts": verdicts}
+
+
 def ours(groups: list[tuple[str, list[str]]]) -> list:
     return [v for gold, group in groups for v in accuracy(group, answer=[gold] * len(group))]
 
@@ -121,11 +182,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gsm8k-prompts", type=int, default=200)
     ap.add_argument("--math-prompts", type=int, default=100)
+    ap.add_argument("--math500-prompts", type=int, default=480)
     ap.add_argument("--worker", nargs=3, metavar=("SIDE", "KIND", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         side, kind, n = args.worker
-        print(json.dumps(measure(side, kind, int(n))))
+        out = measure_modes(side, int(n)) if kind == "modes" else measure(side, kind, int(n))
+        print(json.dumps(out))
         return
     # Each side runs in its own fresh process: sympy's global cache would otherwise let
     # whichever side runs second reuse the first side's work.
@@ -152,6 +215,26 @@ def main() -> None:
             f"{total / b['seconds']:12.0f} {ratios[-1]:6.1f}x {agree:6.3f}"
         )
     print(f"target >= 1.5x: {'met' if min(ratios) >= 1.5 else 'NOT met'} (min {min(ratios):.1f}x)")
+    modes_row(args.math500_prompts)
+
+
+def modes_row(n: int) -> None:
+    """answers.is_correct per extraction mode on MATH-500, each in a fresh process."""
+    if math500_golds() is None:
+        print(f"\nMATH-500 by extraction mode: skipped ({shared_data() / 'math500'} not found)")
+        return
+    print("\nevaluation scorer (answers.is_correct), MATH-500, 8 completions per gold")
+    print(f"{'extraction':38} {'n':>5} {'compl/s':>9} {'judged right':>13}")
+    for mode in ("strict", "flexible"):
+        cmd = [sys.executable, __file__, "--worker", mode, "modes", str(n)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        total = len(res["verdicts"])
+        if not total:
+            print(f"{mode:38} {'':>5} {'n/a':>9} (no {mode} extraction in this code)")
+            continue
+        right = sum(res["verdicts"]) / total
+        print(f"{mode:38} {total:5d} {total / res['seconds']:9.0f} {right:13.3f}")
 
 
 if __name__ == "__main__":

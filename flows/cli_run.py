@@ -11,6 +11,28 @@ import typer
 from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit
 
 
+def _check_benchmarks_or_exit(configs, ws) -> None:
+    """Every benchmark's evaluation split must exist (exit 2 naming it, before any work).
+    A user's own benchmark is looked up in the workspace store when there is one."""
+    from grpo_core.benchmarks import BenchmarkError, check_benchmarks
+    from grpo_core.store import Store, StoreError
+
+    store = None
+    if ws.db_path.exists():
+        try:
+            store = Store.open(ws.db_path, read_only=True)
+        except StoreError:
+            store = None  # busy: the stage finds (or misses) it later
+    try:
+        for cfg in configs:
+            check_benchmarks(cfg, store)
+    except BenchmarkError as exc:
+        fail(f"config error: eval.benchmarks: {exc}", 2)
+    finally:
+        if store is not None:
+            store.close()
+
+
 def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False) -> None:
     """Run a config through the pipeline; with no CONFIG, compare R1-Zero and SFT+GRPO on
@@ -34,6 +56,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
     else:
         configs = [load_or_exit(config, set_, workdir)]
     ws = Workspace.at(configs[0].project.workdir)
+    _check_benchmarks_or_exit(configs, ws)
     # An unreachable tracking server fails here, in seconds, before any training.
     uri = tracking_store.tracking_uri(configs[0], ws)
     try:

@@ -205,7 +205,8 @@ def _print_eval(result) -> None:
     for col, just in (("metric", "left"), ("value", "right"), ("95% CI", "right"),
                       ("n", "right")):
         table.add_column(col, justify=just)
-    names = ["greedy_accuracy"] + [n for n in m if "@" in n] + ["format_adherence"]
+    names = ["greedy_accuracy"] + [n for n in m if "@" in n and "/" not in n] + \
+        [n for n in m if n.startswith("flexible/")] + ["format_adherence"]
     for name in names:
         if m.get(name):
             table.add_row(name, *_ci(m[name]))
@@ -233,8 +234,12 @@ def _print_eval(result) -> None:
     p = result.protocol
     console.print(f"protocol: template {p['template']} ({p['template_hash']}), k={p['k']}, "
                   f"T={p['temperature']}, top_p={p['top_p']}, max tokens {p['max_new_tokens']}"
-                  f", {p['n_problems']} problems, extractor {p['extractor']}; "
+                  f", {p['n_problems']} problems of split {p.get('split')} "
+                  f"({p.get('problems_hash')}), extractor {p['extractor']}; "
                   f"{result.seconds:.1f}s")
+    if m.get("scorer_errors"):
+        console.print(f"[red]scorer errors: {m['scorer_errors']}[/red] (not counted as wrong "
+                      "answers; the log names each input's hash)")
 
 
 def eval_cmd(

@@ -1,6 +1,10 @@
 """R1-Zero vs SFT+GRPO, side by side: both recipes through the pipeline (sharing the
 cached ingest and base-model evaluation), then one table (markdown + CSV) and a bar
-chart with 95% CIs per benchmark, to MLflow, the workspace and a Prefect artifact."""
+chart with 95% CIs per benchmark, to MLflow, the workspace and a Prefect artifact.
+
+Every delta is of two models scored on the same problems, so it carries the paired
+bootstrap CI of the per-problem difference: final vs base per recipe (computed at the end
+of each pipeline), and one recipe's final vs the other's."""
 from __future__ import annotations
 
 import csv
@@ -14,37 +18,95 @@ from flows.pipeline import grpo_pipeline  # first: it configures prefect before 
 from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-exported
 from grpo_core.config import PipelineConfig
 from grpo_core.workspace import Workspace
-from tasks import tracking
+from tasks import comparison, tracking
 from tasks.comparison import COMPARE_COLUMNS
 
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
 
 
 def comparison_rows(results: dict[str, dict], metric: str) -> list[dict]:
+    """One row per recipe and benchmark: base and final with their CIs, and the delta with
+    the paired CI the pipeline computed (finish_pipeline's `deltas`, in its `registered`
+    report); a delta without per-problem records has no CI rather than an unpaired one."""
     rows = []
     for recipe, res in results.items():
+        deltas = (res.get("registered") or {}).get("deltas") or {}
         for bench, final in res["final"].items():
             base = res["base"].get(bench, {}).get("metrics", {}).get(metric) or {}
             now = final["metrics"].get(metric) or {}
-            rows.append({"recipe": recipe, "benchmark": bench, "metric": metric,
-                         "base": base.get("mean"), "base_lo": base.get("lo"), "base_hi": base.get("hi"),
-                         "final": now.get("mean"), "final_lo": now.get("lo"), "final_hi": now.get("hi"),
-                         "delta": (now["mean"] - base["mean"]) if now.get("mean") is not None
-                         and base.get("mean") is not None else None})
+            rows.append(_row(recipe, bench, metric, base, now, deltas.get(bench, {}).get(metric)))
     return rows
+
+
+def _row(label: str, bench: str, metric: str, base: dict, now: dict, paired: dict | None) -> dict:
+    delta = (now["mean"] - base["mean"]) if now.get("mean") is not None \
+        and base.get("mean") is not None else None
+    paired = paired or {}
+    return {"recipe": label, "benchmark": bench, "metric": metric,
+            "base": base.get("mean"), "base_lo": base.get("lo"), "base_hi": base.get("hi"),
+            "final": now.get("mean"), "final_lo": now.get("lo"), "final_hi": now.get("hi"),
+            "delta": paired.get("delta", delta), "delta_lo": paired.get("lo"),
+            "delta_hi": paired.get("hi")}
+
+
+def pair_label(a: str, b: str) -> str:
+    return f"{a} vs {b}"
+
+
+def recipe_pair_rows(configs: list[PipelineConfig], results: dict[str, dict],
+                     metric: str) -> list[dict]:
+    """Recipe against recipe on each benchmark: the later recipe's final model minus the
+    earlier one's (e.g. sft_grpo vs r1_zero), both scored on the same benchmark problems,
+    with the paired CI; the `base` columns hold the earlier recipe's final. Benchmarks
+    whose records cannot be paired (other problems, no store) get no row."""
+    cfgs = {c.project.recipe: c for c in configs}
+    recipes, rows = list(results), []
+    for i, ref in enumerate(recipes):
+        for other in recipes[i + 1:]:
+            for bench in results[other]["final"]:
+                if bench in results[ref]["final"]:
+                    rows += _pair_row(cfgs, results, other, ref, bench, metric)
+    return rows
+
+
+def _pair_row(cfgs: dict, results: dict, a: str, b: str, bench: str, metric: str) -> list[dict]:
+    """[the row of a's final minus b's final on `bench`], or [] when they cannot be paired."""
+    paired = comparison.paired_deltas(
+        _final_records(cfgs[a], results[a], bench), _final_records(cfgs[b], results[b], bench),
+        [metric], n_resamples=cfgs[a].eval.bootstrap, seed=cfgs[a].project.seed).get(metric)
+    if paired is None:
+        return []
+    a_block, b_block = (results[r]["final"][bench]["metrics"].get(metric) or {} for r in (a, b))
+    return [_row(pair_label(a, b), bench, metric, b_block, a_block, paired)]
+
+
+def _final_records(cfg: PipelineConfig, res: dict, bench: str) -> list[dict]:
+    ws = Workspace.at(cfg.project.workdir)
+    with comparison.records_store(ws, cfg.data.store_lock_timeout) as store:
+        return comparison.stage_records(store, res["final"][bench], res["model_dir"])
 
 
 def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def _fmt_delta(r: dict) -> str:
+    if r["delta"] is None:
+        return "-"
+    ci = f" [{_fmt(r['delta_lo'])}, {_fmt(r['delta_hi'])}]" if r["delta_lo"] is not None else ""
+    return f"{r['delta']:+.3f}{ci}"
+
+
 def to_markdown(rows: list[dict]) -> str:
-    lines = ["| recipe | benchmark | metric | base [95% CI] | final [95% CI] | delta |",
+    lines = ["| recipe | benchmark | metric | base [95% CI] | final [95% CI] | delta [paired 95% CI] |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['recipe']} | {r['benchmark']} | {r['metric']} | {_fmt(r['base'])} "
                      f"[{_fmt(r['base_lo'])}, {_fmt(r['base_hi'])}] | {_fmt(r['final'])} "
-                     f"[{_fmt(r['final_lo'])}, {_fmt(r['final_hi'])}] | {_fmt(r['delta'])} |")
+                     f"[{_fmt(r['final_lo'])}, {_fmt(r['final_hi'])}] | {_fmt_delta(r)} |")
+    lines += ["", ("delta: final minus base, with the paired bootstrap 95% CI of the "
+                   "per-problem difference (both models scored on the same problems); a CI above "
+                   "0 is a gain. Rows `A vs B` compare A's final model (final) with B's (base).")]
     return "\n".join(lines)
 
 
@@ -57,11 +119,13 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def bar_chart(rows: list[dict], path: Path) -> Path:
-    """Base vs final per recipe and benchmark, with 95% CI error bars."""
+    """Base vs final per recipe and benchmark, with 95% CI error bars, and the paired
+    delta with its CI written above each pair (recipe-vs-recipe rows are in the table)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(max(5, 1.6 * len(rows)), 3.6))
+    rows = [r for r in rows if " vs " not in r["recipe"]]
+    fig = Figure(figsize=(max(5, 1.6 * len(rows)), 3.8))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     labels = [f"{r['recipe']}\n{r['benchmark']}" for r in rows]
@@ -71,11 +135,15 @@ def bar_chart(rows: list[dict], path: Path) -> Path:
                [max(0.0, (r[f"{which}_hi"] or 0) - (r[which] or 0)) for r in rows]]
         ax.bar([i + offset for i in range(len(rows))], means, width=0.4, yerr=err, capsize=3,
                color=colour, label=which)
+    for i, r in enumerate(rows):
+        if r["delta"] is not None:
+            top = max(r["base_hi"] or r["base"] or 0, r["final_hi"] or r["final"] or 0)
+            ax.text(i, min(top + 0.03, 0.97), f"Δ {_fmt_delta(r)}", ha="center", fontsize=7)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_ylabel(rows[0]["metric"] if rows else "")
     ax.set_ylim(0, 1)
-    ax.legend()
-    ax.set_title("R1-Zero vs SFT+GRPO (95% bootstrap CI)")
+    ax.legend(loc="upper left")
+    ax.set_title("R1-Zero vs SFT+GRPO (95% bootstrap CI; Δ: paired CI)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -88,7 +156,7 @@ def compare_recipes(configs: list[PipelineConfig], progress: bool = True) -> dic
     for cfg in configs:
         results[cfg.project.recipe] = grpo_pipeline(cfg, progress=progress)
     metric = configs[0].eval.primary_metric
-    rows = comparison_rows(results, metric)
+    rows = comparison_rows(results, metric) + recipe_pair_rows(configs, results, metric)
     ws = Workspace.at(configs[0].project.workdir).ensure()
     report_dir = ws.root / "reports"
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
+from grpo_core.grpo import prompts_per_update
 from grpo_core.locks import pipeline_lock
 from grpo_core.models import use_hub_token
 from grpo_core.workspace import Workspace
@@ -43,10 +44,28 @@ def health_gate(round_no: int, train: dict, before: dict, after: dict, primary: 
     return findings
 
 
+def contamination_findings(contamination: dict) -> list[str]:
+    """One line per evaluation set that training rows reproduce (data run: the counts)."""
+    return [f"data: {c['flagged']} training problems reproduce {bench} problems; "
+            f"{c['excluded']} excluded from training" for bench, c in contamination.items()
+            if c.get("flagged")]
+
+
+def scorer_error_findings(label: str, evaluated: dict) -> list[str]:
+    """Scorer exceptions are reported, never silently read as wrong answers."""
+    return [f"{label}: {bench}: {n} scorer errors (not scored as wrong; the log names each "
+            "input's hash)" for bench, res in evaluated["benchmarks"].items()
+            if (n := (res.get("metrics") or {}).get("scorer_errors"))]
+
+
 def training_prompts(kept: dict, pool: list[str], need: int) -> tuple[list[str], str | None]:
-    """The in-band problems when there are enough for one step; else every problem the
-    policy sometimes solves (each still has reward variance); else the whole pool. A
-    band that keeps too few would otherwise train on nothing."""
+    """The in-band problems when there are enough for one optimizer step (`need` prompts:
+    grpo_core.grpo.prompts_per_update); else every problem the policy sometimes solves
+    (each still has reward variance); else the whole pool. A band that keeps too few
+    would otherwise train on nothing. A pool too small for one step is refused."""
+    if len(pool) < need:
+        raise ValueError(f"the training pool has {len(pool)} problems; one GRPO optimizer step "
+                         f"needs {need} (grpo.prompts_per_step x grpo.gradient_accumulation_steps)")
     if len(kept["kept_ids"]) >= need:
         return kept["kept_ids"], None
     signal = kept.get("signal_ids") or []
@@ -110,7 +129,7 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: list[str], round_no: 
     fresh = _prefill_sharded(ctx, model, problem_ids)
     kept = stages.difficulty_filter(ctx, model, problem_ids, round_no, fresh)
     log.info("filter round %d: kept %d of %d", round_no, kept["kept"], kept["considered"])
-    prompts, note = training_prompts(kept, problem_ids, ctx.cfg.grpo.prompts_per_step)
+    prompts, note = training_prompts(kept, problem_ids, prompts_per_update(ctx.cfg))
     return prompts, (f"round {round_no}: {note}" if note else None)
 
 
@@ -132,11 +151,14 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     scorer = eval_scorer_for(cfg, ws)
     data = stages.ingest(ctx)
     log.info("data: %d problems in the training pool", data["pool_size"])
+    findings: list[str] = contamination_findings(data.get("contamination") or {})
+    for f in findings:
+        log.warning(f)
     model = stages.base_model(ctx)
     base = stages.evaluate(ctx, model, "eval/base", cfg.eval.benchmarks, scorer)
+    findings += scorer_error_findings("eval/base", base)
     before = base
 
-    findings: list[str] = []
     if cfg.sft.enabled:
         sft = stages.sft(ctx, model, data["problem_ids"])
         model = sft["model_dir"]
@@ -152,10 +174,12 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         train = stages.grpo_round(ctx, model, pool, r)
         model = train["model_dir"]
         after = stages.evaluate(ctx, model, f"eval/round-{r}", primary_bench, scorer)
+        findings += scorer_error_findings(f"eval/round-{r}", after)
         findings += health_gate(r, train, before, after, cfg.eval.primary_metric)
         before = after
 
     final = stages.evaluate(ctx, model, "eval/final", cfg.eval.benchmarks, scorer)
+    findings += scorer_error_findings("eval/final", final)
     report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws)
     log.info("final: %s", report.get("summary"))
     return {"parent_run": parent, "model_dir": model, "final": final["benchmarks"],

@@ -1,7 +1,8 @@
 """Scheduled retraining: start from the registered champion, re-filter the pool with it,
 run one GRPO round, evaluate champion and challenger under one protocol, and promote the
-challenger only if it beats the champion beyond the champion's CI. The decision and the
-numbers behind it are recorded on the retrain run.
+challenger only if the paired per-problem difference (challenger minus champion, same
+problems) has a 95% CI above 0. The decision, its rule and the numbers behind it are
+recorded on the retrain run (report/retrain_decision.json).
 
 It shares the pipeline's steps (flows/pipeline.py): the store's pipeline lock, the parent
 run (unsent metrics replayed, FAILED on an exception), the round's filter and choice of
@@ -20,7 +21,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.locks import pipeline_lock
 from grpo_core.models import use_hub_token
 from grpo_core.workspace import Workspace
-from tasks import stages, tracking
+from tasks import comparison, stages, tracking
 
 
 @flow(name="grpo-retrain", validate_parameters=True)
@@ -49,7 +50,8 @@ def retrain(config: PipelineConfig, progress: bool = True) -> dict:
         tracking.log_json(ctx.parent_run, {
             "champion_version": str(champion.version), "champion": out["champion"][bench]["metrics"],
             "challenger": out["challenger"][bench]["metrics"],
-            "promoted": report.get("promoted"), "reason": report.get("reason")},
+            "promoted": report.get("promoted"), "reason": report.get("reason"),
+            "rule": report.get("rule"), "paired": report.get("paired")},
             "report/retrain_decision.json")
     log.info("retrain: %s", report.get("summary"))
     return {"parent_run": ctx.parent_run, "model_dir": out["model_dir"], "decision": report,
@@ -68,8 +70,13 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     before = stages.evaluate(ctx, champion_dir, "eval/champion", cfg.eval.benchmarks, scorer)
     after = stages.evaluate(ctx, train["model_dir"], "eval/final", cfg.eval.benchmarks, scorer)
     findings += health_gate(1, train, before, after, cfg.eval.primary_metric)
-    champion_metrics = before["benchmarks"][cfg.eval.benchmarks[0]]["metrics"]
+    # The champion's per-problem rows, scored under today's protocol, to pair with the
+    # challenger's; a retrain has no base eval, so no final-vs-base deltas (base={}).
+    bench = cfg.eval.benchmarks[0]
+    with comparison.records_store(ws, cfg.data.store_lock_timeout) as store:
+        champion_records = comparison.stage_records(store, before["benchmarks"][bench],
+                                                    champion_dir) or None
     report = tracking.finish_pipeline(ctx.parent_run, cfg, train["model_dir"], after, findings, ws,
-                                      champion_metrics=champion_metrics)
+                                      champion_records=champion_records, base={})
     return {"model_dir": train["model_dir"], "champion": before["benchmarks"],
             "challenger": after["benchmarks"], "findings": findings, "decision": report}

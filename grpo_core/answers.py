@@ -1,23 +1,74 @@
-"""Final-answer extraction and equivalence checking, safe on model output.
+"""Final answers: equivalence checking safe on model output, and scorer errors counted.
 
-    completion --extract_answer--> "\\frac{1}{2}" --verify(parse_gold("0.5"), .)--> True
+    is_correct(completion, gold, extraction="flexible")      # scripts: one call
+    verify(parse_gold("0.5"), extract_answer(completion))   # the parts, gold parsed once
 
+Extraction (`strict` / `flexible`) and the reading of plain numbers live in
+grpo_core/extraction.py and are re-exported here.
 Plain numbers (GSM8K, AIME, AMC, most of MATH) are compared exactly with `Fraction`;
 everything else goes through math-verify (LaTeX -> sympy via an ANTLR parser; nothing is
 ever `eval`ed). Golds are parsed once and cached, so the G completions of a group share one
 parse. Every math-verify call is bounded by `grpo_core.safe_eval` (input limits plus a
 per-call deadline that works in any thread).
+
+Before either comparison both answers are cleaned by `extraction.clean_answer`: MATH's
+spellings of one value made one (matrix row separators kept, thousands separators
+`11,\\! 111` / `11{,}111` joined, `\\frac \\pi4` braced, mixed numbers `1 1/2`, `1.2e3`). `1 2`
+is not 12: whitespace between digits is refused as ambiguous.
+
+Rules where MATH's own grader (string match after normalisation) is stricter than
+math-verify, decided once for every benchmark (GSM8K, AIME and AMC golds are integers, so
+only the percent rule can ever apply to them):
+
+- percent is a unit, as in MATH and PRM800K: `10\\%` matches 10, `10\\%`, `10 percent`;
+  it does not match 0.1 (nor does a gold 0.1 match `10\\%`). math-verify accepts both.
+- `x \\leq 5` equals `5 \\geq x`: the same relation written the other way round (as
+  math-verify; MATH's string match would reject it). `x < 5` is not `x \\leq 5`.
+- a bare comma list `10, 4, -2` is a set ("enter all solutions, separated by commas"):
+  any order (and repeats) match; a list of several values never matches one of them.
+  A bracketed tuple or point `(10, 4, -2)` is ordered (a bare list answering it is read
+  in order), and intervals keep their ends.
+- an interval gold `(3, \\infty)` is not matched by `x > 3` (interval notation was asked);
+  an inequality gold `x > 3` accepts `(3, \\infty)`.
+
+The labelled table tests/data/equivalence_pairs.csv pins these and the spellings above.
+Known limitation (pinned there too): math-verify keeps `i` a symbol, so `i^2` is not -1.
+
+Scorer errors: an exception inside the checking (ours, or one escaping math-verify, which
+itself returns False on most internal errors; not a deadline timeout and not an
+input-limit refusal) is never cached as a verdict. It is logged once
+per input (`grpo.scorer`, with sha256[:12] of gold and prediction) and counted in
+`SCORER_ERRORS` under the label of the innermost `count_scorer_errors(label)` of this
+thread ("unlabelled" outside any). `check` raises `ScorerError`; `verify` and
+`is_correct` return False. Parse failures of malformed LaTeX are the answer's fault
+(math-verify returns no parse): wrong, not an error.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import hashlib
+import logging
 import re
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
+from grpo_core.extraction import (
+    EXTRACTIONS,
+    SPLIT_DIGITS,
+    as_number,
+    canonical,
+    clean_answer,
+    extract_answer,
+    extract_boxed,
+    gold_from_gsm8k,
+    gold_from_math_solution,
+    normalise_gold,
+)
 from grpo_core.safe_eval import (
     TIMED_OUT,
     call_with_deadline,
@@ -30,10 +81,17 @@ from grpo_core.safe_eval import (
 )
 
 __all__ = [
-    "GoldAnswer", "as_number", "clear_caches", "extract_answer", "extract_boxed",
-    "gold_from_gsm8k", "gold_from_math_solution", "is_equivalent", "normalise_gold",
-    "numbers_equal", "parse_gold", "verify", "warm_up",
+    "EXTRACTIONS", "EXTRACTOR_VERSION", "SCORER_ERRORS", "GoldAnswer", "ScorerError",
+    "as_number", "canonical", "check", "clean_answer", "clear_caches", "count_scorer_errors",
+    "extract_answer",
+    "extract_boxed", "gold_from_gsm8k", "gold_from_math_solution", "is_correct",
+    "is_equivalent", "normalise_gold", "numbers_equal", "parse_gold", "record_scorer_error",
+    "verify", "warm_up",
 ]  # fmt: skip
+
+# Names the extraction + equivalence rules; evaluation puts it in the protocol hash.
+# Bump it whenever a verdict can change.
+EXTRACTOR_VERSION = "2-flexible-tidy"
 
 # Wall-clock budget for checking one completion, the gold's parse included when it is not
 # cached yet. GC pauses and a busy machine can stretch a call past it by a few 100 ms;
@@ -41,193 +99,70 @@ __all__ = [
 BUDGET_S = 0.6
 GOLD_DEADLINE_S = 0.6  # parsing one gold answer (once per problem)
 MAX_GOLD_CHARS = 1024
+MAX_PRED_CHARS = 4 * MAX_GOLD_CHARS  # longer predictions are wrong without a look
+# A pair that just ran out of time is not retried for this long (it is no cached verdict:
+# a less busy moment may decide it). The same answer recurs at once: G equal completions
+# of a group, or the strict and the flexible reading of one completion in evaluation.
+RETRY_TIMEOUT_AFTER_S = 60.0
 
-# --- extraction ------------------------------------------------------------------------
+# --- scorer errors -------------------------------------------------------------------------
 
-MAX_BOXED_SCAN = 100_000  # \boxed{} is looked for in the last 100k chars only
-_BOX_CMD = re.compile(r"\\(?:boxed|fbox|framebox)\s*\{")
-_BRACE = re.compile(r"[{}]")
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last brace-matched `\\boxed{...}` (or `\\fbox`, `\\framebox`).
-
-    One left-to-right pass over the braces with an explicit stack: linear time, no
-    recursion, so unbalanced or 10,000-deep input is fine.
-    """
-    if not isinstance(text, str) or "\\" not in text:
-        return None
-    text = text[-MAX_BOXED_SCAN:]  # bounds the Python loop below on megabyte input
-    opens = [m.end() - 1 for m in _BOX_CMD.finditer(text)]
-    if not opens:
-        return None
-    wanted = set(opens)
-    closes: dict[int, int] = {}
-    stack: list[int] = []
-    for m in _BRACE.finditer(text, opens[0]):
-        if m.group() == "{":
-            stack.append(m.start())
-        elif stack:
-            start = stack.pop()
-            if start in wanted:
-                closes[start] = m.start()
-    for start in reversed(opens):
-        if start in closes:
-            return text[start + 1 : closes[start]]
-    return None
+log = logging.getLogger("grpo.scorer")
 
 
-def extract_answer(completion: str) -> str | None:
-    """The model's final answer: the content of the last `<answer>...</answer>`, else the
-    last `\\boxed{...}`, else None."""
-    if not isinstance(completion, str):
-        return None
-    end = completion.rfind("</answer>")
-    if end != -1:
-        start = completion.rfind("<answer>", 0, end)
-        if start != -1:
-            # The first closing tag after that opening one: <answer><answer>5</answer></answer> -> 5
-            end = completion.find("</answer>", start)
-            content = completion[start + len("<answer>") : end].strip()
-            if content:
-                return content
-    boxed = extract_boxed(completion)
-    return boxed.strip() if boxed is not None else None
+class ScorerError(Exception):
+    """The scorer itself failed on an input (not: the answer is wrong). `input_hash` is
+    sha256(gold + NUL + prediction)[:12], the key of the log line."""
+
+    def __init__(self, message: str, input_hash: str):
+        super().__init__(message)
+        self.input_hash = input_hash
 
 
-# --- gold answers per dataset ------------------------------------------------------------
+class ScorerErrorCounter:
+    """Thread-safe counts of scorer errors per label, and the first few input hashes."""
+
+    KEEP = 10
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._hashes: dict[str, list[str]] = {}
+
+    def add(self, label: str, input_hash: str) -> None:
+        with self._lock:
+            self._counts[label] = self._counts.get(label, 0) + 1
+            kept = self._hashes.setdefault(label, [])
+            if len(kept) < self.KEEP and input_hash not in kept:
+                kept.append(input_hash)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def hashes(self, label: str) -> list[str]:
+        with self._lock:
+            return list(self._hashes.get(label, ()))
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+            self._hashes.clear()
 
 
-def gold_from_gsm8k(answer_field: str) -> str | None:
-    """GSM8K: the text after the last `####`, commas and `$` removed."""
-    if not isinstance(answer_field, str) or "####" not in answer_field:
-        return None
-    gold = answer_field.rsplit("####", 1)[1].replace(",", "").replace("$", "").strip()
-    return gold or None
+SCORER_ERRORS = ScorerErrorCounter()
+_THREAD = threading.local()  # the label errors of this thread are counted under
 
 
-def gold_from_math_solution(solution: str) -> str | None:
-    """MATH: the content of the last `\\boxed{}` of the reference solution."""
-    boxed = extract_boxed(solution)
-    return boxed.strip() if boxed and boxed.strip() else None
-
-
-_FLOAT_INT = re.compile(r"^(-?\d+)\.0*$")
-
-
-def normalise_gold(value: Any, source: str = "") -> str | None:
-    """The gold answer text of a dataset row's answer field, by source.
-
-    gsm8k: worked solution ending in `#### n`; math: a solution with `\\boxed{}`;
-    math500/aime/amc and anything else: the `answer` column (AMC floats like 27.0 mean 27).
-    """
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return None
-        return str(int(value)) if value.is_integer() else repr(value)
-    if isinstance(value, int):
-        return str(value)
-    if not isinstance(value, str):
-        return None
-    src = (source or "").lower()
-    if src.startswith("gsm8k") or "####" in value:
-        return gold_from_gsm8k(value)
-    if src == "math" or (src.startswith("math") and "\\boxed" in value and len(value) > 200):
-        return gold_from_math_solution(value)
-    text = value.strip()
-    m = _FLOAT_INT.match(text)
-    if m and src.startswith(("amc", "aime")):
-        return m.group(1)
-    return text or None
-
-
-# --- plain-number fast path ------------------------------------------------------------
-
-_NUM_RE = re.compile(
-    r"^(?P<sign>[-+\u2212]?)\s*(?:\\?\$)?\s*(?:"
-    r"(?P<int>[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)?(?P<dec>\.[0-9]+)?"  # 1,234.5 | 12 | .5
-    r"|(?P<num>[0-9]+)\s*/\s*(?P<den>[0-9]+)"  # 3/4
-    r"|\\[dt]?frac\s*\{\s*(?P<fsign>-?)\s*(?P<fnum>[0-9]+)\s*\}\s*\{\s*(?P<fden>[0-9]+)\s*\}"
-    r"|\\[dt]?frac(?P<snum>[0-9])(?P<sden>[0-9])"  # \frac34
-    r")\s*(?P<pct>\\?%)?$"
-)
-_WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
-_SPACING = re.compile(r"\\[!,;: ]|\\(?:quad|qquad)\b|~")
-
-
-def _strip_wrappers(text: str) -> str:
-    """Remove math delimiters, one enclosing \\boxed{}, a trailing period, LaTeX spacing."""
-    s = text.strip()
-    for _ in range(3):
-        before = s
-        for left, right in _WRAPPERS:
-            if len(s) > len(left) + len(right) and s.startswith(left) and s.endswith(right):
-                s = s[len(left) : -len(right)].strip()
-        m = _BOX_CMD.match(s)
-        if m and s.endswith("}"):
-            inner = extract_boxed(s)
-            if inner is not None and m.end() + len(inner) + 1 == len(s):
-                s = inner.strip()
-        s = s.rstrip(".").strip()
-        if s == before:
-            break
-    return _SPACING.sub("", s).replace("{,}", ",").strip()
-
-
-def as_number(text: str) -> tuple[Fraction, bool, bool] | None:
-    """(value, written as a decimal, has a percent sign) for a plain number, else None.
-
-    Accepts ints, decimals, a/b, \\frac{a}{b}, thousands separators, a leading $ and a
-    trailing %. Anything else (units, LaTeX expressions) returns None.
-    """
-    if not isinstance(text, str) or len(text) > 200:
-        return None
-    m = _NUM_RE.match(_strip_wrappers(text))
-    if m is None:
-        return None
-    g = m.groupdict()
-    negative = g["sign"] in ("-", "\u2212")
-    if g["int"] is not None or g["dec"] is not None:
-        digits = (g["int"] or "0").replace(",", "") + (g["dec"] or "")
-        if len(digits) > 100:
-            return None
-        value, is_dec = Fraction(digits), g["dec"] is not None
-    else:
-        num = g["num"] or g["fnum"] or g["snum"]
-        den = g["den"] or g["fden"] or g["sden"]
-        if num is None or len(num) + len(den) > 100 or int(den) == 0:
-            return None
-        value, is_dec = Fraction(int(num), int(den)), False
-        negative ^= g["fsign"] == "-"
-    return (-value if negative else value), is_dec, g["pct"] is not None
-
-
-def numbers_equal(gold: tuple[Fraction, bool, bool], pred: tuple[Fraction, bool, bool]) -> bool:
-    """Exact equality, with math-verify's conventions: `50%` matches both 50 and 0.5, and
-    when either side is written as a decimal both are compared rounded to 6 places."""
-    gv, g_dec, g_pct = gold
-    pv, p_dec, p_pct = pred
-    golds = {gv, gv / 100} if g_pct else {gv}
-    preds = {pv, pv / 100} if p_pct else {pv}
-    if golds & preds:
-        return True
-    if g_dec or p_dec:
-        return any(round(a, 6) == round(b, 6) for a in golds for b in preds)
-    return False
-
-
-_CANON_DROP = re.compile(r"\s+|\\left\b|\\right\b|\\displaystyle\b|\\[!,;: ]")
-
-
-def _canon(text: str) -> str:
-    """Cosmetic normal form: equal canon strings are certainly the same answer."""
-    return (
-        _CANON_DROP.sub("", _strip_wrappers(text))
-        .replace("\\dfrac", "\\frac")
-        .replace("\\tfrac", "\\frac")
-    )
+@contextlib.contextmanager
+def count_scorer_errors(label: str = "unlabelled") -> Iterator[ScorerErrorCounter]:
+    """Count scorer errors raised in this thread inside the block under `label`."""
+    previous = getattr(_THREAD, "label", None)
+    _THREAD.label = label
+    try:
+        yield SCORER_ERRORS
+    finally:
+        _THREAD.label = previous
 
 
 class _LRU:
@@ -255,9 +190,49 @@ class _LRU:
             self._data.clear()
 
 
+_LOGGED = _LRU(4096)  # input hashes already logged: a recurring error logs once
+
+
+def record_scorer_error(gold: Any, predicted: Any, exc: BaseException) -> ScorerError:
+    """Count and log (once per input) a scorer exception; the ScorerError to raise."""
+    text = f"{gold}\x00{predicted}".encode("utf-8", "surrogatepass")
+    input_hash = hashlib.sha256(text).hexdigest()[:12]
+    label = getattr(_THREAD, "label", None) or "unlabelled"
+    SCORER_ERRORS.add(label, input_hash)
+    if _LOGGED.get(input_hash) is None:
+        _LOGGED.put(input_hash, True)
+        log.warning("scorer error (%s) on input %s: %r", label, input_hash, exc, exc_info=exc)
+    return ScorerError(f"scorer error on input {input_hash}: {exc!r}", input_hash)
+
+
+# --- comparing numbers ------------------------------------------------------------------
+
+_canon = canonical  # grpo_core.evaluation's maj@k vote key reads it under this name
+
+
+def numbers_equal(gold: tuple[Fraction, bool, bool], pred: tuple[Fraction, bool, bool]) -> bool:
+    """Exact equality; when either side is written as a decimal both are compared rounded
+    to 6 places (math-verify's rule). A percent sign is a unit: `50%` is 50, never 0.5."""
+    (gv, g_dec, _), (pv, p_dec, _) = gold, pred
+    if gv == pv:
+        return True
+    return (g_dec or p_dec) and round(gv, 6) == round(pv, 6)
+
+
+_PERCENT = re.compile(r"\\text\{\s*(?:\\?%|percent)\s*\}|\\?%|\bpercent(?:age)?\b")
+
+
+def _for_mv(text: str) -> str:
+    """The text math-verify reads: percent is a unit (see the docstring), dropped."""
+    return _PERCENT.sub("", text).strip() if "%" in text or "percent" in text else text
+
+
+# --- gold answers -----------------------------------------------------------------------
+
 _GOLDS = _LRU(8192)
 _VERDICTS = _LRU(65536)
 _PRED_PARSES = _LRU(4096)
+_TIMEOUTS = _LRU(1024)  # (gold, prediction) -> when it last ran out of time
 _MISSING = object()
 
 
@@ -273,7 +248,7 @@ class GoldAnswer:
     def __init__(self, text: str, number: tuple | None, parsed: list | None):
         self.text = text
         self.number = number
-        self.canon = _canon(text)
+        self.canon = canonical(text)
         self.parsed = parsed
         self.profile: tuple | None = None  # (value, varies), see _profile; made on first use
 
@@ -294,12 +269,26 @@ def _gold_key(text: Any) -> str | None:
             return None
     if "\\boxed" in text or "\\fbox" in text:
         text = extract_boxed(text) or text
-    return _strip_wrappers(text)
+    return clean_answer(text)
+
+
+def _parse_gold_key(key: str, seconds: float) -> GoldAnswer | None | object:
+    number = as_number(key)
+    if number is not None:
+        return GoldAnswer(key, number, None)
+    if risky_reason(key, max_chars=MAX_GOLD_CHARS) or SPLIT_DIGITS.search(key):
+        return None
+    math_verify_fns()
+    parsed = call_with_deadline(mv_parse, _for_mv(key), seconds=seconds)
+    if parsed is TIMED_OUT:
+        return TIMED_OUT
+    return GoldAnswer(key, None, parsed) if parsed else None
 
 
 def parse_gold(text: Any, seconds: float | None = None) -> GoldAnswer | None:
-    """Parse a gold answer once (cached by its text). None when it cannot be parsed, or when
-    its parse overran `seconds` (default GOLD_DEADLINE_S, read at call time; not cached)."""
+    """Parse a gold answer once (cached by its text). None when it cannot be parsed, when
+    its parse overran `seconds` (default GOLD_DEADLINE_S, read at call time), or when the
+    parse raised (a scorer error: counted, logged). Only real verdicts are cached."""
     if isinstance(text, GoldAnswer):
         return text
     try:
@@ -309,25 +298,21 @@ def parse_gold(text: Any, seconds: float | None = None) -> GoldAnswer | None:
         hit = _GOLDS.get(key, _MISSING)
         if hit is not _MISSING:
             return hit
-        number = as_number(key)
-        if number is not None:
-            gold = GoldAnswer(key, number, None)
-        elif risky_reason(key, max_chars=MAX_GOLD_CHARS):
-            gold = None
-        else:
-            math_verify_fns()
-            parsed = call_with_deadline(mv_parse, key, seconds=seconds or GOLD_DEADLINE_S)
-            if parsed is TIMED_OUT:
-                return None  # not remembered: a less busy moment may parse it
-            gold = GoldAnswer(key, None, parsed) if parsed else None
-        _GOLDS.put(key, gold)
-        return gold
-    except Exception:  # noqa: BLE001 - a gold we cannot read is "no gold", never a crash
+        gold = _parse_gold_key(key, seconds or GOLD_DEADLINE_S)
+    except Exception as exc:  # noqa: BLE001 - counted and logged, never a crash
+        record_scorer_error(text, "", exc)
         return None
+    if gold is TIMED_OUT:
+        return None  # not remembered: a less busy moment may parse it
+    _GOLDS.put(key, gold)
+    return gold
+
+
+# --- verification -------------------------------------------------------------------------
 
 
 def _gold_profile(gold: GoldAnswer) -> tuple:
-    if gold.number is not None and not gold.number[2]:  # a plain number (no percent sign)
+    if gold.number is not None:
         return complex(gold.number[0]), False
     return profile(gold.parsed) if gold.parsed else (None, False)
 
@@ -335,7 +320,7 @@ def _gold_profile(gold: GoldAnswer) -> tuple:
 def _mv_check(gold: GoldAnswer, pred: str, pred_parsed: list | None) -> tuple[bool, list]:
     """(equal?, the prediction's parse). Runs under a deadline: touches no locks."""
     if pred_parsed is None:
-        pred_parsed = mv_parse(pred)
+        pred_parsed = mv_parse(_for_mv(pred))
     if not pred_parsed:
         return False, pred_parsed
     if gold.profile is None:
@@ -343,24 +328,24 @@ def _mv_check(gold: GoldAnswer, pred: str, pred_parsed: list | None) -> tuple[bo
     if cannot_be_equal(gold.profile, profile(pred_parsed)):
         return False, pred_parsed
     if gold.parsed is None:  # a plain-number gold meeting a non-number prediction
-        gold.parsed = mv_parse(gold.text)
+        gold.parsed = mv_parse(_for_mv(gold.text))
     _, mv_verify = math_verify_fns()
     equal = bool(gold.parsed) and mv_verify(gold.parsed, pred_parsed, timeout_seconds=None)
     return equal, pred_parsed
 
 
 def _verify_uncached(gold: GoldAnswer, pred: str, seconds: float) -> bool | None:
-    stripped = _strip_wrappers(pred)
+    stripped = clean_answer(pred)
     if not stripped:
         return False
-    if gold.number is not None:
-        number = as_number(stripped)
-        if number is not None:
-            return numbers_equal(gold.number, number)
-    canon = _canon(stripped)
+    number = as_number(stripped)
+    if gold.number is not None and number is not None:
+        return numbers_equal(gold.number, number)
+    canon = canonical(stripped)
     if canon and canon == gold.canon:
         return True
-    if risky_reason(stripped):
+    # `1 2` is no number (math-verify would read it as 3): refused, like other limits.
+    if risky_reason(stripped) or (number is None and SPLIT_DIGITS.search(stripped)):
         return False
     math_verify_fns()
     cached = _PRED_PARSES.get(stripped)  # the same wrong answer recurs across prompts
@@ -373,26 +358,54 @@ def _verify_uncached(gold: GoldAnswer, pred: str, seconds: float) -> bool | None
     return equal
 
 
-def verify(gold: GoldAnswer | None, predicted: str | None, seconds: float | None = None) -> bool:
-    """Is `predicted` (an extracted answer) equivalent to the gold? Never raises; takes at
-    most about `seconds` (default BUDGET_S; a timeout counts as wrong and is not cached)."""
+def check(gold: GoldAnswer | None, predicted: str | None, seconds: float | None = None) -> bool:
+    """Is `predicted` (an extracted answer) equivalent to the gold? Takes at most about
+    `seconds` (default BUDGET_S; a timeout counts as wrong, is not cached, and is not
+    retried for RETRY_TIMEOUT_AFTER_S). Raises ScorerError when the scorer itself failed
+    (already counted and logged: don't count it again)."""
     if gold is None or not isinstance(predicted, str):
         return False
     pred = predicted.strip()
-    if not pred or len(pred) > 4 * MAX_GOLD_CHARS:
+    if not pred or len(pred) > MAX_PRED_CHARS:
         return False
     key = (gold.text, pred)
     hit = _VERDICTS.get(key)
     if hit is not None:
         return hit
+    timed_out = _TIMEOUTS.get(key)
+    if timed_out is not None and time.monotonic() - timed_out < RETRY_TIMEOUT_AFTER_S:
+        return False
     try:
         result = _verify_uncached(gold, pred, seconds or BUDGET_S)
-    except Exception:  # noqa: BLE001 - hostile input is a wrong answer, not a crash
-        result = False
+    except Exception as exc:
+        raise record_scorer_error(gold.text, pred, exc) from exc
     if result is None:
+        _TIMEOUTS.put(key, time.monotonic())
         return False
     _VERDICTS.put(key, result)
     return result
+
+
+def verify(gold: GoldAnswer | None, predicted: str | None, seconds: float | None = None) -> bool:
+    """`check`, with a scorer error (counted, logged) returned as False. Never raises."""
+    try:
+        return check(gold, predicted, seconds)
+    except ScorerError:
+        return False
+
+
+def is_correct(completion: str, gold: str, *, extraction: str = "strict") -> bool:
+    """Does `completion` state the gold answer (`Problem.answer` as the store holds it),
+    read with `extraction` ("strict" or "flexible")? False on a scorer error (counted);
+    ValueError only for an unknown extraction name."""
+    if extraction not in EXTRACTIONS:
+        raise ValueError(f"unknown extraction {extraction!r}; known: {EXTRACTIONS}")
+    try:
+        predicted = extract_answer(completion, extraction)
+    except Exception as exc:  # noqa: BLE001 - counted and logged, a False verdict
+        record_scorer_error(gold, completion, exc)
+        return False
+    return verify(parse_gold(gold), predicted)
 
 
 def is_equivalent(gold_text: Any, pred_text: str | None) -> bool:
@@ -402,5 +415,5 @@ def is_equivalent(gold_text: Any, pred_text: str | None) -> bool:
 
 def clear_caches() -> None:
     """Forget parsed golds and verdicts (benchmarks start cold)."""
-    for cache in (_GOLDS, _VERDICTS, _PRED_PARSES):
+    for cache in (_GOLDS, _VERDICTS, _PRED_PARSES, _TIMEOUTS):
         cache.clear()

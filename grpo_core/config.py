@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -87,6 +87,20 @@ class DataConfig(_Section):
     """Rows with longer problem text are quarantined as absurd."""
     store_lock_timeout: float = Field(default=60.0, ge=0)
     """Seconds to wait for the DuckDB store when another pipeline holds it."""
+    allow_eval_split_training: bool = False
+    """Allow a training source that is a benchmark's evaluation split (gsm8k test,
+    math500, aime, amc). Off: such a config is refused; its numbers would be contaminated."""
+
+    @model_validator(mode="after")
+    def _no_eval_split(self) -> DataConfig:
+        from grpo_core.benchmarks import is_eval_split
+
+        for i, src in enumerate(self.train):
+            if is_eval_split(src.source, src.split) and not self.allow_eval_split_training:
+                raise ValueError(
+                    f"train.{i}: {src.source} ({src.split or 'default split'}) is an evaluation "
+                    "split; train on its train split, or set data.allow_eval_split_training")
+        return self
 
 
 class RolloutConfig(_Section):
@@ -142,6 +156,28 @@ class SFTConfig(_Section):
     batch_size: int = Field(default=16, ge=1)
     max_length: int = Field(default=256, ge=16)
     max_examples: int | None = Field(default=None, ge=1)
+    trl: dict[str, Any] = Field(default_factory=dict)
+    """Any other field of the installed TRL `SFTConfig` (e.g. `lr_scheduler_type`,
+    `warmup_steps`, `activation_checkpointing`), checked against it at load time. The keys
+    of TRL_OWNED are set by the pipeline and refused here; everything else overrides the
+    pipeline's defaults (cosine schedule, 5% warmup, checkpointing off for builtin:*)."""
+
+    # TRL arguments the pipeline sets itself, and from what (grpo_core/sft.py builds them).
+    TRL_OWNED: ClassVar[dict[str, str]] = {
+        "output_dir": "the stage's checkpoint folder",
+        "max_steps": "sft.max_steps",
+        "learning_rate": "sft.learning_rate",
+        "per_device_train_batch_size": "sft.batch_size",
+        "max_length": "sft.max_length",
+        "completion_only_loss": "the SFT data (loss on the trace only)",
+        "save_strategy": "the SFT stage (saves only the final model)",
+        "seed": "project.seed",
+        "bf16": "train.precision",
+        "fp16": "train.precision",
+        "use_cpu": "the device (GPU when one is visible)",
+        "report_to": "tracking (MLflow)",
+        "model_init_kwargs": "train.precision (the pipeline loads the model)",
+    }
 
 
 class KLSchedule(_Section):
@@ -164,10 +200,8 @@ class GRPOConfig(_Section):
     """Upper clip (DAPO clip-higher); None means epsilon."""
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "grpo"
     scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Std-normalise advantages within each group (the paper)."""
-    advantage_eps: float = Field(default=1e-8, gt=0)
-    """eps in A = (r - mean) / (std + eps) for the advantages we log; TRL 1.x trains with
-    its own fixed 1e-4 (not configurable there)."""
+    """Std-normalise advantages within each group (the paper; TRL 1.16 divides by std + 1e-4,
+    a constant it does not expose)."""
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     learning_rate: float = Field(default=1e-6, gt=0)
@@ -177,8 +211,18 @@ class GRPOConfig(_Section):
     max_steps: int = Field(default=20, ge=1)
     """Optimizer steps per round."""
     prompts_per_step: int = Field(default=4, ge=1)
-    """Prompts per optimizer step (batch = prompts_per_step * num_generations completions)."""
+    """Prompts per micro-batch, all processes together: each forward/backward takes
+    prompts_per_step x num_generations / train.num_processes completions per process."""
     gradient_accumulation_steps: int = Field(default=1, ge=1)
+    """Micro-batches per optimizer step. One optimizer step consumes prompts_per_step x
+    gradient_accumulation_steps prompts (TRL's generation batch); a round whose pool is
+    smaller is refused (TRL would drop the incomplete batch and train 0 steps)."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in backward (TRL's activation_checkpointing): less memory,
+    ~20% slower. None: on for real models, off for builtin:* ones."""
+    save_total_limit: int | None = Field(default=2, ge=1)
+    """Keep at most this many round checkpoints (each holds optimizer state: ~12 bytes
+    per parameter); None keeps them all."""
     save_steps: int = Field(default=10, ge=1)
     """Checkpoint every N steps (resume continues from the last one)."""
     kl_schedule: KLSchedule = Field(default_factory=KLSchedule)
@@ -187,7 +231,9 @@ class GRPOConfig(_Section):
     collapse_patience: int = Field(default=5, ge=1)
     """... for this many consecutive steps."""
     skip_update_below: float | None = None
-    """Skip the update when every reward in the batch is below this (seeds' option)."""
+    """Skip the optimizer step (no parameter or optimizer-state change) when every reward
+    in its generation batch is below this (seeds' option). Not under DeepSpeed, whose
+    engine steps inside backward."""
     kl_ceiling: float | None = Field(default=None, gt=0)
     """Stop the round when KL exceeds this (divergence guard)."""
     use_vllm: bool = False
@@ -205,9 +251,55 @@ class GRPOConfig(_Section):
     vllm_server_port: int = Field(default=8000, ge=1, le=65535)
     vllm_server_timeout: float = Field(default=600.0, gt=0)
     """Seconds to wait for the vLLM server to answer /health."""
-    bf16: bool | None = None
-    """None: bf16 on GPU, fp32 on CPU."""
     logging_steps: int = Field(default=1, ge=1)
+    trl: dict[str, Any] = Field(default_factory=dict)
+    """Any other field of the installed TRL `GRPOConfig` (e.g. `mask_truncated_completions`,
+    `vllm_max_model_length`, `lr_scheduler_type`, `max_grad_norm`), checked against it at
+    load time. The keys of TRL_OWNED are set by the pipeline and refused here; everything
+    else overrides TRL's default or the pipeline's (top_k 0, no progress bars)."""
+
+    # TRL arguments the pipeline sets itself, and from what (grpo_core/grpo.py builds them).
+    TRL_OWNED: ClassVar[dict[str, str]] = {
+        "output_dir": "the round's checkpoint folder",
+        "num_generations": "grpo.num_generations",
+        "per_device_train_batch_size": "grpo.prompts_per_step",
+        "gradient_accumulation_steps": "grpo.gradient_accumulation_steps",
+        "steps_per_generation": "grpo.gradient_accumulation_steps",
+        "generation_batch_size": "grpo.prompts_per_step",
+        "beta": "grpo.beta",
+        "epsilon": "grpo.epsilon",
+        "epsilon_high": "grpo.epsilon_high",
+        "loss_type": "grpo.loss_type",
+        "scale_rewards": "grpo.scale_rewards",
+        "temperature": "grpo.temperature",
+        "top_p": "grpo.top_p",
+        "learning_rate": "grpo.learning_rate",
+        "max_completion_length": "grpo.max_completion_length",
+        "num_iterations": "grpo.num_iterations",
+        "max_steps": "grpo.max_steps",
+        "save_steps": "grpo.save_steps",
+        "save_strategy": "grpo.save_steps",
+        "save_total_limit": "grpo.save_total_limit",
+        "logging_steps": "grpo.logging_steps",
+        "seed": "project.seed",
+        "data_seed": "project.seed",
+        "bf16": "train.precision",
+        "fp16": "train.precision",
+        "use_cpu": "the device (GPU when one is visible)",
+        "report_to": "tracking (MLflow)",
+        "use_vllm": "grpo.use_vllm",
+        "vllm_mode": "grpo.vllm_mode",
+        "vllm_gpu_memory_utilization": "grpo.vllm_gpu_memory_utilization",
+        "vllm_tensor_parallel_size": "grpo.vllm_tensor_parallel_size",
+        "vllm_server_host": "grpo.vllm_server_host",
+        "vllm_server_port": "grpo.vllm_server_port",
+        "vllm_server_timeout": "grpo.vllm_server_timeout",
+        "activation_checkpointing": "grpo.gradient_checkpointing",
+        "gradient_checkpointing": "grpo.gradient_checkpointing",
+        "remove_unused_columns": "the reward functions (they read the answer column)",
+        "reward_weights": "rewards.weights",
+        "model_init_kwargs": "train.precision (the pipeline loads the model)",
+    }
 
 
 class LengthRewardConfig(_Section):
@@ -268,7 +360,8 @@ class RewardsConfig(_Section):
 
 class EvalConfig(_Section):
     benchmarks: list[str] = Field(default_factory=lambda: ["synthetic"])
-    """gsm8k, math500, aime24, aime25, amc23, synthetic, or any ingested source."""
+    """gsm8k, math500, aime24, aime25, amc23, synthetic, or a source ingested with split
+    test/eval; always the evaluation split (grpo_core/benchmarks.py)."""
     limit: int | None = Field(default=None, ge=1)
     """Evaluate at most this many problems per benchmark (the first N, fixed)."""
     samples: int = Field(default=4, ge=1)
@@ -282,7 +375,9 @@ class EvalConfig(_Section):
     bootstrap: int = Field(default=1000, ge=10)
     """Bootstrap resamples for the 95% CIs."""
     primary_metric: str = "greedy_accuracy"
-    """Metric that decides champion promotion: greedy_accuracy, avg@<samples>, maj@k, pass@k."""
+    """Metric that decides champion promotion and the comparison: greedy_accuracy,
+    avg@<samples>, maj@k or pass@k, scored with strict extraction (the template's own
+    answer format); prefix `flexible/` to score with the standard evaluators' chain."""
     shards: int = Field(default=1, ge=1)
     """Score each benchmark's problems in this many worker processes (the sharded-eval
     flow, flows/shards.py; where they run: filter.shard_runner); 1 = in-process. The
@@ -290,12 +385,16 @@ class EvalConfig(_Section):
 
     @model_validator(mode="after")
     def _known_metric(self) -> EvalConfig:
-        m, k = self.primary_metric, self.samples
-        ok = m == "greedy_accuracy" or m == f"avg@{k}" or (
-            m.split("@")[0] in ("maj", "pass") and m.split("@")[-1].isdigit() and 1 <= int(m.split("@")[1]) <= k)
+        k = self.samples
+        extraction, _, m = self.primary_metric.rpartition("/")
+        if extraction == "strict":  # the default extraction: one spelling of each metric
+            self.__dict__["primary_metric"] = m
+        ok = extraction in ("", "strict", "flexible") and (m == "greedy_accuracy" or m == f"avg@{k}" or (
+            m.split("@")[0] in ("maj", "pass") and m.split("@")[-1].isdigit() and 1 <= int(m.split("@")[1]) <= k))
         if not ok:
-            raise ValueError(f"primary_metric: {m!r} is not reported with samples={k} "
-                             f"(use greedy_accuracy, avg@{k}, maj@j or pass@j with j <= {k})")
+            raise ValueError(f"primary_metric: {self.primary_metric!r} is not reported with "
+                             f"samples={k} (use greedy_accuracy, avg@{k}, maj@j or pass@j with "
+                             f"j <= {k}, optionally prefixed flexible/)")
         return self
 
 
@@ -312,6 +411,12 @@ class TrainConfig(_Section):
     relative path is read from the repository root. None: accelerate's defaults."""
     main_process_port: int | None = Field(default=None, ge=1, le=65535)
     """Rendezvous port; None picks a free one (single machine)."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """How SFT and GRPO train. The policy always loads in float32 (fp32 master weights,
+    whatever dtype the checkpoint is stored in); bf16/fp16 add autocast on GPU (TRL's
+    bf16/fp16 flags). auto: bf16 on a GPU that supports it, else fp16 on GPU, fp32 on CPU.
+    Trained models are saved in the input checkpoint's stored dtype; model.dtype is the
+    sampling dtype (filter, eval)."""
 
 
 class TrackingConfig(_Section):
@@ -409,6 +514,29 @@ def _cross_section_checks(cfg: PipelineConfig) -> None:
     if cfg.sft.enabled and cfg.sft.batch_size % n:
         raise ConfigError("train.num_processes",
                           f"{n} processes cannot share sft.batch_size={cfg.sft.batch_size} evenly")
+    if cfg.grpo.trl:
+        _check_trl_passthrough("grpo", cfg.grpo.trl, GRPOConfig.TRL_OWNED)
+    if cfg.sft.trl:
+        _check_trl_passthrough("sft", cfg.sft.trl, SFTConfig.TRL_OWNED)
+
+
+def _check_trl_passthrough(section: str, given: dict, owned: dict[str, str]) -> None:
+    """`<section>.trl` keys must be fields of the installed TRL config class and not one
+    the pipeline sets. Imports trl (seconds), so only for a non-empty dict."""
+    import dataclasses
+
+    import trl
+
+    cls = trl.GRPOConfig if section == "grpo" else trl.SFTConfig
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    for key in given:
+        where = f"{section}.trl.{key}"
+        if key in owned:
+            src = owned[key]
+            raise ConfigError(where, f"set by the pipeline from {src}; set {src} instead"
+                              if " " not in src else f"set by the pipeline ({src})")
+        if key not in known:
+            raise ConfigError(where, f"not a field of TRL {trl.__version__}'s {cls.__name__}")
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

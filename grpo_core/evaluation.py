@@ -3,13 +3,19 @@
     result = evaluate("builtin:tiny-arith", "synthetic", cfg, store=store, limit=100)
     result.metrics["greedy_accuracy"]  # {"mean", "lo", "hi", "n"}; avg@k, maj@k, pass@k, ...
 
-Benchmarks: gsm8k (test), math500, aime24, aime25, amc23 (from the store when ingested,
-else the presets under cfg.data.data_dir / $GRPO_DATA_DIR or the hub), `synthetic` (the
-synthetic:arith eval split, seed 0, the first `limit` or 200 problems), and any source
-ingested into the store. Sampling follows R1: k samples at T=0.6, top_p=0.95 (eval.*).
+Benchmarks (grpo_core/benchmarks.py): always the evaluation split -- gsm8k test, math500,
+aime24, aime25, amc23 (from the store when ingested, else the presets under
+cfg.data.data_dir / $GRPO_DATA_DIR or the hub), `synthetic` (the synthetic:arith eval
+split, seed 0), or a source ingested with split test/eval. Sampling follows R1: k samples
+at T=0.6, top_p=0.95 (eval.*).
+
+Every answer is scored two ways (grpo_core/answers.py): `strict` (the template's own
+format; unprefixed metric names, what training rewards use) and `flexible` (the standard
+evaluators' chain; metrics `flexible/<name>`). `eval.primary_metric` names the one that
+decides. A scorer exception is counted in `scorer_errors`, never read as a wrong answer.
 
 The protocol (template and its hash, k, T, top_p, max tokens, extractor version,
-benchmark, problem set) is hashed: numbers are comparable only under one protocol hash.
+benchmark, split, fingerprint of the exact problem list) is hashed: numbers are comparable only under one protocol hash.
 With a store, the per-problem rows and the run's metrics are written under that hash.
 
 Two parts: `score_problems` (sampling + verification, per problem: shardable, as
@@ -28,19 +34,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_core import answers
-from grpo_core.adapters import PRESETS, SourceError
-from grpo_core.answers import as_number, extract_answer, parse_gold, verify
+from grpo_core.adapters import SourceError
+from grpo_core.answers import ScorerError, as_number, check, extract_answer, parse_gold
+from grpo_core.benchmarks import (  # noqa: F401 - benchmark_problems: re-exported
+    SYNTHETIC_EVAL_N,
+    SYNTHETIC_EVAL_SEED,
+    benchmark_problems,
+)
+from grpo_core.benchmarks import fingerprint as problems_fingerprint
 from grpo_core.metrics import bootstrap_ci, summarise
 from grpo_core.problems import Problem
 from grpo_core.prompts import render_prompt, resolve_template, template_hash
-from grpo_core.records import problem_key, stage_problems, write_eval
+from grpo_core.records import problem_key, write_eval
 from grpo_core.rewards import is_well_formatted
 from grpo_core.rollout import SamplingParams
 from grpo_core.sampling import derive_seed, sample_seeded
 
 BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "amc23", "synthetic")
-SYNTHETIC_EVAL_N = 200  # the synthetic benchmark's size when no limit is given
-SYNTHETIC_EVAL_SEED = 0  # fixed: the benchmark must not move with project.seed
+EXTRACTIONS = ("strict", "flexible")  # every benchmark result reports both
 
 
 def extractor_version() -> str:
@@ -63,8 +74,9 @@ def protocol_for(cfg, benchmark: str, template: str, problems: list[Problem],
     """Everything that decides what an eval number means (not the model, not the seed)."""
     proto = {
         "benchmark": benchmark, "n_problems": len(problems),
-        "problems_hash": hashlib.sha256("\n".join(p.fingerprint for p in problems)
-                                        .encode()).hexdigest()[:16],
+        "split": ",".join(sorted({p.split for p in problems})),
+        "problems_hash": problems_fingerprint(problems),
+        "extractions": list(EXTRACTIONS),
         "template": template, "template_hash": template_hash(template),
         "greedy": cfg.eval.greedy, "k": cfg.eval.samples, "temperature": cfg.eval.temperature,
         "top_p": cfg.eval.top_p, "max_new_tokens": cfg.eval.max_new_tokens,
@@ -78,25 +90,6 @@ def protocol_for(cfg, benchmark: str, template: str, problems: list[Problem],
 
 def protocol_hash(protocol: dict) -> str:
     return hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def benchmark_problems(benchmark: str, cfg, store=None, limit: int | None = None
-                       ) -> list[Problem]:
-    """The fixed problem list of a benchmark (the first `limit`); SourceError if unknown."""
-    if benchmark in ("synthetic", "synthetic:arith"):
-        from grpo_core.synthetic import generate_problems
-
-        return generate_problems("eval", n=limit or SYNTHETIC_EVAL_N, seed=SYNTHETIC_EVAL_SEED)
-    if store is not None:
-        for split in ("test", "eval", None):
-            rows = store.problems(benchmark, split, exclude_contaminated=False, limit=limit)
-            if rows:
-                return rows
-    if benchmark in PRESETS:
-        split = "test" if "test" in PRESETS[benchmark].files else None
-        return stage_problems(benchmark, split, data_dir=cfg.data.data_dir, limit=limit)
-    raise SourceError(f"unknown benchmark {benchmark!r}: not one of {', '.join(BENCHMARKS)} "
-                      "and not ingested in the store (grpo data ingest ...)")
 
 
 def vote_key(answer: str) -> Any:
@@ -124,28 +117,62 @@ class EvalResult:
     def to_json(self) -> dict:
         return {"benchmark": self.benchmark, "model": self.model,
                 "model_fingerprint": self.model_fingerprint, "run_id": self.run_id,
+                "split": self.protocol.get("split"),
+                "problems_hash": self.protocol.get("problems_hash"),
                 "protocol_hash": self.protocol_hash, "protocol": self.protocol,
                 "metrics": self.metrics, "seconds": round(self.seconds, 3)}
 
 
+def _judge(gold, text: str, extraction: str) -> tuple[str | None, bool | None]:
+    """(extracted answer, correct?); correct is None when the scorer itself failed (counted
+    as scorer_errors and logged by answers with the input's hash, never read as wrong)."""
+    ans = extract_answer(text, extraction)
+    try:
+        return ans, check(gold, ans)
+    except ScorerError:
+        return ans, None
+
+
 def _record(p: Problem, greedy, samples, think: bool) -> dict:
+    """One problem's row: answers and verdicts under both extractions. Field names without
+    a suffix are strict (the template's format); `_flexible` ones the evaluators' chain."""
     gold = parse_gold(p.answer)
     rec: dict[str, Any] = {"problem_id": problem_key(p), "source": p.source, "level": p.level,
                            "subject": p.subject, "gold": p.answer}
+    errors = 0
+    for mode in EXTRACTIONS:
+        sfx = "" if mode == "strict" else f"_{mode}"
+        if greedy is not None:
+            ans, ok = _judge(gold, greedy.text, mode)
+            errors += ok is None
+            rec.update({f"greedy_answer{sfx}": ans, f"greedy_correct{sfx}": ok})
+        if samples:
+            judged = [_judge(gold, c.text, mode) for c in samples]
+            errors += sum(ok is None for _, ok in judged)
+            # A failed sample verdict counts as not correct (pass@k needs a verdict per
+            # sample); it is counted in scorer_errors, which the report lists.
+            rec.update({f"sample_answers{sfx}": [a for a, _ in judged],
+                        f"sample_correct{sfx}": [bool(ok) for _, ok in judged]})
     if greedy is not None:
-        ans = extract_answer(greedy.text)
-        rec.update(greedy_answer=ans, greedy_correct=verify(gold, ans),
-                   greedy_truncated=greedy.truncated,
+        rec.update(greedy_truncated=greedy.truncated,
                    greedy_well_formatted=is_well_formatted(greedy.text, think),
                    greedy_completion=greedy.text)
     if samples:
-        ans = [extract_answer(c.text) for c in samples]
-        rec.update(sample_answers=ans, sample_correct=[verify(gold, a) for a in ans],
-                   sample_truncated=[c.truncated for c in samples],
+        rec.update(sample_truncated=[c.truncated for c in samples],
                    sample_well_formatted=[is_well_formatted(c.text, think) for c in samples],
                    sample_num_tokens=[c.num_tokens for c in samples],
                    sample_completions=[c.text for c in samples])
+    rec["scorer_errors"] = errors
     return rec
+
+
+FLEXIBLE_FIELDS = ("greedy_correct", "greedy_answer", "sample_correct", "sample_answers")
+
+
+def flexible_view(record: dict) -> dict:
+    """The record with its flexible verdicts under the strict field names (for metrics)."""
+    return {**record, **{f: record.get(f"{f}_flexible") for f in FLEXIBLE_FIELDS
+                         if f"{f}_flexible" in record}}
 
 
 def _format_adherence(records: list[dict], ci_kw: dict) -> dict | None:
@@ -162,13 +189,18 @@ def _format_adherence(records: list[dict], ci_kw: dict) -> dict | None:
 
 
 def score(records: list[dict], cfg) -> dict:
-    """metrics.summarise plus format adherence (greedy, and over all samples)."""
+    """metrics.summarise (strict extraction, unprefixed keys) plus the headline metrics
+    under flexible extraction (`flexible/<metric>`), format adherence and scorer errors."""
     ci_kw = {"n_resamples": cfg.eval.bootstrap, "seed": cfg.project.seed}
     metrics = summarise(records, canon=vote_key, **ci_kw)
+    flexible = summarise([flexible_view(r) for r in records], canon=vote_key, **ci_kw)
+    for name in ["greedy_accuracy", *(k for k in flexible if "@" in k)]:
+        metrics[f"flexible/{name}"] = flexible.get(name)
     metrics["format_adherence"] = _format_adherence(records, ci_kw)
     sample_flags = [f for r in records for f in r.get("sample_well_formatted") or []]
     metrics["format_adherence_samples"] = (sum(sample_flags) / len(sample_flags)
                                            if sample_flags else None)
+    metrics["scorer_errors"] = sum(r.get("scorer_errors", 0) for r in records)
     return metrics
 
 

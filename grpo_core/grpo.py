@@ -12,6 +12,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.problems import Problem
 from grpo_core.prompts import render_prompt
 from grpo_core.rewards import build_reward_funcs
+from grpo_core.tiny_model import BUILTIN_PREFIX
 
 RolloutSink = Callable[[int, list[dict]], None]  # (global step, one dict per completion)
 
@@ -27,19 +28,64 @@ class RoundResult:
     nonfinite_rewards: list = field(default_factory=list)  # (reward name, value) seen
 
 
-def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None):
-    """Every GRPO knob set explicitly from our config: TRL's defaults differ from the paper."""
+def precision_flags(cfg: PipelineConfig) -> dict:
+    """TRL/accelerate mixed-precision flags for train.precision. The policy itself is
+    always loaded in float32 (load_for_training): these only add autocast."""
     import torch
+
+    on_gpu = torch.cuda.is_available()
+    mode = cfg.train.precision
+    if mode == "auto":
+        mode = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if on_gpu else "fp32"
+    return {"bf16": mode == "bf16", "fp16": mode == "fp16", "use_cpu": not on_gpu}
+
+
+def gradient_checkpointing(cfg: PipelineConfig, explicit: bool | None = None) -> bool:
+    """Explicit setting, else on for real models and off for the built-in tiny ones."""
+    return explicit if explicit is not None else not cfg.model.name_or_path.startswith(BUILTIN_PREFIX)
+
+
+def prompts_per_update(cfg: PipelineConfig) -> int:
+    """Prompts one optimizer step consumes. TRL generates for a whole optimizer step at
+    once (its generation batch: per_device_train_batch_size x processes x accumulation
+    completions = prompts_per_step x GA prompts) and drops an incomplete last batch."""
+    return cfg.grpo.prompts_per_step * cfg.grpo.gradient_accumulation_steps
+
+
+def check_round_size(n_problems: int, cfg: PipelineConfig) -> None:
+    """Refuse a round that cannot fill one optimizer step: it would train 0 steps."""
+    need = prompts_per_update(cfg)
+    if n_problems < need:
+        g = cfg.grpo
+        raise ValueError(
+            f"GRPO round has {n_problems} problems; one optimizer step needs grpo.prompts_per_step "
+            f"x grpo.gradient_accumulation_steps = {g.prompts_per_step} x "
+            f"{g.gradient_accumulation_steps} = {need} (TRL drops an incomplete batch: nothing "
+            "would train). Add problems, widen filter.band, or lower those fields")
+
+
+# Pipeline defaults that grpo.trl may override (TRL's own defaults differ).
+GRPO_TRL_DEFAULTS = {"top_k": 0, "disable_tqdm": True, "dataloader_num_workers": 0}
+
+
+def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None):
+    """Every GRPO knob set explicitly from our config (TRL's defaults differ from the
+    paper), over the pass-through grpo.trl, over GRPO_TRL_DEFAULTS."""
     from trl import GRPOConfig
 
+    return GRPOConfig(**{**GRPO_TRL_DEFAULTS, **cfg.grpo.trl,
+                         **owned_grpo_args(cfg, output_dir, report_to)})
+
+
+def owned_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None) -> dict:
+    """The TRL arguments the pipeline decides: config.GRPOConfig.TRL_OWNED lists them (plus
+    the ones TRL derives from these), and grpo.trl refuses them."""
     g = cfg.grpo
-    on_gpu = torch.cuda.is_available()
-    bf16 = g.bf16 if g.bf16 is not None else on_gpu
     beta = g.beta if g.kl_schedule.kind == "constant" else g.kl_schedule.beta_start
-    kw = dict(  # noqa: C408 - reads as TRL's keyword arguments
+    return dict(  # reads as TRL's keyword arguments
         output_dir=output_dir,
         num_generations=g.num_generations,
-        # the batch of one optimizer step, split across processes under accelerate launch
+        # one micro-batch of prompts_per_step x G completions, split across processes
         per_device_train_batch_size=g.prompts_per_step * g.num_generations // cfg.train.num_processes,
         gradient_accumulation_steps=g.gradient_accumulation_steps,
         beta=beta,
@@ -49,18 +95,17 @@ def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | N
         scale_rewards=g.scale_rewards,
         temperature=g.temperature,
         top_p=g.top_p,
-        top_k=0,
         learning_rate=g.learning_rate,
         max_completion_length=g.max_completion_length,
         num_iterations=g.num_iterations,
         max_steps=g.max_steps,
         save_steps=g.save_steps,
         save_strategy="steps",
+        save_total_limit=g.save_total_limit,
         logging_steps=g.logging_steps,
         seed=cfg.project.seed,
         data_seed=cfg.project.seed,
-        bf16=bf16,
-        use_cpu=not on_gpu,
+        **precision_flags(cfg),
         report_to=report_to or [],
         use_vllm=g.use_vllm,
         vllm_mode=g.vllm_mode,
@@ -69,12 +114,10 @@ def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | N
         vllm_server_host=g.vllm_server_host,
         vllm_server_port=g.vllm_server_port,
         vllm_server_timeout=g.vllm_server_timeout,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        activation_checkpointing=False,  # avoids the gradient_checkpointing deprecation warning
+        # TRL's new name; its default (gradient_checkpointing=True) is on for every model
+        activation_checkpointing=gradient_checkpointing(cfg, g.gradient_checkpointing),
         remove_unused_columns=False,
     )
-    return GRPOConfig(**kw)
 
 
 def kl_beta(step: int, total: int, cfg: PipelineConfig) -> float:
@@ -160,18 +203,81 @@ def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list):
         def on_train_end(self, args, state, control, **kw):
             self._flush()
 
-    return [KLSchedule(), Monitor(), FlushRollouts()]
+    class SkipUpdate(TrainerCallback):
+        """skip_update_below: the optimizer step of a hopeless batch does not happen. With
+        the gradients not synced, accelerate's optimizer (and scaler, and scheduler) skip
+        their step; the Trainer then zeroes the gradients. Weights and Adam's state stay
+        exactly as they were, the KL term and momentum included."""
+
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            trainer = trainer_ref[0] if trainer_ref else None
+            if trainer is not None and trainer.skip_steps_left > 0:
+                trainer.skip_steps_left -= 1
+                trainer.skipped_updates += 1
+                # The Trainer sets it again before each micro-batch.
+                trainer.accelerator.gradient_state._set_sync_gradients(False)
+
+    return [KLSchedule(), Monitor(), FlushRollouts(), SkipUpdate()]
+
+
+def stored_dtype(model_path: str):
+    """The dtype a checkpoint's weights are stored in (config dtype / torch_dtype)."""
+    import torch
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def load_for_training(model_path: str):
+    """(policy in float32, the checkpoint's stored dtype). transformers 5 would load a
+    bf16-stored checkpoint in bf16, where Adam steps of ~1e-6 on weights of ~0.02 round
+    away: the master weights are float32, autocast (train.precision) does the rest."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), stored_dtype(model_path)
+
+
+def saving_in_dtype(trainer_cls):
+    """`trainer_cls` whose save_model writes the weights in `save_dtype` when that is set
+    (the final model; checkpoints stay float32 so a resumed round loses nothing)."""
+    import json
+
+    class SavingInDtype(trainer_cls):
+        save_dtype = None
+
+        def _save(self, output_dir=None, state_dict=None):
+            if self.save_dtype is None:
+                return super()._save(output_dir, state_dict)
+            if state_dict is None:
+                state_dict = self.accelerator.unwrap_model(self.model).state_dict()
+            cast: dict = {}  # by storage: tied weights stay one tensor
+            state_dict = {k: cast.setdefault((v.data_ptr(), v.shape), v.to(self.save_dtype))
+                          if v.is_floating_point() else v for k, v in state_dict.items()}
+            super()._save(output_dir, state_dict)
+            config = Path(output_dir or self.args.output_dir) / "config.json"
+            if self.args.should_save and config.is_file():
+                # save_pretrained records the in-memory (float32) dtype; the file holds save_dtype
+                tree = json.loads(config.read_text())
+                tree["dtype"] = str(self.save_dtype).removeprefix("torch.")
+                config.write_text(json.dumps(tree, indent=2, sort_keys=True) + "\n")
+
+    return SavingInDtype
 
 
 def _trainer_class():
     from trl import GRPOTrainer
 
-    class RecordingGRPOTrainer(GRPOTrainer):
+    class RecordingGRPOTrainer(saving_in_dtype(GRPOTrainer)):
         """Hands every scored completion to a sink; optionally skips hopeless batches."""
 
         rollout_sink: RolloutSink | None = None
         skip_update_below: float | None = None
-        skipped_updates: int = 0
+        skipped_updates: int = 0  # optimizer steps skipped
+        skip_steps_left: int = 0  # optimizer steps still to skip on the current batch
 
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
@@ -185,9 +291,11 @@ def _trainer_class():
                       for i in range(n)]
             advantages = list(logs["advantages"])[-n:]
             if self.skip_update_below is not None and totals and max(totals) < self.skip_update_below:
-                out["advantages"] = out["advantages"] * 0.0  # no signal: do not move the policy
+                # No signal: every optimizer step on this batch is skipped (SkipUpdate).
+                # Every rank sees the same gathered rewards, so every rank skips.
+                out["advantages"] = out["advantages"] * 0.0
                 advantages = [0.0] * n
-                self.skipped_updates += 1
+                self.skip_steps_left = self.num_iterations
             if self.rollout_sink is not None:
                 meta = [(x.get("problem_id"), x.get("answer")) for x in inputs]
                 if self.accelerator.num_processes > 1:  # collective: every rank calls it
@@ -274,21 +382,19 @@ def run_grpo_round(
 ) -> RoundResult:
     """Train one round; the model lands in output_dir/final. With resume, continue from
     the last checkpoint in output_dir (a killed round picks up where it stopped)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from grpo_core.models import configure_threads
 
     configure_threads()
-    if len(problems) < cfg.grpo.prompts_per_step:
-        raise ValueError(f"GRPO round has {len(problems)} problems, fewer than grpo.prompts_per_step="
-                         f"{cfg.grpo.prompts_per_step}: no full batch, nothing would train")
+    check_round_size(len(problems), cfg)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model, save_dtype = load_for_training(model_path)
     funcs, weights = build_reward_funcs(cfg.rewards)
     args = trl_grpo_args(cfg, str(out), report_to)
     args.reward_weights = weights
@@ -312,6 +418,8 @@ def run_grpo_round(
     train_out = trainer.train(resume_from_checkpoint=ckpt)
     result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
     result.steps = trainer.state.global_step
+    if result.steps == 0:  # check_round_size should make this impossible: never save it
+        raise RuntimeError(f"GRPO round trained 0 steps on {len(problems)} problems; not saved")
     if trainer.skipped_updates:
         result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward below "
                                f"{cfg.grpo.skip_update_below}")
@@ -320,6 +428,7 @@ def run_grpo_round(
         good = last_checkpoint(out)
         result.output_dir = good or model_path
     else:
+        trainer.save_dtype = save_dtype  # the input checkpoint's stored dtype
         trainer.save_model(result.output_dir)  # rank 0 only, under accelerate launch
         if trainer.is_world_process_zero():
             tokenizer.save_pretrained(result.output_dir)

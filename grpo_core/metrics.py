@@ -232,3 +232,139 @@ def summarise(
 def _sort_key(label: str) -> tuple:
     """Numeric levels sort as numbers ("2" before "10"); other labels alphabetically."""
     return (0, int(label), "") if label.lstrip("-").isdigit() else (1, 0, label)
+
+
+# ----------------------------------------------------------------------------- paired
+# Two models scored on the same problems are compared by their per-problem differences:
+# a problem's difficulty is shared by both, so it cancels out of the difference. Each
+# model's own CI carries that difficulty spread and makes a consistent small gain look
+# like noise (and an inconsistent one look solid).
+
+FLEXIBLE_PREFIX = "flexible/"
+
+
+def paired_bootstrap(
+    a: Sequence[float],
+    b: Sequence[float],
+    n_resamples: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> dict:
+    """{"delta", "lo", "hi", "n"}: mean(a - b) with its percentile bootstrap CI, where a[i]
+    and b[i] are two models' scores on the same problem i.
+
+    Problem indices are resampled jointly (a resample of the differences a[i] - b[i] is
+    exactly that), so the interval measures how the models differ, not which problems
+    happened to be drawn.
+    """
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.ndim != 1 or y.ndim != 1:
+        raise ValueError("paired_bootstrap needs two 1-D sequences of per-problem scores")
+    if x.size != y.size:
+        raise ValueError(f"paired scores need one value per problem on both sides: "
+                         f"{x.size} problems against {y.size}")
+    if x.size == 0:
+        raise ValueError("paired_bootstrap of zero problems is undefined")
+    delta, lo, hi = bootstrap_ci(x - y, n_resamples=n_resamples, alpha=alpha, seed=seed)
+    return {"delta": delta, "lo": lo, "hi": hi, "n": int(x.size)}
+
+
+def paired_metric(name: str) -> bool:
+    """Whether `name` has a per-problem score to pair: greedy_accuracy, avg@k, maj@k,
+    pass@k, optionally prefixed strict/ or flexible/."""
+    base = _split_metric(name)[0]
+    kind, _, k = base.partition("@")
+    return base == "greedy_accuracy" or (kind in ("avg", "maj", "pass") and k.isdigit()
+                                         and int(k) >= 1)
+
+
+def _split_metric(name: str) -> tuple[str, str]:
+    """(metric without extraction prefix, suffix of the record fields that hold it)."""
+    if name.startswith(FLEXIBLE_PREFIX):
+        return name[len(FLEXIBLE_PREFIX):], "_flexible"
+    return name.removeprefix("strict/"), ""
+
+
+def _problem_score(record: dict, name: str, canon) -> float:
+    base, suffix = _split_metric(name)
+    pid = record.get("problem_id")
+    if base == "greedy_accuracy":
+        value = record.get(f"greedy_correct{suffix}")
+        if value is None:
+            raise ValueError(f"problem {pid!r} has no greedy_correct{suffix} for {name}")
+        return float(bool(value))
+    k = int(base.partition("@")[2])
+    correct = list(record.get(f"sample_correct{suffix}") or [])
+    if len(correct) < k:
+        raise ValueError(f"problem {pid!r} has {len(correct)} sample_correct{suffix} "
+                         f"values; {name} needs {k}")
+    view = {"sample_correct": correct, "sample_answers": record.get(f"sample_answers{suffix}")}
+    scores = problem_scores(view, [k], canon)
+    if base not in scores:  # maj@k without the answers to vote on
+        raise ValueError(f"problem {pid!r} has no sample_answers{suffix} for {name}")
+    return scores[base]
+
+
+def _by_problem(records: Sequence[dict], side: str) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for r in records:
+        pid = r["problem_id"]
+        if pid in out:
+            raise ValueError(f"problem {pid!r} appears twice in the {side} records")
+        out[pid] = r
+    return out
+
+
+def _check_same_problems(a: dict, b: dict) -> None:
+    only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    if only_a or only_b:
+        raise ValueError(
+            f"not the same problems: {len(only_a)} only in a"
+            f"{f' (e.g. {only_a[0]!r})' if only_a else ''}, {len(only_b)} only in b"
+            f"{f' (e.g. {only_b[0]!r})' if only_b else ''}")
+
+
+def _check_same_samples(a: dict, b: dict, name: str) -> None:
+    """pass@k's estimator and avg@k's first k both depend on the sample count: pairing
+    problems with different counts would compare two different estimates."""
+    field = f"sample_correct{_split_metric(name)[1]}"
+    for pid, ra in a.items():
+        na, nb = len(ra.get(field) or []), len(b[pid].get(field) or [])
+        if na != nb:
+            raise ValueError(f"problem {pid!r} has {na} samples in a and {nb} in b "
+                             f"({field}); paired {name} needs the same count")
+
+
+def paired_scores(
+    a_records: Sequence[dict],
+    b_records: Sequence[dict],
+    metric: str,
+    canon: Callable[[str], Hashable] | None = None,
+) -> tuple[list[float], list[float]]:
+    """Aligned per-problem `metric` values of two eval record sets (keyed by problem_id,
+    sorted by it). ValueError when the problems or sample counts differ, or a record
+    lacks what the metric needs. `flexible/<metric>` reads the records' *_flexible fields."""
+    if not paired_metric(metric):
+        raise ValueError(f"{metric!r} has no per-problem score to pair")
+    a, b = _by_problem(a_records, "a"), _by_problem(b_records, "b")
+    _check_same_problems(a, b)
+    if _split_metric(metric)[0] != "greedy_accuracy":
+        _check_same_samples(a, b, metric)
+    ids = sorted(a)
+    return ([_problem_score(a[i], metric, canon) for i in ids],
+            [_problem_score(b[i], metric, canon) for i in ids])
+
+
+def paired_delta(
+    a_records: Sequence[dict],
+    b_records: Sequence[dict],
+    metric: str,
+    canon: Callable[[str], Hashable] | None = None,
+    n_resamples: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> dict:
+    """paired_bootstrap of `metric` for a minus b over their common problems (which must
+    be all of them): {"delta", "lo", "hi", "n"}."""
+    xs, ys = paired_scores(a_records, b_records, metric, canon)
+    return paired_bootstrap(xs, ys, n_resamples=n_resamples, alpha=alpha, seed=seed)

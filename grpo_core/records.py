@@ -43,6 +43,12 @@ CREATE TABLE IF NOT EXISTS eval_results (
     sample_answers VARCHAR[], sample_correct BOOLEAN[], sample_truncated BOOLEAN[],
     sample_well_formatted BOOLEAN[], sample_num_tokens INTEGER[],
     sample_completions VARCHAR[], PRIMARY KEY (run_id, problem_id));
+-- Added with the flexible extraction (issue 11); stores made before get them by ALTER.
+ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS greedy_answer_flexible VARCHAR;
+ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS greedy_correct_flexible BOOLEAN;
+ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS sample_answers_flexible VARCHAR[];
+ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS sample_correct_flexible BOOLEAN[];
+ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS scorer_errors INTEGER;
 CREATE TABLE IF NOT EXISTS eval_runs (
     run_id VARCHAR PRIMARY KEY, protocol_hash VARCHAR NOT NULL, benchmark VARCHAR,
     model VARCHAR, model_fingerprint VARCHAR, n_problems INTEGER, seed BIGINT,
@@ -70,7 +76,10 @@ EVAL_RESULT_SCHEMA = pa.schema([
     ("sample_answers", pa.list_(pa.string())), ("sample_correct", pa.list_(pa.bool_())),
     ("sample_truncated", pa.list_(pa.bool_())),
     ("sample_well_formatted", pa.list_(pa.bool_())),
-    ("sample_num_tokens", pa.list_(pa.int32())), ("sample_completions", pa.list_(pa.string()))])
+    ("sample_num_tokens", pa.list_(pa.int32())), ("sample_completions", pa.list_(pa.string())),
+    ("greedy_answer_flexible", pa.string()), ("greedy_correct_flexible", pa.bool_()),
+    ("sample_answers_flexible", pa.list_(pa.string())),
+    ("sample_correct_flexible", pa.list_(pa.bool_())), ("scorer_errors", pa.int32())])
 TABLES = ("pass_rates", "rollouts", "eval_results", "eval_runs")
 
 

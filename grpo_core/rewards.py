@@ -5,8 +5,11 @@
 A completion is a string or a conversational list `[{"role": "assistant", "content": ...}]`.
 TRL passes the dataset's columns as kwargs lists aligned with `completions` (`answer`),
 plus `prompts` and `completion_ids`. Each reward is a named `def`: TRL logs it as
-`rewards/<name>/mean`. No reward raises: a completion that breaks a rule scores 0.0
-(accuracy: None when the gold itself is unreadable, so TRL leaves it out of the mean).
+`rewards/<name>/mean`. No reward raises: a completion that breaks a rule scores 0.0.
+accuracy is None ("not scored": TRL leaves it out of the mean) when the gold is unreadable
+or when the scorer itself failed. A reward's own exception is never silent: it is logged
+and counted (grpo_core.answers.SCORER_ERRORS, label `reward/<name>`; read them with
+`scorer_error_counts()`), and the reward takes its neutral value (accuracy: None).
 Nothing here executes or evaluates model output.
 """
 
@@ -19,7 +22,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpo_core import answers
-from grpo_core.answers import extract_answer, normalise_gold, parse_gold, verify
+from grpo_core.answers import (
+    SCORER_ERRORS,
+    ScorerError,
+    check,
+    count_scorer_errors,
+    extract_answer,
+    normalise_gold,
+    parse_gold,
+    record_scorer_error,
+)
 
 RewardFunc = Callable[..., list]
 
@@ -72,13 +84,26 @@ def _think_flags(n: int, kwargs: dict, prompt_ends_with_think: bool | None) -> l
     ]
 
 
-def _each(values: Sequence, fn: Callable[..., float | None], default: float | None) -> list:
+def scorer_error_counts() -> dict[str, int]:
+    """Scorer errors so far by label (`reward/accuracy`, ...), as answers counts them."""
+    return SCORER_ERRORS.counts()
+
+
+def _each(
+    values: Sequence, fn: Callable[..., float | None], default: float | None, name: str
+) -> list:
+    """fn(*args) per completion; an exception (a bug: a reward must never crash training)
+    gives `default`, and is counted and logged under `reward/<name>`."""
     out = []
-    for args in values:
-        try:
-            out.append(fn(*args))
-        except Exception:  # noqa: BLE001 - a reward must never crash training
-            out.append(default)
+    with count_scorer_errors(f"reward/{name}"):
+        for args in values:
+            try:
+                out.append(fn(*args))
+            except ScorerError:  # already counted where it was raised
+                out.append(default)
+            except Exception as exc:  # noqa: BLE001
+                record_scorer_error(args[1:] if len(args) > 1 else "", args[0], exc)
+                out.append(default)
     return out
 
 
@@ -93,14 +118,16 @@ def _accuracy_one(completion: Any, gold: Any) -> float | None:
         return None
     # One time budget per completion, shared with the gold's parse when it was not cached.
     seconds = max(0.05, answers.BUDGET_S - (time.monotonic() - start))
-    return 1.0 if verify(parsed, extract_answer(completion_text(completion)), seconds) else 0.0
+    # check raises ScorerError on a scorer failure: _each makes it None, never 0.0.
+    return 1.0 if check(parsed, extract_answer(completion_text(completion)), seconds) else 0.0
 
 
 def accuracy(completions: list, answer: list | None = None, **kwargs: Any) -> list[float | None]:
-    """1.0 when the final answer is equivalent to the gold `answer`, else 0.0; None when
-    the gold cannot be parsed. Golds are parsed once and shared across the group."""
+    """1.0 when the final answer (strict extraction) is equivalent to the gold `answer`,
+    else 0.0; None when the gold cannot be parsed or the scorer failed (counted under
+    `reward/accuracy`). Golds are parsed once and shared across the group."""
     golds = _column({"answer": answer}, "answer", len(completions))
-    return _each(list(zip(completions, golds)), _accuracy_one, 0.0)
+    return _each(list(zip(completions, golds)), _accuracy_one, None, "accuracy")
 
 
 # --- format and tags ---------------------------------------------------------------------
@@ -141,6 +168,7 @@ def format(
         list(zip(completions, flags)),
         lambda c, f: format_reward if is_well_formatted(completion_text(c), f) else -format_reward,
         -format_reward,
+        "format",
     )
 
 
@@ -170,7 +198,12 @@ def tag_count(
     """Partial format credit (0.25 per tag), so a model that never wrote the tags still
     gets a gradient towards them."""
     flags = _think_flags(len(completions), kwargs, prompt_ends_with_think)
-    return _each(list(zip(completions, flags)), lambda c, f: tag_score(completion_text(c), f), 0.0)
+    return _each(
+        list(zip(completions, flags)),
+        lambda c, f: tag_score(completion_text(c), f),
+        0.0,
+        "tag_count",
+    )
 
 
 # --- length ------------------------------------------------------------------------------
@@ -206,7 +239,7 @@ def length(
         n = len(tok) if tok is not None else len(completion_text(c).split(None, cap))
         return length_penalty(n, min_tokens, max_tokens, penalty)
 
-    return _each(list(zip(completions, ids)), one, 0.0)
+    return _each(list(zip(completions, ids)), one, 0.0, "length")
 
 
 # --- reasoning keywords ------------------------------------------------------------------
@@ -246,6 +279,7 @@ def reasoning_keywords(
         [(c,) for c in completions],
         lambda c: keyword_score(completion_text(c), keywords, per_hit, max_reward),
         0.0,
+        "reasoning_keywords",
     )
 
 
@@ -274,6 +308,7 @@ def repetition(
         [(c,) for c in completions],
         lambda c: repetition_score(completion_text(c), ngram, max_penalty),
         0.0,
+        "repetition",
     )
 
 

@@ -321,12 +321,15 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutWarning())
 
 _COMMANDS = re.compile(r"\\[A-Za-z]+")
-_TEXT_ARGS = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
+# \text{...} and the name of an environment (`\begin{pmatrix}`) are not prose: read as
+# prose, a spaced matrix loses its boxed read and becomes its last entry.
+_TEXT_ARGS = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
 _WORD = re.compile(r"[A-Za-z]{2,}")
 
 
 def _looks_like_prose(text: str) -> bool:
-    """`18 dollars`, `The answer is 5`: words outside LaTeX commands and \\text{}."""
+    """`18 dollars`, `The answer is 5`: words outside LaTeX commands, \\text{} and
+    environment names."""
     return bool(_WORD.search(_COMMANDS.sub(" ", _TEXT_ARGS.sub(" ", text))))
 
 

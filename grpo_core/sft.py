@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
-from grpo_core.grpo import quiet_trainer
+from grpo_core.grpo import (
+    gradient_checkpointing,
+    load_for_training,
+    precision_flags,
+    quiet_trainer,
+    saving_in_dtype,
+)
 from grpo_core.problems import Problem
 from grpo_core.prompts import render_prompt
 
@@ -58,8 +64,7 @@ def run_sft(
     extra_callbacks: list | None = None,
 ) -> SFTResult:
     """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     from grpo_core.models import configure_threads
@@ -74,25 +79,29 @@ def run_sft(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    on_gpu = torch.cuda.is_available()
-    args = SFTConfig(
+    model, save_dtype = load_for_training(model_path)  # fp32 master weights
+    # The pipeline's defaults, which sft.trl may override ...
+    defaults = dict(  # noqa: C408 - reads as TRL's keyword arguments
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, cfg.sft.max_steps // 20),
+        logging_steps=max(1, cfg.sft.max_steps // 50),
+        disable_tqdm=True,
+        activation_checkpointing=gradient_checkpointing(cfg),
+    )
+    # ... and what it decides (config.SFTConfig.TRL_OWNED), which sft.trl may not.
+    owned = dict(  # reads as TRL's keyword arguments
         output_dir=str(out),
         max_steps=cfg.sft.max_steps,
         learning_rate=cfg.sft.learning_rate,
         per_device_train_batch_size=cfg.sft.batch_size // cfg.train.num_processes,
         max_length=cfg.sft.max_length,
         completion_only_loss=True,
-        lr_scheduler_type="cosine",
-        warmup_steps=max(1, cfg.sft.max_steps // 20),
-        logging_steps=max(1, cfg.sft.max_steps // 50),
         save_strategy="no",
         seed=cfg.project.seed,
-        bf16=on_gpu,
-        use_cpu=not on_gpu,
+        **precision_flags(cfg),
         report_to=report_to or [],
-        disable_tqdm=True,
     )
+    args = SFTConfig(**{**defaults, **cfg.sft.trl, **owned})
     result = SFTResult(output_dir=str(out / "final"), steps=0)
 
     class History(TrainerCallback):
@@ -100,7 +109,7 @@ def run_sft(
             if logs and "loss" in logs:
                 result.history.append({**logs, "step": state.global_step})
 
-    trainer = SFTTrainer(
+    trainer = saving_in_dtype(SFTTrainer)(
         model=model,
         args=args,
         train_dataset=sft_dataset(usable, template, tokenizer),
@@ -110,6 +119,7 @@ def run_sft(
     quiet_trainer(trainer)
     trainer.train()
     result.steps = trainer.state.global_step
+    trainer.save_dtype = save_dtype  # the input checkpoint's stored dtype
     trainer.save_model(result.output_dir)  # rank 0 only, under accelerate launch
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(result.output_dir)

@@ -1,15 +1,134 @@
-"""Read the recipe comparison back out of MLflow: base vs final metric (with CIs) per
-recipe and benchmark from the finished parent runs of an experiment. Split out of
-tasks.tracking, which re-exports compare_table and COMPARE_COLUMNS."""
+"""Paired comparisons of two models scored on the same problems, and the recipe
+comparison read back out of MLflow.
+
+- The per-problem eval records behind a stage's result are read from the DuckDB store
+  (`eval_results`): by the result's eval run id, else (results cached before they held
+  one) by its protocol hash and the model's fingerprint (the newest such run).
+- `paired_deltas` turns two record sets into paired deltas with 95% CIs
+  (grpo_core.metrics.paired_delta); `delta_metrics` names them as logged on the eval/final
+  run (`<bench>/<metric>_delta`, `_delta_ci_lo`, `_delta_ci_hi`, `_delta_n`).
+- `compare_table`: base vs final metric (with CIs) and the paired delta (with its CI) per
+  recipe and benchmark, from the finished parent runs of an experiment.
+
+Split out of tasks.tracking, which re-exports compare_table and COMPARE_COLUMNS."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-COMPARE_COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final",
-                   "final_lo", "final_hi", "delta"]
+from grpo_core.metrics import paired_delta, paired_metric
+from grpo_core.models import model_fingerprint, resolve_model_path
+from grpo_core.records import read_eval_results, read_eval_runs
+from grpo_core.store import Store, StoreError
+from grpo_core.workspace import Workspace
 
+COMPARE_COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final",
+                   "final_lo", "final_hi", "delta", "delta_lo", "delta_hi"]
+
+
+# --------------------------------------------------------------------------- records
+
+@contextlib.contextmanager
+def records_store(workdir: Workspace | str | os.PathLike, timeout: float = 0.0
+                  ) -> Iterator[Store | None]:
+    """The workspace's store opened read-only, or None when there is none or it stays
+    locked past `timeout`: without per-problem records there is no paired number, which
+    the callers report, rather than a failed pipeline at its last step."""
+    root = workdir.root if isinstance(workdir, Workspace) else Path(workdir)
+    path = Workspace(root).db_path
+    try:
+        store = Store.open(path, read_only=True, timeout=timeout) if path.exists() else None
+    except StoreError:
+        store = None
+    try:
+        yield store
+    finally:
+        if store is not None:
+            store.close()
+
+
+def find_eval_run(store: Store, protocol_hash: str | None, model_path: str) -> str | None:
+    """The newest eval run of `model_path` under `protocol_hash` (the stage cache may hand
+    back a result computed by an earlier pipeline: its rows are that run's)."""
+    if not protocol_hash:
+        return None
+    fp = model_fingerprint(str(model_path))
+    runs = [r for r in read_eval_runs(store, protocol_hash) if r["model_fingerprint"] == fp]
+    return runs[-1]["run_id"] if runs else None
+
+
+def run_records(store: Store | None, run_id: str | None) -> list[dict]:
+    """The per-problem rows of one eval run ([] without a store or run id)."""
+    if store is None or not run_id:
+        return []
+    return read_eval_results(store, run_id=run_id)
+
+
+def stage_records(store: Store | None, result: Mapping, model_path: str | None) -> list[dict]:
+    """The per-problem rows behind one benchmark's stage result ({"metrics",
+    "protocol_hash", "eval_run_id"}) of the model at `model_path`; results cached before
+    they held the eval run id are found by protocol hash and model fingerprint."""
+    if store is None:
+        return []
+    run_id = result.get("eval_run_id")
+    if not run_id and model_path is not None:
+        run_id = find_eval_run(store, result.get("protocol_hash"), model_path)
+    return run_records(store, run_id)
+
+
+def base_records(store: Store | None, cfg, workdir, final: Mapping[str, Mapping],
+                 base: Mapping[str, Mapping] | None = None,
+                 base_model: str | None = None) -> dict[str, list[dict]]:
+    """{bench: rows} of the pipeline's base model. Without its stage results, the base was
+    evaluated under the final eval's protocol (one config, the same problems), so its run
+    is found by that hash and the base model's fingerprint."""
+    if store is None:
+        return {}
+    if base_model is None:
+        root = workdir.root if isinstance(workdir, Workspace) else Path(workdir)
+        base_model = resolve_model_path(cfg.model.name_or_path, Workspace(root).models)
+    base = base if base is not None else {
+        bench: {"protocol_hash": res.get("protocol_hash")} for bench, res in final.items()}
+    return {bench: stage_records(store, res, base_model) for bench, res in base.items()}
+
+
+# --------------------------------------------------------------------------- deltas
+
+def paired_deltas(a: list[dict], b: list[dict], names: Iterable[str],
+                  n_resamples: int = 1000, seed: int = 0) -> dict[str, dict]:
+    """{metric: {"delta", "lo", "hi", "n"}} of a minus b for each name that can be paired.
+    A metric the records cannot pair (other problems or sample counts, rows stored
+    without flexible verdicts) is left out: the table then shows no CI for it rather
+    than an unpaired one."""
+    if not a or not b:
+        return {}
+    from grpo_core.evaluation import vote_key  # maj@k votes as the evaluation did
+
+    out = {}
+    for name in names:
+        if paired_metric(name):
+            with contextlib.suppress(ValueError):
+                out[name] = paired_delta(a, b, name, canon=vote_key, n_resamples=n_resamples,
+                                         seed=seed)
+    return out
+
+
+def delta_metrics(deltas: Mapping[str, Mapping[str, Mapping]]) -> dict[str, float]:
+    """{bench: {metric: delta}} -> the MLflow metrics `compare_table` reads back."""
+    out = {}
+    for bench, by_metric in deltas.items():
+        for name, d in by_metric.items():
+            key = f"{bench}/{sanitize_key(name)}_delta"
+            out.update({key: d["delta"], f"{key}_ci_lo": d["lo"], f"{key}_ci_hi": d["hi"],
+                        f"{key}_n": d["n"]})
+    return out
+
+
+# --------------------------------------------------------------------------- table
 
 def _triple_from(metrics: Mapping[str, float], key: str) -> tuple:
     return metrics.get(key), metrics.get(f"{key}_ci_lo"), metrics.get(f"{key}_ci_hi")
@@ -19,7 +138,9 @@ def compare_table(uri: str | None, experiment: str, metric: str | None = None,
                   latest_only: bool = True) -> list[dict]:
     """Rows (COMPARE_COLUMNS) from the FINISHED parent runs of `experiment`: per recipe (the
     newest parent when latest_only) and benchmark, the metric on eval/base and eval/final
-    with CIs. `metric` defaults to each parent's eval.primary_metric param."""
+    with CIs, and the paired delta with its CI when the pipeline logged one (else the
+    difference of the means, without a CI). `metric` defaults to each parent's
+    eval.primary_metric param."""
     c = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else _client()
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
@@ -34,22 +155,31 @@ def compare_table(uri: str | None, experiment: str, metric: str | None = None,
             continue
         seen.add(recipe)
         m = metric or parent.data.params.get("eval.primary_metric", "greedy_accuracy")
-        mk = sanitize_key(m)
-        kids = {r.info.run_name: r for r in _children(parent.info.run_id, c)}
-        final = kids.get("eval/final")
-        if final is None:
-            continue
-        base = kids.get("eval/base")
-        fm, bm = final.data.metrics, base.data.metrics if base else {}
-        benches = sorted(k[: -len(mk) - 1] for k in fm
-                         if k.endswith("/" + mk) and "/" not in k[: -len(mk) - 1])
-        for bench in benches:
-            f, flo, fhi = _triple_from(fm, f"{bench}/{mk}")
-            b, blo, bhi = _triple_from(bm, f"{bench}/{mk}")
-            rows.append({"recipe": recipe, "benchmark": bench, "metric": m, "base": b,
-                         "base_lo": blo, "base_hi": bhi, "final": f, "final_lo": flo,
-                         "final_hi": fhi, "delta": f - b if f is not None and b is not None else None})
+        rows += _recipe_rows(c, parent, recipe, m)
     return sorted(rows, key=lambda r: (r["recipe"], r["benchmark"]))
+
+
+def _recipe_rows(c: MlflowClient, parent, recipe: str, m: str) -> list[dict]:
+    mk = sanitize_key(m)
+    kids = {r.info.run_name: r for r in _children(parent.info.run_id, c)}
+    final = kids.get("eval/final")
+    if final is None:
+        return []
+    base = kids.get("eval/base")
+    fm, bm = final.data.metrics, base.data.metrics if base else {}
+    benches = sorted(k[: -len(mk) - 1] for k in fm
+                     if k.endswith("/" + mk) and "/" not in k[: -len(mk) - 1])
+    rows = []
+    for bench in benches:
+        f, flo, fhi = _triple_from(fm, f"{bench}/{mk}")
+        b, blo, bhi = _triple_from(bm, f"{bench}/{mk}")
+        d, dlo, dhi = _triple_from(fm, f"{bench}/{mk}_delta")
+        if d is None and f is not None and b is not None:
+            d = f - b
+        rows.append({"recipe": recipe, "benchmark": bench, "metric": m, "base": b,
+                     "base_lo": blo, "base_hi": bhi, "final": f, "final_lo": flo,
+                     "final_hi": fhi, "delta": d, "delta_lo": dlo, "delta_hi": dhi})
+    return rows
 
 
 # The core helpers, imported last: tasks.tracking imports this module at its own end to

@@ -79,26 +79,38 @@ def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics
 
 @task(name="ingest", retries=2, retry_delay_seconds=2)
 def ingest(ctx: Ctx) -> dict:
-    from grpo_core.pool import ingest_sources, training_pool
+    """The evaluation sets, then the training sources (flagged against them), then the
+    pool; the data run gets the contamination counts per benchmark."""
+    from grpo_core.pool import contamination_by_benchmark, ingest_eval_sets, ingest_sources, training_pool
 
     sources = [s.model_dump(mode="json") for s in ctx.cfg.data.train]
     key = stage_key("data", sources=sources, data=ctx.cfg.data.model_dump(mode="json"),
-                    seed=ctx.cfg.project.seed)
+                    benchmarks=ctx.cfg.eval.benchmarks, seed=ctx.cfg.project.seed)
 
     def compute(run):
         with ctx.store() as store:
+            eval_reports = ingest_eval_sets(ctx.cfg, store)
             reports = ingest_sources(ctx.cfg, store)
             pool = training_pool(ctx.cfg, store)
+            contamination = contamination_by_benchmark(ctx.cfg, store)
         summary = {"pool_size": len(pool), "ingested": sum(r.ingested for r in reports),
                    "quarantined": sum(sum(r.quarantined.values()) for r in reports),
                    "duplicates": sum(r.duplicates for r in reports),
-                   "contaminated": sum(r.contaminated for r in reports)}
-        tracking.log_json(run, [r.__dict__ for r in reports], "data/ingest_reports.json")
-        return {**summary, "problem_ids": [p.id for p in pool]}
+                   "contaminated": sum(c["flagged"] for c in contamination.values())}
+        tracking.log_json(run, [r.__dict__ for r in eval_reports + reports],
+                          "data/ingest_reports.json")
+        tracking.log_json(run, contamination, "data/contamination.json")
+        return {**summary, "contamination": contamination, "problem_ids": [p.id for p in pool]}
 
-    return _cached(ctx, key, "data", compute,
-                   metrics=lambda v: {f"data/{k}": v[k] for k in
-                                      ("pool_size", "ingested", "quarantined", "duplicates", "contaminated")})
+    return _cached(ctx, key, "data", compute, metrics=_data_metrics)
+
+
+def _data_metrics(v: dict) -> dict:
+    out = {f"data/{k}": v[k] for k in
+           ("pool_size", "ingested", "quarantined", "duplicates", "contaminated")}
+    for bench, counts in (v.get("contamination") or {}).items():
+        out.update({f"data/contamination/{bench}/{k}": n for k, n in counts.items()})
+    return out
 
 
 def pool_problems(ctx: Ctx, ids: list[str]) -> list[Problem]:
@@ -244,11 +256,18 @@ def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
              scorer=None) -> dict:
     """`scorer`: scores the problems in workers (flows/shards.py eval_scorer, for
     eval.shards > 1); None scores them here. The rows and metrics are the same."""
+    from grpo_core.benchmarks import benchmark_problems, fingerprint
     from grpo_core.evaluation import evaluate as run_eval
     from grpo_core.sampling import build_backend
 
+    # The exact problem lists are in the key: a changed store (another split, more rows)
+    # is a new evaluation, never a cached number from the old set.
+    with ctx.store() as store:
+        problem_sets = {b: fingerprint(benchmark_problems(b, ctx.cfg, store, ctx.cfg.eval.limit))
+                        for b in benchmarks}
     # Sharding changes where records are computed, not what they are: not in the key.
     key = stage_key("eval", model=model_fingerprint(model_path), benchmarks=benchmarks,
+                    problem_sets=problem_sets,
                     eval=ctx.cfg.eval.model_dump(mode="json", exclude={"shards"}),
                     template=ctx.cfg.model.template,
                     rollout=ctx.cfg.rollout.model_dump(mode="json"), seed=ctx.cfg.project.seed)
@@ -262,8 +281,12 @@ def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
             for bench in benchmarks:
                 res = run_eval(model_path, bench, ctx.cfg, store=store, backend=backend,
                                tokenizer=tokenizer, progress=ctx.progress, scorer=scorer)
-                out[bench] = {"metrics": res.metrics, "protocol_hash": res.protocol_hash}
+                out[bench] = {"metrics": res.metrics, "protocol_hash": res.protocol_hash,
+                              "eval_run_id": res.run_id, "split": res.protocol["split"],
+                              "problems_hash": res.protocol["problems_hash"]}
                 tracking.log_eval_table(run, res.per_problem, f"eval/{bench}.json")
+        tracking.set_tags(run, {f"{b}.{k}": v[k] for b, v in out.items()
+                                for k in ("split", "problems_hash", "eval_run_id")})
         return {"benchmarks": out}
 
     # Cached by content: the same model under the same protocol is evaluated once, even

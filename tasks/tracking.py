@@ -471,13 +471,22 @@ def history_to_mlflow(run_id: str, history: Sequence[Mapping[str, Any]], prefix:
 
 def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Mapping[str, Any],
                     findings: Sequence[str], workspace: Workspace | str | os.PathLike | None = None,
-                    client: MlflowClient | None = None,
-                    champion_metrics: Mapping[str, Any] | None = None) -> dict:
+                    client: MlflowClient | None = None, *,
+                    champion_records: Sequence[Mapping] | None = None,
+                    base: Mapping[str, Any] | None = None, base_model: str | None = None) -> dict:
     """Close a pipeline run: final metrics on the parent (prefix final/), findings, the
-    model registered and promoted on the primary metric of the first benchmark, running
-    children and the parent set FINISHED. Returns what happened, with a one-line summary."""
+    paired deltas of final vs base on the eval/final run, the model registered and
+    promoted on the primary metric of the first benchmark by the paired rule, running
+    children and the parent set FINISHED. Returns what happened, with a one-line summary
+    and the deltas ({bench: {metric: {"delta", "lo", "hi", "n"}}}).
+
+    Per-problem records come from the workspace's store: the final eval's, the base
+    model's (`base`: its stage results, else found by `base_model`, else by the config's
+    model) and the champion's (`champion_records`, as retrain passes them, else read back
+    through the champion version's eval run id tag)."""
     c = _client(client)
     benchmarks = final.get("benchmarks", final)
+    workdir = workspace if workspace is not None else _workdir(None, cfg)
     log_metrics(parent_id, {f"final/{k}": v for k, v in eval_metrics(benchmarks).items()}, client=c)
     set_tags(parent_id, {"findings": " | ".join(findings) or "none"}, c)
     if findings:
@@ -486,34 +495,66 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     bench = next(iter(cfg.eval.benchmarks), None)
     res = benchmarks.get(bench, {}) if bench else {}
     block = (res.get("metrics") or {}).get(primary) or {}
+    name = model_name(cfg) if cfg.tracking.register_model else None
+    champ = champion_version(name, c) if name else None
+    with comparison.records_store(workdir, cfg.data.store_lock_timeout) as store:
+        mine = {b: comparison.stage_records(store, r, str(model_dir)) for b, r in benchmarks.items()}
+        before = comparison.base_records(store, cfg, workdir, benchmarks, base, base_model) \
+            if base is not None or any(mine.values()) else {}
+        if champion_records is None and champ is not None:
+            champion_records = comparison.run_records(store, champ.tags.get(EVAL_RUN_TAG)) or None
+    deltas = _log_deltas(parent_id, cfg, benchmarks, mine, before, c)
     out: dict[str, Any] = {"parent_run": parent_id, "benchmark": bench, "metric": primary,
                            "value": block.get("mean"), "ci_lo": block.get("lo"),
-                           "ci_hi": block.get("hi")}
+                           "ci_hi": block.get("hi"), "deltas": deltas}
     headline = (f"{bench} {primary} {_fmt_ci(block['mean'], block.get('lo'), block.get('hi'))}"
                 if block.get("mean") is not None else f"{bench} {primary}: n/a")
     summary = headline
-    if cfg.tracking.register_model:
-        name = model_name(cfg)
+    if name:
         version = register_model(parent_id, model_dir, name,
                                  tags={"recipe": cfg.project.recipe, "config_hash": cfg.hash()}, client=c)
         out.update(model_name=name, version=version, model_uri=f"models:/{name}/{version}",
                    champion_uri=champion_uri(name))
+        records = mine.get(bench) or []
         if block.get("mean") is not None:
-            promoted, reason = promote_if_better(c, name, version, primary, block["mean"],
-                                                 block.get("lo"), champion_metrics, ci_hi=block.get("hi"),
-                                                 protocol_hash=res.get("protocol_hash"))
+            promoted, reason = promote_if_better(
+                c, name, version, primary, block["mean"], block.get("lo"), ci_hi=block.get("hi"),
+                protocol_hash=res.get("protocol_hash"), records=records,
+                champion_records=champion_records,
+                eval_run_id=records[0]["run_id"] if records else None,
+                n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
+            decided = decision_record(name, version, c)
         else:
-            promoted, reason = False, f"no {primary} on {bench}; not compared"
-        out.update(promoted=promoted, reason=reason)
+            promoted, reason, decided = False, f"no {primary} on {bench}; not compared", {}
+        out.update(promoted=promoted, reason=reason, rule=decided.get("rule"),
+                   paired=decided.get("paired"))
         set_tags(parent_id, {"grpo.promotion": "promoted" if promoted else "rejected",
-                             "grpo.promotion_reason": reason}, c)
+                             "grpo.promotion_reason": reason,
+                             "grpo.promotion_rule": decided.get("rule") or "none"}, c)
         summary = f"{headline}; {name} v{version} {'champion' if promoted else 'challenger'} ({reason})"
     out["summary"] = summary
     _close_children(parent_id, "FINISHED", c)
     c.set_terminated(parent_id, "FINISHED")
-    _set_state_status(workspace if workspace is not None else _workdir(None, cfg), parent_id,
-                      "FINISHED", c)
+    _set_state_status(workdir, parent_id, "FINISHED", c)
     return out
+
+
+def _log_deltas(parent_id: str, cfg, benchmarks: Mapping[str, Any], mine: Mapping[str, list],
+                before: Mapping[str, list], client: MlflowClient) -> dict:
+    """Paired deltas (final minus base) of every pairable metric per benchmark, logged on
+    the eval/final run where `grpo compare` reads them; both sides scored the same
+    problems, so the CI is of the per-problem difference, not of two separate means."""
+    deltas = {}
+    for bench, res in benchmarks.items():
+        names = list((res.get("metrics") or {}) if isinstance(res, Mapping) else [])
+        found = comparison.paired_deltas(mine.get(bench) or [], before.get(bench) or [], names,
+                                         n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
+        if found:
+            deltas[bench] = found
+    if deltas:
+        log_metrics(child_run(parent_id, "eval/final", client), comparison.delta_metrics(deltas),
+                    client=client)
+    return deltas
 
 
 # --------------------------------------------------------------------------- split-out concerns
@@ -522,6 +563,7 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
 # last: those modules import the core above from this one (at their own end, so any of
 # them may be imported first).
 
+from tasks import comparison
 from tasks.artifacts import (  # noqa: F401
     copy_artifacts,
     eval_table_rows,
@@ -535,9 +577,11 @@ from tasks.artifacts import (  # noqa: F401
 )
 from tasks.comparison import COMPARE_COLUMNS, compare_table  # noqa: F401
 from tasks.registry import (  # noqa: F401
+    EVAL_RUN_TAG,
     _fmt_ci,
     champion_uri,
     champion_version,
+    decision_record,
     download_champion,
     model_name,
     promote_if_better,

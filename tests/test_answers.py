@@ -1,8 +1,10 @@
-"""Answer extraction, gold answers per dataset, equivalence, time bounds, real data."""
+"""Answer extraction (strict and flexible), gold answers per dataset, equivalence, scorer
+errors, time bounds, real data. The labelled equivalence table is tests/test_equivalence.py."""
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,11 +14,17 @@ import pytest
 
 from grpo_core import answers as A
 from grpo_core.answers import (
+    EXTRACTIONS,
+    SCORER_ERRORS,
+    ScorerError,
     as_number,
+    check,
+    count_scorer_errors,
     extract_answer,
     extract_boxed,
     gold_from_gsm8k,
     gold_from_math_solution,
+    is_correct,
     is_equivalent,
     normalise_gold,
     parse_gold,
@@ -70,7 +78,115 @@ def test_extract_boxed_is_linear_on_deep_input() -> None:
 
 def test_extract_answer_non_string() -> None:
     assert extract_answer(None) is None  # type: ignore[arg-type]
+    assert extract_answer(None, "flexible") is None  # type: ignore[arg-type]
     assert extract_boxed(5) is None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown extraction"):
+        extract_answer("5", "lenient")
+    assert EXTRACTIONS == ("strict", "flexible")
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("Natalia sold 48 and then 24.\n#### 72", "72"),
+        ("so the total is 72.\nThe answer is 72.", "72"),
+        ("Q: how many? A: 72", "72"),
+        ("A: 72", "72"),
+        ("Answer: 72", "72"),
+        ("The final answer is $72$. I hope it is correct.", "72"),
+        (
+            "Final Answer: The final answer is $\\frac{1}{2}$. I hope it is correct.",
+            "$\\frac{1}{2}$",
+        ),
+        ("The answer is $1,234.", "1234"),
+        ("The answer is \\$18.00.", "18.00"),
+        ("The answer is 8 apples.", "8"),
+        ("The answer is 10, 4, -2.", "10, 4, -2"),
+        ("The answer is 3 + \\sqrt{2}.", "3 + \\sqrt{2}"),
+        ("The answer is:\n\n42", "42"),
+        ("the answer is 5. Wait, no: the answer is 6.", "6"),  # the last marker
+        ("... 3 apples and 5 pears, 8 fruit. The answer is 8.", "8"),
+        ("3 apples and 5 pears make 8.", "8"),  # no marker: the last number
+        ("It costs $1,234.50 in total.", "1234.50"),
+        ("so 5 + 3 = 8. Wait, it is 9", "9"),  # the last statement decides
+        ("\\boxed{7} and <answer>8</answer>", "7"),  # boxed first
+        ("<answer>8</answer> and the answer is 9", "8"),  # the tag before markers
+        ("#### 7\n\\boxed{}", "7"),  # an empty box does not stop the chain
+        ("QA: 5", "5"),  # "QA:" is no marker: the last number
+        ("no digits at all...", None),
+        ("", None),
+    ],
+)
+def test_extract_answer_flexible(completion: str, expected: str | None) -> None:
+    assert extract_answer(completion, "flexible") == expected
+
+
+def test_strict_extraction_is_unchanged_by_flexible() -> None:
+    assert extract_answer("The answer is 5") is None
+    assert extract_answer("#### 5") is None
+    assert extract_answer("\\boxed{}") == ""  # as before: an empty box is an empty answer
+    assert extract_answer("<answer>8</answer> \\boxed{7}") == "8"
+
+
+def test_flexible_extraction_is_linear_on_megabyte_input() -> None:
+    start = time.perf_counter()
+    for text in (
+        "1 " * 500_000,
+        "the answer is " * 80_000,
+        "A: " * 300_000,
+        "." * 1_000_000,
+        "-$,." * 250_000,
+        "x" * 1_000_000 + "The answer is 5.",
+        "#### 3\n" + "word " * 200_000,
+    ):
+        extract_answer(text, "flexible")
+    assert time.perf_counter() - start < 2.0
+    assert extract_answer("x" * 1_000_000 + "The answer is 5.", "flexible") == "5"
+
+
+GSM8K_FORMS = {
+    "####": "She pays 3 * 4 = 12 dollars, so 20 - 12 = 8 left.\n#### 8",
+    "answer is": "3 apples and 5 pears are 8 fruit in total. The answer is 8.",
+    "A:": "Q: How many fruit are there? A: 8",
+    "boxed": "3 apples and 5 pears: $\\boxed{8}$",
+    "tag": "<think>3 + 5 = 8</think><answer>8</answer>",
+}
+
+
+@pytest.mark.parametrize("form", GSM8K_FORMS)
+def test_gsm8k_forms_strict_and_flexible(form: str) -> None:
+    completion = GSM8K_FORMS[form]
+    assert is_correct(completion, "8", extraction="flexible")
+    assert is_correct(completion, "8") == (form in ("boxed", "tag"))
+    assert is_correct(completion, "8", extraction="strict") == (form in ("boxed", "tag"))
+    assert not is_correct(completion, "5", extraction="flexible")  # 5 is in the reasoning
+
+
+def test_flexible_not_fooled_by_numbers_in_the_reasoning() -> None:
+    assert is_correct("I have 3 apples and 5 pears. The answer is 8.", "8", extraction="flexible")
+    assert not is_correct(
+        "I have 3 apples and 5 pears. The answer is 8.", "3", extraction="flexible"
+    )
+    # The last statement is a wrong number: wrong, although 8 was said before.
+    assert not is_correct("3 + 5 = 8. Hmm, so in total 9", "8", extraction="flexible")
+    assert not is_correct("The answer is 8. No wait, the answer is 9.", "8", extraction="flexible")
+
+
+def test_is_correct_gold_forms_and_bad_input() -> None:
+    assert is_correct("\\boxed{\\frac{1}{2}}", "0.5")
+    assert is_correct("The answer is $\\frac{1}{2}$.", "\\frac12", extraction="flexible")
+    assert is_correct("<answer>025</answer>", "25")
+    assert not is_correct("<answer>5</answer>", "")
+    assert not is_correct(None, "5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        is_correct("5", "5", extraction="loose")
+
+
+def test_extractor_version_declared() -> None:
+    from grpo_core.evaluation import extractor_version
+
+    assert isinstance(A.EXTRACTOR_VERSION, str) and A.EXTRACTOR_VERSION
+    assert A.EXTRACTOR_VERSION in extractor_version()
 
 
 # --- gold answers per dataset -----------------------------------------------------------
@@ -131,6 +247,15 @@ def test_normalise_gold(value, source: str, expected: str | None) -> None:
         ("$5$", Fraction(5)),
         ("5.", Fraction(5)),
         (".5", Fraction(1, 2)),
+        ("1 1/2", Fraction(3, 2)),
+        ("1\\frac{1}{2}", Fraction(3, 2)),
+        ("-2\\frac14", Fraction(-9, 4)),
+        ("11,\\! 111", Fraction(11111)),
+        ("11{,}111", Fraction(11111)),
+        ("1 000", Fraction(1000)),
+        ("1e5", Fraction(100000)),
+        ("2.5E-3", Fraction(1, 400)),
+        ("50\\%", Fraction(50)),
     ],
 )
 def test_as_number(text: str, value: Fraction) -> None:
@@ -139,7 +264,8 @@ def test_as_number(text: str, value: Fraction) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["x", "5 apples", "1/0", "2^3", "\\sqrt{2}", "", "1e5", "9" * 101, "٣"]
+    "text",
+    ["x", "5 apples", "1/0", "2^3", "\\sqrt{2}", "", "e5", "1e", "9" * 101, "٣", "1 2", "2 5/3"],
 )
 def test_as_number_rejects(text: str) -> None:
     assert as_number(text) is None
@@ -155,7 +281,7 @@ EQUIVALENT = [
     ("72", "72.0"),
     ("0.5", "\\frac{1}{2}"),
     ("\\frac12", "0.5"),
-    ("50\\%", "0.5"),
+    ("50\\%", "50"),
     ("50", "50\\%"),
     ("\\frac{1}{3}", "0.333333"),
     ("025", "25"),
@@ -184,6 +310,9 @@ NOT_EQUIVALENT = [
     ("6 - 5i", "6+5i"),
     ("18", ""),
     ("18", "eighteen"),
+    ("50\\%", "0.5"),  # percent is a unit (see grpo_core/answers.py)
+    ("0.5", "50\\%"),
+    ("12", "1 2"),
 ]
 
 
@@ -198,6 +327,8 @@ def test_not_equivalent(gold: str, pred: str) -> None:
 
 
 def test_number_fast_path_agrees_with_math_verify() -> None:
+    """Plain numbers never reach math-verify; the verdicts are its own, except that a
+    percent sign is a unit here (math-verify also matches 50% with 0.5)."""
     from math_verify import parse
     from math_verify import verify as mv_verify
 
@@ -221,7 +352,8 @@ def test_number_fast_path_agrees_with_math_verify() -> None:
     ]
     for g in numbers:
         for p in numbers:
-            theirs = mv_verify(parse(f"${g}$"), parse(f"${p}$"))
+            g_unit, p_unit = g.replace("\\%", ""), p.replace("\\%", "")
+            theirs = mv_verify(parse(f"${g_unit}$"), parse(f"${p_unit}$"))
             assert is_equivalent(g, p) == theirs, (g, p)
 
 
@@ -258,6 +390,81 @@ def test_parse_gold_unparseable() -> None:
     assert parse_gold("\\boxed{" * 100) is None
     assert verify(None, "5") is False
     assert verify(parse_gold("5"), None) is False
+
+
+# --- scorer errors ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def errors():
+    SCORER_ERRORS.reset()
+    A.clear_caches()
+    yield SCORER_ERRORS
+    SCORER_ERRORS.reset()
+    A.clear_caches()
+
+
+def _plant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the math-verify step raise, as a scorer bug would."""
+
+    def broken(*args):
+        raise RuntimeError("planted scorer bug")
+
+    monkeypatch.setattr(A, "_mv_check", broken)
+
+
+def test_planted_error_is_counted_not_cached(errors, monkeypatch, caplog) -> None:
+    gold = parse_gold("\\sqrt{117}")  # a math-verify comparison, no fast path
+    _plant(monkeypatch)
+    log_level = caplog.at_level(logging.WARNING, logger="grpo.scorer")
+    with log_level, count_scorer_errors("stage/test"):
+        assert verify(gold, "3\\sqrt{13}") is False
+        with pytest.raises(ScorerError) as info:
+            check(gold, "3\\sqrt{13}")
+        assert verify(gold, "3\\sqrt{13}") is False
+    assert errors.counts() == {"stage/test": 3}
+    input_hash = info.value.input_hash
+    assert len(input_hash) == 12 and errors.hashes("stage/test") == [input_hash]
+    logged = [r for r in caplog.records if r.name == "grpo.scorer"]
+    assert len(logged) == 1 and input_hash in logged[0].getMessage()  # once per input
+    monkeypatch.undo()
+    assert verify(gold, "3\\sqrt{13}") is True  # the failures were not cached as False
+    assert errors.counts() == {"stage/test": 3}
+
+
+def test_error_labels_and_is_correct(errors, monkeypatch) -> None:
+    _plant(monkeypatch)
+    assert is_correct("<answer>3\\sqrt{13}</answer>", "\\sqrt{117}") is False  # no raise
+    with count_scorer_errors("eval/math500"):
+        assert is_correct("\\boxed{x+1}", "1+x", extraction="flexible") is False
+        with count_scorer_errors("inner"):
+            assert is_equivalent("\\sqrt{8}", "2\\sqrt{2}") is False
+        assert is_equivalent("\\sqrt{8}", "2\\sqrt{2}") is False
+    assert errors.counts() == {"unlabelled": 1, "eval/math500": 2, "inner": 1}
+    # Numbers never reach the broken step, and a wrong answer is not an error.
+    assert is_correct("<answer>5</answer>", "5") and not is_correct("<answer>6</answer>", "5")
+    assert sum(errors.counts().values()) == 4
+    errors.reset()
+    assert errors.counts() == {} and errors.hashes("inner") == []
+
+
+def test_error_counter_is_thread_safe(errors) -> None:
+    def add(i: int) -> None:
+        with count_scorer_errors(f"t{i % 4}"):
+            for _ in range(500):
+                errors.add(f"t{i % 4}", f"{i:012x}")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(add, range(8)))
+    assert errors.counts() == {f"t{k}": 1000 for k in range(4)}
+    assert len(errors.hashes("t0")) == 2  # distinct hashes, the first few
+
+
+def test_timeouts_and_limits_are_not_errors(errors) -> None:
+    gold = parse_gold("\\frac{1}{2}")
+    assert verify(gold, "9^{9^{9^{9}}}") is False  # input-limit refusal
+    assert verify(gold, "\\int_0^1 e^{x^2}\\sin(x^{x})\\,dx", seconds=0.05) is False
+    assert errors.counts() == {}
 
 
 def test_verify_from_threads_matches_main_thread() -> None:

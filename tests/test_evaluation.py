@@ -155,10 +155,13 @@ def test_benchmarks_from_store_and_unknown(tmp_path):
                             + "\n" for i in range(1, 6)))
     cfg = _cfg()
     with Store.open(tmp_path / "s.duckdb") as store:
-        store.ingest(resolve_source(str(pool)))
+        store.ingest(resolve_source(str(pool)))  # a training split: not a benchmark
+        with pytest.raises(SourceError, match="'pool': no evaluation split"):
+            benchmark_problems("pool", cfg, store)
+        store.ingest(resolve_source(str(pool), split="test"))
         got = benchmark_problems("pool", cfg, store, limit=3)
         assert [p.answer for p in got] == ["2", "4", "6"]
-        with pytest.raises(SourceError, match="unknown benchmark 'nope'"):
+        with pytest.raises(SourceError, match="'nope': no evaluation split"):
             benchmark_problems("nope", cfg, store)
     assert len(benchmark_problems("synthetic", cfg, None)) == 200
     assert benchmark_problems("synthetic", cfg, None, 5) == \
@@ -239,4 +242,65 @@ def test_cli_config_errors_exit_2_in_one_line(args, words, tmp_path):
 def test_cli_unknown_benchmark_exits_2(tiny_model_path, tmp_path):
     code, out, _ = _run("eval", "--model", tiny_model_path, "--benchmark", "nope",
                         "--workdir", tmp_path)
-    assert code == 2 and "unknown benchmark 'nope'" in out
+    assert code == 2 and "benchmark 'nope': no evaluation split" in out
+
+
+class PlainBackend:
+    """Answers the way instruct models write: "#### n" greedy, "The answer is n." samples."""
+
+    def __init__(self, problems):
+        self.by_prompt = {render_prompt(p.problem, "r1_zero"): p for p in problems}
+
+    def sample(self, prompts, n, params):
+        out = []
+        for prompt in prompts:
+            p = self.by_prompt[prompt]
+            text = (f"First 3 then 5.\n#### {p.answer}" if params.greedy
+                    else f"Adding 2 and 7 gives it. The answer is {p.answer}.")
+            out.append([Completion(text, 4, "stop")] * n)
+        return out
+
+
+def test_both_extractions_reported_and_stored(tmp_path):
+    problems = generate_problems("eval", 6, seed=0)
+    cfg = _cfg()
+    with Store.open(tmp_path / "s.duckdb") as store:
+        result = evaluate("fake-model", "synthetic", cfg, store=store, limit=6,
+                          backend=PlainBackend(problems), tokenizer=None)
+        rows = read_eval_results(store, run_id=result.run_id)
+    m = result.metrics
+    assert m["greedy_accuracy"]["mean"] == 0.0 and m["avg@4"]["mean"] == 0.0  # strict
+    assert m["flexible/greedy_accuracy"]["mean"] == 1.0
+    assert m["flexible/avg@4"]["mean"] == 1.0 and m["flexible/maj@4"]["mean"] == 1.0
+    assert m["scorer_errors"] == 0
+    assert result.protocol["split"] == "eval" and result.protocol["problems_hash"]
+    assert result.protocol["extractions"] == ["strict", "flexible"]
+    assert all(r["greedy_correct_flexible"] and not r["greedy_correct"] for r in rows)
+    assert score(rows, cfg)["flexible/avg@4"] == m["flexible/avg@4"]  # re-scored from the store
+
+
+def test_planted_scorer_exception_is_counted_not_wrong(monkeypatch):
+    """A scorer bug on one problem's greedy answer: scorer_errors 1, that problem left out
+    of greedy accuracy (n 9, not a 10th wrong answer), the rest scored as usual."""
+    from grpo_core import answers
+
+    problems = generate_problems("eval", 10, seed=0)
+    victim = problems[0].answer
+    real = answers.check
+
+    def planted(gold, predicted, seconds=None):
+        if predicted == victim and gold is not None and gold.text == victim:
+            raise answers.ScorerError("planted", input_hash="0" * 12)
+        return real(gold, predicted, seconds)
+
+    monkeypatch.setattr("grpo_core.evaluation.check", planted)
+    greedy_only = _cfg(samples=1)
+    m = evaluate("fake-model", "synthetic", greedy_only, limit=10,
+                 backend=PlainBackend(problems), tokenizer=None).metrics
+    # Strict extraction finds no answer in "#### n" (nothing to score); flexible does, and
+    # its scoring of the victim raised: counted, not wrong. Samples ("The answer is n.")
+    # hit the plant too under flexible: 1 more.
+    hit = sum(p.answer == victim for p in problems)
+    assert m["scorer_errors"] == 2 * hit
+    assert m["flexible/greedy_accuracy"]["n"] == 10 - hit
+    assert m["flexible/greedy_accuracy"]["mean"] == 1.0

@@ -1,13 +1,22 @@
 """Real TRL GRPO steps on a tiny random model: knobs reach TRL, completions are recorded,
 checkpoints resume, the KL schedule and divergence guard work."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from grpo_core.config import config_from_dict
-from grpo_core.grpo import kl_beta, last_checkpoint, run_grpo_round, trl_grpo_args
+from grpo_core.config import config_from_dict, load_config
+from grpo_core.grpo import (
+    kl_beta,
+    last_checkpoint,
+    prompts_per_update,
+    run_grpo_round,
+    trl_grpo_args,
+)
 from grpo_core.synthetic import generate_problems
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +54,8 @@ def test_every_knob_reaches_trl(tmp_path):
     assert (args.loss_type, args.temperature, args.num_generations) == ("dr_grpo", 0.9, 4)
     assert (args.scale_rewards, args.num_iterations, args.learning_rate) == ("batch", 2, 1e-6)
     assert args.per_device_train_batch_size == cfg.grpo.prompts_per_step * 4
+    assert args.save_total_limit == 2 and args.activation_checkpointing is False  # builtin model
+    assert (args.bf16 or args.fp16) == torch.cuda.is_available()  # train.precision auto: fp32 on CPU
 
 
 def test_kl_schedules():
@@ -158,6 +169,68 @@ def test_training_prompts_fall_back_when_the_band_keeps_too_few():
     assert ids == pool[:5] and "pass rate in (0, 1)" in note
     ids, note = training_prompts({"kept_ids": [], "signal_ids": pool[:2]}, pool, 4)
     assert ids == pool and "whole pool" in note
+    with pytest.raises(ValueError, match="has 10 problems; one GRPO optimizer step needs 12"):
+        training_prompts({"kept_ids": pool, "signal_ids": pool}, pool, 12)
+
+
+def test_qwen_preset_round_needs_one_optimizer_step_of_prompts(tiny_random_model, tmp_path):
+    """The preset's GA 4: an optimizer step takes prompts_per_step x GA = 32 prompts. A pool
+    of 20 passed the old guard (>= prompts_per_step) and then trained 0 steps."""
+    from flows.pipeline import training_prompts
+
+    cfg = load_config(ROOT / "configs/models/qwen2.5-math-1.5b.yaml",
+                      ["grpo.use_vllm=false", "grpo.max_steps=2", "grpo.max_completion_length=4",
+                       "grpo.save_steps=10"])
+    g = cfg.grpo
+    assert (g.prompts_per_step, g.gradient_accumulation_steps, prompts_per_update(cfg)) == (8, 4, 32)
+    short = generate_problems("train", 20, levels=[1])
+    with pytest.raises(ValueError, match=r"has 20 problems; .* = 8 x 4 = 32"):
+        run_grpo_round(tiny_random_model, short, cfg, tmp_path / "short", "r1_zero")
+    assert not (tmp_path / "short" / "final").exists()
+    ids = [p.id for p in short]
+    with pytest.raises(ValueError, match="needs 32"):  # the pipeline's filter fallback refuses too
+        training_prompts({"kept_ids": ids[:4], "signal_ids": ids}, ids, prompts_per_update(cfg))
+
+    # 40 prompts: one full generation batch per epoch (8 dropped), exactly max_steps steps
+    result = run_grpo_round(tiny_random_model, generate_problems("train", 40, levels=[1]), cfg,
+                            tmp_path / "ok", "r1_zero")
+    assert result.steps == 2 and (tmp_path / "ok" / "final" / "config.json").is_file()
+
+
+def test_skip_update_below_skips_the_optimizer_step(tiny_random_model, tmp_path, monkeypatch):
+    """Step 1 trains; step 2's rewards are all below the threshold: its optimizer step does
+    not happen, so neither Adam's momentum from step 1 nor the KL term moves the weights,
+    and the optimizer state is unchanged."""
+    from safetensors.torch import load_file
+
+    from grpo_core import rewards
+
+    calls = {"n": 0}
+
+    def score(completions, **kw):  # spread (a real advantage) above 5 first, then below
+        calls["n"] += 1
+        return [(10.0 if calls["n"] == 1 else 0.0) + 0.1 * i for i in range(len(completions))]
+
+    monkeypatch.setitem(rewards.REWARDS, "score", score)
+    out = tmp_path / "skip"
+    cfg = config_from_dict({"grpo": {"max_steps": 2, "save_steps": 1, "max_completion_length": 8,
+                                     "prompts_per_step": 2, "num_generations": 4, "beta": 0.04,
+                                     "learning_rate": 1e-2, "skip_update_below": 5.0},
+                            "rewards": {"funcs": ["score"]}})
+    result = run_grpo_round(tiny_random_model, generate_problems("train", 8, levels=[1]), cfg, out,
+                            "r1_zero")
+    assert result.steps == 2 and calls["n"] == 2
+    assert any(f.startswith("skipped 1 updates") for f in result.findings), result.findings
+    start = load_file(f"{tiny_random_model}/model.safetensors")
+    step1 = load_file(f"{out}/checkpoint-1/model.safetensors")
+    final = load_file(f"{result.output_dir}/model.safetensors")
+    assert any(not torch.equal(start[k], step1[k]) for k in start)  # step 1 trained
+    assert all(torch.equal(step1[k], final[k]) for k in step1)  # step 2 did not move them
+    opt1 = torch.load(out / "checkpoint-1" / "optimizer.pt", weights_only=False)["state"]
+    opt2 = torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=False)["state"]
+    assert opt1 and opt1.keys() == opt2.keys()
+    for i in opt1:
+        assert all(torch.equal(torch.as_tensor(opt1[i][k]), torch.as_tensor(opt2[i][k])) for k in opt1[i])
 
 
 def test_last_checkpoint_skips_a_half_written_one(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_core import answers
 from grpo_core.config import RewardsConfig, config_from_dict
 from grpo_core.rewards import (
     REWARDS,
@@ -16,6 +17,7 @@ from grpo_core.rewards import (
     length_penalty,
     reasoning_keywords,
     repetition,
+    scorer_error_counts,
     tag_count,
 )
 
@@ -64,6 +66,46 @@ def test_accuracy_gold_forms() -> None:
 
 def test_accuracy_missing_answer_column() -> None:
     assert accuracy([GOOD]) == [None]
+
+
+@pytest.fixture
+def no_errors():
+    answers.SCORER_ERRORS.reset()
+    answers.clear_caches()
+    yield answers.SCORER_ERRORS
+    answers.SCORER_ERRORS.reset()
+    answers.clear_caches()
+
+
+def test_accuracy_scorer_error_is_none_and_counted(no_errors, monkeypatch) -> None:
+    """A planted scorer exception: None (TRL leaves it out of the mean), not 0.0; counted
+    under reward/accuracy; not cached, so the same pair scores 1.0 once the bug is gone."""
+
+    def broken(*args):
+        raise RuntimeError("planted scorer bug")
+
+    completions = ["<answer>3\\sqrt{13}</answer>", "<answer>5</answer>"]
+    golds = ["\\sqrt{117}", "5"]  # the second never reaches the broken step
+    monkeypatch.setattr(answers, "_mv_check", broken)
+    assert accuracy(completions, answer=golds) == [None, 1.0]
+    assert scorer_error_counts() == {"reward/accuracy": 1}
+    assert len(no_errors.hashes("reward/accuracy")[0]) == 12
+    monkeypatch.undo()
+    assert accuracy(completions, answer=golds) == [1.0, 1.0]
+    assert scorer_error_counts() == {"reward/accuracy": 1}
+
+
+def test_reward_bug_is_counted_under_its_name(no_errors, monkeypatch) -> None:
+    import grpo_core.rewards as R
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(R, "is_well_formatted", broken)
+    monkeypatch.setattr(R, "extract_answer", broken)
+    assert format([GOOD, GOOD]) == [-0.5, -0.5]  # its neutral value, but counted
+    assert accuracy([GOOD], answer=["4"]) == [None]
+    assert scorer_error_counts() == {"reward/format": 2, "reward/accuracy": 1}
 
 
 # --- format / tags -------------------------------------------------------------------------

@@ -1,0 +1,225 @@
+"""Paired decisions against a real MLflow registry (SQLite under tmp_path) and a real DuckDB
+store: champion promotion and the comparison's deltas follow the paired per-problem rule
+(issue 11, deliverable 6), where the unpaired rule (challenger mean above the champion's
+own CI upper bound) would decide the other way.
+
+Each case is two pipelines of one recipe: the first registers the champion, the second
+evaluates its base (the champion's model) and its final (the challenger) on the same
+problems; finish_pipeline reads both record sets back from the store."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from grpo_core.config import PipelineConfig
+from grpo_core.metrics import summarise
+from grpo_core.models import model_fingerprint
+from grpo_core.records import write_eval
+from grpo_core.store import Store
+from grpo_core.workspace import Workspace
+from tasks import comparison
+from tasks import tracking as T
+from tasks.registry import EVAL_RUN_TAG, PAIRED_RULE
+
+K = 20  # samples per problem: avg@20 moves in steps of 0.05
+METRIC = f"avg@{K}"
+BENCH = "synthetic"
+# Problems of spread difficulty; the challenger gets one more sample right on each of them.
+SPREAD = [(7 * i) % 19 for i in range(40)]
+# Problems of even difficulty; the challenger solves half of them and mostly fails the rest.
+EVEN = [9 if i % 2 else 11 for i in range(40)]
+SWINGS = [20 if i % 2 else 2 for i in range(40)]
+
+
+@pytest.fixture(scope="session")
+def template_db(tmp_path_factory) -> Path:
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # runs migrations
+    return path
+
+
+@pytest.fixture
+def wd(tmp_path, template_db, monkeypatch) -> Path:
+    """A workdir with a migrated, empty MLflow store; cwd is a scratch folder."""
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    shutil.copy(template_db, wd / "mlflow.db")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    return wd
+
+
+def _cfg(wd: Path, project: str, recipe: str = "r1_zero", beta: float = 0.04) -> PipelineConfig:
+    return PipelineConfig.model_validate({
+        "project": {"name": project, "recipe": recipe, "workdir": str(wd)},
+        "eval": {"samples": K, "primary_metric": METRIC, "benchmarks": [BENCH]},
+        "grpo": {"beta": beta}})
+
+
+def _model(wd: Path, tag: str) -> Path:
+    folder = wd / "models-fake" / tag
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "tag": tag}))
+    (folder / "model.safetensors").write_bytes(tag.encode() * 16)
+    return folder
+
+
+def _records(correct_counts: list[int]) -> list[dict]:
+    return [{"problem_id": f"p{i:03d}", "gold": "1", "greedy_correct": c * 2 >= K,
+             "sample_correct": [True] * c + [False] * (K - c),
+             "sample_answers": ["1"] * c + ["0"] * (K - c)} for i, c in enumerate(correct_counts)]
+
+
+def _evaluate(wd: Path, model: Path, counts: list[int], run_id: str, protocol: str = "P") -> dict:
+    """Store one eval run of `model` (as grpo_core.evaluation does) and return the stage
+    result stages.evaluate would hand on for it."""
+    records = _records(counts)
+    metrics = summarise(records)
+    with Store.open(Workspace(wd).db_path) as store:
+        write_eval(store, {"run_id": run_id, "protocol_hash": protocol, "benchmark": BENCH,
+                           "model": str(model), "model_fingerprint": model_fingerprint(str(model)),
+                           "metrics": metrics}, records)
+    return {"benchmarks": {BENCH: {"metrics": metrics, "protocol_hash": protocol,
+                                   "eval_run_id": run_id}}}
+
+
+def _pipeline(cfg: PipelineConfig, wd: Path, model: Path, final: dict, base: dict | None) -> dict:
+    """The end of a pipeline run: eval/base and eval/final child runs, then finish_pipeline."""
+    parent = T.start_parent_run(cfg, cfg.hash(), cfg.project.recipe, "abc1234", "flow", wd)
+    for label, res in (("eval/base", base), ("eval/final", final)):
+        if res is not None:
+            T.log_metrics(T.child_run(parent, label), T.eval_metrics(res["benchmarks"]))
+    return T.finish_pipeline(parent, cfg, model, final, [], wd,
+                             base=base["benchmarks"] if base else {})
+
+
+def _unpaired_promotes(champion: list[int], challenger: list[int]) -> bool:
+    """The old rule: the challenger's mean above the champion's own 95% CI upper bound."""
+    return summarise(_records(challenger))[METRIC]["mean"] > summarise(_records(champion))[METRIC]["hi"]
+
+
+def _case(wd: Path, project: str, champion: list[int], challenger: list[int]) -> tuple[dict, dict]:
+    """Champion v1 registered by a first pipeline; a second one (base = the champion's
+    model, final = the challenger) decides on v2. Returns (its report, its stage results)."""
+    m1, m2 = _model(wd, f"{project}-1"), _model(wd, f"{project}-2")
+    first = _pipeline(_cfg(wd, project), wd, m1, _evaluate(wd, m1, champion, f"{project}-e1"), None)
+    assert first["promoted"] and "no champion" in first["reason"]
+    base = _evaluate(wd, m1, champion, f"{project}-e1b")  # the champion again, as eval/base
+    final = _evaluate(wd, m2, challenger, f"{project}-e2")
+    report = _pipeline(_cfg(wd, project, beta=0.01), wd, m2, final, base)
+    return report, {"base": base["benchmarks"], "final": final["benchmarks"], "registered": report,
+                    "model_dir": str(m2)}
+
+
+def _check_registry(wd: Path, project: str, report: dict, promoted: bool) -> None:
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{wd}/mlflow.db")
+    name = f"{project}-r1_zero"
+    tags = c.get_model_version(name, "2").tags
+    assert report["promoted"] is promoted and report["version"] == "2"
+    assert tags["grpo.decision"] == ("promoted" if promoted else "rejected")
+    assert tags["grpo.decision_rule"] == PAIRED_RULE == report["rule"]
+    assert float(tags["grpo.paired_delta.ci_lo"]) == pytest.approx(report["paired"]["lo"])
+    assert (report["paired"]["lo"] > 0) is promoted and report["paired"]["n"] == 40
+    assert report["paired"]["delta"] == pytest.approx(0.05)
+    assert str(c.get_model_version_by_alias(name, "champion").version) == ("2" if promoted else "1")
+    assert tags[EVAL_RUN_TAG] == f"{project}-e2"
+
+
+def _check_comparison(wd: Path, project: str, stage_results: dict, promoted: bool) -> None:
+    from flows.compare import comparison_rows, to_markdown
+
+    rows = T.compare_table(T.tracking_uri(_cfg(wd, project), wd), project)
+    assert [(r["recipe"], r["benchmark"]) for r in rows] == [("r1_zero", BENCH)]
+    row = rows[0]
+    assert list(row) == T.COMPARE_COLUMNS
+    assert row["delta"] == pytest.approx(0.05) and (row["delta_lo"] > 0) is promoted
+    # The flow's own table (from the pipeline's return value) says the same.
+    (flow_row,) = comparison_rows({"r1_zero": stage_results}, METRIC)
+    assert {k: flow_row[k] for k in ("delta", "delta_lo", "delta_hi")} == pytest.approx(
+        {k: row[k] for k in ("delta", "delta_lo", "delta_hi")})
+    assert f"+0.050 [{row['delta_lo']:.3f}, {row['delta_hi']:.3f}]" in to_markdown(rows)
+
+
+def test_small_gain_on_every_problem_is_promoted_though_inside_the_champion_ci(wd):
+    assert not _unpaired_promotes(SPREAD, [c + 1 for c in SPREAD])
+    report, results = _case(wd, "every", SPREAD, [c + 1 for c in SPREAD])
+    assert report["paired"]["lo"] == pytest.approx(0.05)  # the same gain on every problem
+    _check_registry(wd, "every", report, promoted=True)
+    _check_comparison(wd, "every", results, promoted=True)
+
+
+def test_gain_of_swings_is_not_promoted_though_above_the_champion_ci(wd):
+    assert _unpaired_promotes(EVEN, SWINGS)
+    report, results = _case(wd, "swings", EVEN, SWINGS)
+    assert report["paired"]["lo"] < 0 < report["paired"]["hi"]
+    _check_registry(wd, "swings", report, promoted=False)
+    _check_comparison(wd, "swings", results, promoted=False)
+
+
+def test_champion_on_other_problems_or_protocol_is_kept(wd):
+    m1, m2, m3 = (_model(wd, f"m{i}") for i in (1, 2, 3))
+    _pipeline(_cfg(wd, "other"), wd, m1, _evaluate(wd, m1, SPREAD, "o-e1"), None)
+    # Other problems (the first ten only): nothing to pair, however good the challenger.
+    better = _evaluate(wd, m2, [20] * 10, "o-e2")
+    report = _pipeline(_cfg(wd, "other", beta=0.01), wd, m2, better, None)
+    assert not report["promoted"] and "not the same problems" in report["reason"]
+    # Another protocol: not compared either.
+    report = _pipeline(_cfg(wd, "other", beta=0.02), wd, m3,
+                       _evaluate(wd, m3, [20] * 40, "o-e3", protocol="Q"), None)
+    assert not report["promoted"] and "protocol" in report["reason"]
+    assert report["paired"] is None and report["deltas"] == {}
+
+
+def test_retrain_passes_the_champion_records(wd):
+    """Retrain re-evaluates the champion and hands its rows over: they decide, not the
+    champion's stored tags (here from another protocol)."""
+    m1, m2 = _model(wd, "r1"), _model(wd, "r2")
+    _pipeline(_cfg(wd, "retrain"), wd, m1, _evaluate(wd, m1, SPREAD, "r-e1", protocol="OLD"), None)
+    again = _evaluate(wd, m1, SPREAD, "r-e1-now")
+    with comparison.records_store(wd) as store:
+        champion_records = comparison.stage_records(store, again["benchmarks"][BENCH], str(m1))
+    parent = T.start_parent_run(_cfg(wd, "retrain", beta=0.01), "h-retrain", "r1_zero+retrain",
+                                "abc", "flow", wd)
+    report = T.finish_pipeline(parent, _cfg(wd, "retrain"), m2,
+                               _evaluate(wd, m2, [c + 1 for c in SPREAD], "r-e2"), [], wd,
+                               champion_records=champion_records, base={})
+    assert report["promoted"] and report["paired"]["lo"] == pytest.approx(0.05)
+    assert report["deltas"] == {}  # a retrain has no base eval
+
+
+def test_stage_result_without_run_id_is_found_by_model_fingerprint(wd):
+    """Results cached before they held the eval run id: the protocol hash and the model's
+    fingerprint find the newest run of that model."""
+    m1, m2 = _model(wd, "f1"), _model(wd, "f2")
+    _evaluate(wd, m1, SPREAD, "f-old")
+    _evaluate(wd, m1, EVEN, "f-new")
+    _evaluate(wd, m2, SPREAD, "f-other-model")
+    with comparison.records_store(wd) as store:
+        rows = comparison.stage_records(store, {"protocol_hash": "P"}, str(m1))
+        assert {r["run_id"] for r in rows} == {"f-new"} and len(rows) == 40
+        assert comparison.stage_records(store, {"protocol_hash": "Q"}, str(m1)) == []
+    with comparison.records_store(wd.parent / "nowhere") as store:
+        assert store is None
+
+
+def test_recipe_against_recipe_row(wd):
+    """sft_grpo's final against r1_zero's final, scored on the same problems."""
+    from flows.compare import recipe_pair_rows
+
+    cfgs = [_cfg(wd, "pair", "r1_zero"), _cfg(wd, "pair", "sft_grpo")]
+    m1, m2 = _model(wd, "zero"), _model(wd, "sft")
+    results = {"r1_zero": {"final": _evaluate(wd, m1, SPREAD, "z")["benchmarks"], "model_dir": str(m1)},
+               "sft_grpo": {"final": _evaluate(wd, m2, [c + 1 for c in SPREAD], "s")["benchmarks"],
+                            "model_dir": str(m2)}}
+    (row,) = recipe_pair_rows(cfgs, results, METRIC)
+    assert row["recipe"] == "sft_grpo vs r1_zero" and list(row) == T.COMPARE_COLUMNS
+    assert row["base"] == pytest.approx(summarise(_records(SPREAD))[METRIC]["mean"])
+    assert row["delta"] == pytest.approx(0.05) and row["delta_lo"] == pytest.approx(0.05)
