@@ -81,7 +81,12 @@ def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics
 def ingest(ctx: Ctx) -> dict:
     """The evaluation sets, then the training sources (flagged against them), then the
     pool; the data run gets the contamination counts per benchmark."""
-    from grpo_core.pool import contamination_by_benchmark, ingest_eval_sets, ingest_sources, training_pool
+    from grpo_core.pool import (
+        contamination_by_benchmark,
+        ingest_eval_sets,
+        ingest_sources,
+        training_pool,
+    )
 
     sources = [s.model_dump(mode="json") for s in ctx.cfg.data.train]
     key = stage_key("data", sources=sources, data=ctx.cfg.data.model_dump(mode="json"),

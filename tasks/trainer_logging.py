@@ -57,6 +57,7 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
     if _step_logger_cls is None:
         from transformers import TrainerCallback
 
+        from grpo_core.rewards import scorer_error_counts
         from tasks.metric_shipper import MetricShipper, unsent_dir
 
         class _StepLogger(TrainerCallback):
@@ -67,6 +68,9 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
                 self.shipper = MetricShipper(run_id, _send_points(client),
                                              unsent_dir(_workdir(workspace)))
                 self.unsent = 0
+                # Reward scorer errors of this process, counted from here on (the counter
+                # is process-wide and cumulative; rank 0's rewards are the ones seen here).
+                self.errors_at_start = scorer_error_counts()
 
             @property
             def unsent_file(self):
@@ -76,10 +80,17 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
                 if not state.is_world_process_zero or not logs:
                     return
                 ts = int(time.time() * 1000)
-                for k, v in flatten_metrics(logs).items():
+                for k, v in {**flatten_metrics(logs), **self.scorer_errors()}.items():
                     self.buffer.append((sanitize_key(k), v, ts, int(state.global_step)))
                 if time.monotonic() - self.last_flush >= self.every:
                     self.flush()
+
+            def scorer_errors(self) -> dict[str, int]:
+                """scorer_errors/<reward fn>: reward calls whose scoring raised (their
+                reward was left out, not read as wrong), since this logger started."""
+                now, start = scorer_error_counts(), self.errors_at_start
+                return {f"scorer_errors/{label.removeprefix('reward/')}": n - start.get(label, 0)
+                        for label, n in now.items() if label.startswith("reward/")}
 
             def flush(self):
                 items, self.buffer = self.buffer, []

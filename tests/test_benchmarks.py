@@ -130,7 +130,7 @@ def test_pipeline_stores_eval_sets_and_flags_planted_rows(shared_data, tiny_mode
         flagged = store.contamination()
     assert flagged == {("planted", "train"): {"gsm8k/test": 1, "math500/test": 1}}
 
-    client, runs = mlflow_runs(workdir)
+    _, runs = mlflow_runs(workdir)
     by_name = {r.info.run_name: r for r in runs}
     data = by_name["data"].data.metrics
     assert data["data/pool_size"] == 20

@@ -477,6 +477,39 @@ def test_step_logger_and_transformers_mlflow_callback(store):
     assert {r.info.run_id for r in c.search_runs([run.info.experiment_id])} >= {ours, theirs}
 
 
+def test_reward_scorer_errors_reach_the_round_run(store, monkeypatch):
+    """A planted exception in the accuracy reward's scorer during training shows up as
+    scorer_errors/accuracy = 1 on the round's run (and the reward is None, not 0.0)."""
+    from transformers import TrainerCallback
+
+    from grpo_core import answers, rewards
+
+    cfg, wd = store
+    run = T.child_run(_parent(cfg, wd), "grpo/round-1")
+    real = answers._verify_uncached
+
+    def planted(gold, pred, seconds):
+        if pred == "13":
+            raise RuntimeError("planted scorer bug")
+        return real(gold, pred, seconds)
+
+    class OneBadReward(TrainerCallback):  # what TRL's reward call does, once, mid-training
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                monkeypatch.setattr(answers, "_verify_uncached", planted)
+                got = rewards.accuracy(["<answer>13</answer>", "<answer>12</answer>"],
+                                       answer=["12", "12"])
+                monkeypatch.setattr(answers, "_verify_uncached", real)
+                assert got == [None, 1.0]
+
+    logger = T.StepLogger(run, flush_every_s=60)
+    _tiny_trainer(wd / "t3", [], [OneBadReward(), logger]).train()
+    history = T._client().get_metric_history(run, "scorer_errors/accuracy")
+    # Logged from the first step with an error on: 1 error, at steps 2, 3, 4.
+    assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == \
+        [(2, 1.0), (3, 1.0), (4, 1.0)]
+
+
 # ------------------------------------------------------------------ over HTTP
 
 @pytest.mark.integration
