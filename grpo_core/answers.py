@@ -172,6 +172,8 @@ class _LRU:
         self.maxsize, self._data, self._lock = maxsize, OrderedDict(), threading.Lock()
 
     def get(self, key: Any, default: Any = None) -> Any:
+        if not self._data:  # no lock needed to see an empty map (most _TIMEOUTS reads)
+            return default
         with self._lock:
             if key not in self._data:
                 return default

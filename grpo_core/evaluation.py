@@ -98,7 +98,7 @@ def vote_key(answer: str) -> Any:
     number = as_number(answer)
     if number is not None and not number[2]:
         return ("num", number[0])
-    return ("tex", answers._canon(answer))
+    return ("tex", answers.canonical(answer))
 
 
 @dataclass

@@ -201,7 +201,8 @@ def _tidy(s: str) -> str:
 def clean_answer(text: str) -> str:
     """Remove math delimiters, one enclosing \\boxed{}, a trailing period; then tidy."""
     s = text.strip()
-    for _ in range(3):
+    # Every wrapper starts with `$` or `\`: most answers ("18") skip the loop.
+    for _ in range(3 if s[:1] in ("$", "\\") or s.endswith(".") else 0):
         before = s
         for left, right in _WRAPPERS:
             if len(s) > len(left) + len(right) and s.startswith(left) and s.endswith(right):
@@ -237,7 +238,9 @@ def _parts(g: dict) -> tuple[Fraction, bool] | None:
         digits = (g["int"] or "0").replace(",", "") + (g["dec"] or "")
         if len(digits) > 100:
             return None
-        value = Fraction(digits) * (Fraction(10) ** int(g["exp"]) if g["exp"] else 1)
+        value = Fraction(digits) if g["dec"] else Fraction(int(digits))  # int: 3x faster
+        if g["exp"]:
+            value *= Fraction(10) ** int(g["exp"])
         return value, g["dec"] is not None or g["exp"] is not None
     num = g["num"] or g["fnum"] or g["mnum"] or g["mfnum"]
     den = g["den"] or g["fden"] or g["mden"] or g["mfden"]

@@ -286,6 +286,8 @@ def _split_metric(name: str) -> tuple[str, str]:
 
 
 def _problem_score(record: dict, name: str, canon) -> float:
+    """One problem's value of `name`, by the definitions problem_scores uses; only that
+    metric is computed (voting canonicalises every answer, which costs the most)."""
     base, suffix = _split_metric(name)
     pid = record.get("problem_id")
     if base == "greedy_accuracy":
@@ -293,16 +295,19 @@ def _problem_score(record: dict, name: str, canon) -> float:
         if value is None:
             raise ValueError(f"problem {pid!r} has no greedy_correct{suffix} for {name}")
         return float(bool(value))
-    k = int(base.partition("@")[2])
-    correct = list(record.get(f"sample_correct{suffix}") or [])
+    kind, k = base.split("@")[0], int(base.split("@")[1])
+    correct = [bool(c) for c in record.get(f"sample_correct{suffix}") or []]
     if len(correct) < k:
         raise ValueError(f"problem {pid!r} has {len(correct)} sample_correct{suffix} "
                          f"values; {name} needs {k}")
-    view = {"sample_correct": correct, "sample_answers": record.get(f"sample_answers{suffix}")}
-    scores = problem_scores(view, [k], canon)
-    if base not in scores:  # maj@k without the answers to vote on
+    if kind == "avg":
+        return avg_at_k(correct[:k])
+    if kind == "pass":
+        return pass_at_k(len(correct), sum(correct), k)
+    answers = record.get(f"sample_answers{suffix}")
+    if answers is None:
         raise ValueError(f"problem {pid!r} has no sample_answers{suffix} for {name}")
-    return scores[base]
+    return maj_at_k(answers[:k], correct[:k], canon=canon)
 
 
 def _by_problem(records: Sequence[dict], side: str) -> dict[str, dict]:

@@ -14,6 +14,7 @@ Split out of tasks.tracking, which re-exports compare_table and COMPARE_COLUMNS.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -88,11 +89,12 @@ def base_records(store: Store | None, cfg, workdir, final: Mapping[str, Mapping]
     is found by that hash and the base model's fingerprint."""
     if store is None:
         return {}
-    if base_model is None:
-        root = workdir.root if isinstance(workdir, Workspace) else Path(workdir)
-        base_model = resolve_model_path(cfg.model.name_or_path, Workspace(root).models)
     base = base if base is not None else {
         bench: {"protocol_hash": res.get("protocol_hash")} for bench, res in final.items()}
+    if base_model is None and not all(res.get("eval_run_id") for res in base.values()):
+        # Only then: resolving the built-in model builds it when it is missing.
+        root = workdir.root if isinstance(workdir, Workspace) else Path(workdir)
+        base_model = resolve_model_path(cfg.model.name_or_path, Workspace(root).models)
     return {bench: stage_records(store, res, base_model) for bench, res in base.items()}
 
 
@@ -108,11 +110,14 @@ def paired_deltas(a: list[dict], b: list[dict], names: Iterable[str],
         return {}
     from grpo_core.evaluation import vote_key  # maj@k votes as the evaluation did
 
+    # Every maj@k of both extractions votes on the same answers again: canonicalise each
+    # distinct answer once (math parsing is the slow part).
+    canon = functools.lru_cache(maxsize=None)(vote_key)
     out = {}
     for name in names:
         if paired_metric(name):
             with contextlib.suppress(ValueError):
-                out[name] = paired_delta(a, b, name, canon=vote_key, n_resamples=n_resamples,
+                out[name] = paired_delta(a, b, name, canon=canon, n_resamples=n_resamples,
                                          seed=seed)
     return out
 

@@ -503,40 +503,53 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
             if base is not None or any(mine.values()) else {}
         if champion_records is None and champ is not None:
             champion_records = comparison.run_records(store, champ.tags.get(EVAL_RUN_TAG)) or None
-    deltas = _log_deltas(parent_id, cfg, benchmarks, mine, before, c)
     out: dict[str, Any] = {"parent_run": parent_id, "benchmark": bench, "metric": primary,
                            "value": block.get("mean"), "ci_lo": block.get("lo"),
-                           "ci_hi": block.get("hi"), "deltas": deltas}
+                           "ci_hi": block.get("hi"),
+                           "deltas": _log_deltas(parent_id, cfg, benchmarks, mine, before, c)}
     headline = (f"{bench} {primary} {_fmt_ci(block['mean'], block.get('lo'), block.get('hi'))}"
                 if block.get("mean") is not None else f"{bench} {primary}: n/a")
     summary = headline
     if name:
-        version = register_model(parent_id, model_dir, name,
-                                 tags={"recipe": cfg.project.recipe, "config_hash": cfg.hash()}, client=c)
-        out.update(model_name=name, version=version, model_uri=f"models:/{name}/{version}",
-                   champion_uri=champion_uri(name))
-        records = mine.get(bench) or []
-        if block.get("mean") is not None:
-            promoted, reason = promote_if_better(
-                c, name, version, primary, block["mean"], block.get("lo"), ci_hi=block.get("hi"),
-                protocol_hash=res.get("protocol_hash"), records=records,
-                champion_records=champion_records,
-                eval_run_id=records[0]["run_id"] if records else None,
-                n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
-            decided = decision_record(name, version, c)
-        else:
-            promoted, reason, decided = False, f"no {primary} on {bench}; not compared", {}
-        out.update(promoted=promoted, reason=reason, rule=decided.get("rule"),
-                   paired=decided.get("paired"))
-        set_tags(parent_id, {"grpo.promotion": "promoted" if promoted else "rejected",
-                             "grpo.promotion_reason": reason,
-                             "grpo.promotion_rule": decided.get("rule") or "none"}, c)
-        summary = f"{headline}; {name} v{version} {'champion' if promoted else 'challenger'} ({reason})"
+        out.update(_register_and_promote(parent_id, cfg, model_dir, name, res, mine.get(bench) or [],
+                                         champion_records, c))
+        summary = (f"{headline}; {name} v{out['version']} "
+                   f"{'champion' if out['promoted'] else 'challenger'} ({out['reason']})")
     out["summary"] = summary
     _close_children(parent_id, "FINISHED", c)
     c.set_terminated(parent_id, "FINISHED")
     _set_state_status(workdir, parent_id, "FINISHED", c)
     return out
+
+
+def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mapping[str, Any],
+                          records: list[dict], champion_records: Sequence[Mapping] | None,
+                          c: MlflowClient) -> dict:
+    """Register the model and decide on it by the paired rule (tasks/registry.py), the
+    decision tagged on the parent too. `records`: the final eval's rows of the first
+    benchmark; its run id is tagged on the version, for the next challenger to pair with."""
+    primary = cfg.eval.primary_metric
+    block = (res.get("metrics") or {}).get(primary) or {}
+    version = register_model(parent_id, model_dir, name,
+                             tags={"recipe": cfg.project.recipe, "config_hash": cfg.hash()}, client=c)
+    out = {"model_name": name, "version": version, "model_uri": f"models:/{name}/{version}",
+           "champion_uri": champion_uri(name)}
+    if block.get("mean") is None:
+        bench = next(iter(cfg.eval.benchmarks), None)
+        promoted, reason, decided = False, f"no {primary} on {bench}; not compared", {}
+    else:
+        promoted, reason = promote_if_better(
+            c, name, version, primary, block["mean"], block.get("lo"), ci_hi=block.get("hi"),
+            protocol_hash=res.get("protocol_hash"), records=records,
+            champion_records=champion_records,
+            eval_run_id=records[0]["run_id"] if records else None,
+            n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
+        decided = decision_record(name, version, c)
+    set_tags(parent_id, {"grpo.promotion": "promoted" if promoted else "rejected",
+                         "grpo.promotion_reason": reason,
+                         "grpo.promotion_rule": decided.get("rule") or "none"}, c)
+    return {**out, "promoted": promoted, "reason": reason, "rule": decided.get("rule"),
+            "paired": decided.get("paired")}
 
 
 def _log_deltas(parent_id: str, cfg, benchmarks: Mapping[str, Any], mine: Mapping[str, list],

@@ -245,11 +245,8 @@ def test_cli_unknown_benchmark_exits_2(tiny_model_path, tmp_path):
     assert code == 2 and "benchmark 'nope': no evaluation split" in out
 
 
-class PlainBackend:
+class PlainBackend(FakeBackend):
     """Answers the way instruct models write: "#### n" greedy, "The answer is n." samples."""
-
-    def __init__(self, problems):
-        self.by_prompt = {render_prompt(p.problem, "r1_zero"): p for p in problems}
 
     def sample(self, prompts, n, params):
         out = []

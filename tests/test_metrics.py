@@ -17,6 +17,10 @@ from grpo_core.metrics import (
     k_grid,
     maj_at_k,
     majority_vote,
+    paired_bootstrap,
+    paired_delta,
+    paired_metric,
+    paired_scores,
     pass_at_k,
     problem_scores,
     summarise,
@@ -236,3 +240,100 @@ def test_summarise_greedy_only_and_canon():
     canon = {"0.5": "1/2"}.get
     assert summarise([rec], n_resamples=10)["maj@2"]["mean"] == 0.0  # tie 5 vs 0.5 -> 5
     assert summarise([rec], canon=lambda a: canon(a, a), n_resamples=10)["maj@3"]["mean"] == 1.0
+
+
+# ---------------------------------------------------------------- paired
+
+
+def test_paired_bootstrap_sees_a_consistent_gain_the_separate_cis_hide():
+    rng = np.random.default_rng(3)
+    b = rng.random(60)  # problems of very different difficulty
+    a = b + 0.02  # the same small gain on each of them
+    d = paired_bootstrap(a, b)
+    assert d["n"] == 60 and d["delta"] == pytest.approx(0.02)
+    assert d["lo"] == pytest.approx(0.02) and d["hi"] == pytest.approx(0.02)
+    assert bootstrap_ci(a)[0] < bootstrap_ci(b)[2]  # unpaired: inside the other's CI
+    assert paired_bootstrap(a, b, seed=0) == d  # deterministic
+    # Each pair resampled together: a swap of the two sides mirrors the interval.
+    flipped = paired_bootstrap(b, a)
+    assert flipped["delta"] == pytest.approx(-d["delta"])
+    assert flipped["lo"] == pytest.approx(-d["hi"]) and flipped["hi"] == pytest.approx(-d["lo"])
+
+
+def test_paired_bootstrap_of_swings_straddles_zero():
+    a, b = [1.0, 0.0] * 20, [0.0, 0.9] * 20
+    d = paired_bootstrap(a, b, n_resamples=2000)
+    assert d["delta"] == pytest.approx(0.05) and d["lo"] < 0 < d["hi"]
+
+
+def test_paired_bootstrap_rejects_mismatches():
+    with pytest.raises(ValueError, match="3 problems against 2"):
+        paired_bootstrap([1, 0, 1], [1, 0])
+    with pytest.raises(ValueError, match="zero problems"):
+        paired_bootstrap([], [])
+    with pytest.raises(ValueError, match="1-D"):
+        paired_bootstrap([[1.0]], [[0.0]])
+
+
+def _paired_records(pid: str, greedy: bool, correct: list[bool], answers: list, **flexible) -> dict:
+    return {"problem_id": pid, "greedy_correct": greedy, "sample_correct": correct,
+            "sample_answers": answers, **{f"{k}_flexible": v for k, v in flexible.items()}}
+
+
+def test_paired_scores_align_by_problem_id_and_read_each_metric():
+    a = [_paired_records("q2", True, [True, True, False], ["3", "3", "4"]),
+         _paired_records("q1", False, [False, True, False], ["1", "2", "1"])]
+    b = [_paired_records("q1", True, [True, True, True], ["2", "2", "2"]),
+         _paired_records("q2", False, [False, False, False], ["4", "4", "5"])]
+    assert paired_scores(a, b, "greedy_accuracy") == ([0.0, 1.0], [1.0, 0.0])
+    assert paired_scores(a, b, "strict/greedy_accuracy") == ([0.0, 1.0], [1.0, 0.0])
+    xs, ys = paired_scores(a, b, "avg@3")
+    assert xs == pytest.approx([1 / 3, 2 / 3]) and ys == pytest.approx([1.0, 0.0])
+    assert paired_scores(a, b, "avg@2") == ([0.5, 1.0], [1.0, 0.0])  # the first k samples
+    assert paired_scores(a, b, "pass@2")[0] == pytest.approx([2 / 3, 1.0])  # all n samples
+    assert paired_scores(a, b, "maj@3") == ([0.0, 1.0], [1.0, 0.0])
+    d = paired_delta(a, b, "greedy_accuracy", n_resamples=100)
+    assert d["delta"] == 0.0 and d["n"] == 2
+
+
+def test_paired_scores_flexible_reads_the_flexible_fields():
+    a = [_paired_records("q1", False, [False, False], ["x", "x"], greedy_correct=True,
+                         sample_correct=[True, False], sample_answers=["7", "8"])]
+    b = [_paired_records("q1", False, [False, False], ["x", "x"], greedy_correct=False,
+                         sample_correct=[False, False], sample_answers=["1", "1"])]
+    assert paired_scores(a, b, "greedy_accuracy") == ([0.0], [0.0])
+    assert paired_scores(a, b, "flexible/greedy_accuracy") == ([1.0], [0.0])
+    assert paired_scores(a, b, "flexible/avg@2") == ([0.5], [0.0])
+    assert paired_scores(a, b, "flexible/maj@1") == ([1.0], [0.0])
+    old = [_paired_records("q1", True, [True, True], ["7", "7"])]  # stored before *_flexible
+    with pytest.raises(ValueError, match="greedy_correct_flexible"):
+        paired_scores(a, old, "flexible/greedy_accuracy")
+
+
+def test_paired_scores_name_the_mismatch():
+    one = [_paired_records("q1", True, [True, False], ["1", "2"])]
+    two = [_paired_records("q1", True, [True, False], ["1", "2"]),
+           _paired_records("q2", True, [True, False], ["1", "2"])]
+    with pytest.raises(ValueError, match=r"0 only in a, 1 only in b \(e.g. 'q2'\)"):
+        paired_scores(one, two, "greedy_accuracy")
+    four = [_paired_records("q1", True, [True, False, True, True], ["1"] * 4)]
+    with pytest.raises(ValueError, match="'q1' has 2 samples in a and 4 in b"):
+        paired_scores(one, four, "pass@1")
+    assert paired_scores(one, four, "greedy_accuracy") == ([1.0], [1.0])  # greedy: no samples
+    with pytest.raises(ValueError, match="appears twice"):
+        paired_scores(one + one, one, "greedy_accuracy")
+    with pytest.raises(ValueError, match="needs 4"):
+        paired_scores(one, one, "avg@4")
+    with pytest.raises(ValueError, match="no per-problem score"):
+        paired_scores(one, one, "format_adherence")
+    no_greedy = [{**one[0], "greedy_correct": None}]
+    with pytest.raises(ValueError, match="no greedy_correct"):
+        paired_scores(no_greedy, no_greedy, "greedy_accuracy")
+
+
+def test_paired_metric_names():
+    for name in ("greedy_accuracy", "avg@16", "maj@1", "pass@8", "flexible/avg@4",
+                 "strict/pass@1", "flexible/greedy_accuracy"):
+        assert paired_metric(name), name
+    for name in ("format_adherence", "avg@", "pass@0", "truncation_rate", "flexible/n_problems"):
+        assert not paired_metric(name), name

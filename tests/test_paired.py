@@ -145,7 +145,15 @@ def _check_comparison(wd: Path, project: str, stage_results: dict, promoted: boo
     (flow_row,) = comparison_rows({"r1_zero": stage_results}, METRIC)
     assert {k: flow_row[k] for k in ("delta", "delta_lo", "delta_hi")} == pytest.approx(
         {k: row[k] for k in ("delta", "delta_lo", "delta_hi")})
-    assert f"+0.050 [{row['delta_lo']:.3f}, {row['delta_hi']:.3f}]" in to_markdown(rows)
+    shown = f"+0.050 [{row['delta_lo']:.3f}, {row['delta_hi']:.3f}]"
+    assert shown in to_markdown(rows)
+    # `grpo compare` prints that table from MLflow.
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, ["compare", "--experiment", project, "--workdir", str(wd)])
+    assert out.exit_code == 0 and shown in out.output, out.output
 
 
 def test_small_gain_on_every_problem_is_promoted_though_inside_the_champion_ci(wd):
@@ -223,3 +231,31 @@ def test_recipe_against_recipe_row(wd):
     assert row["recipe"] == "sft_grpo vs r1_zero" and list(row) == T.COMPARE_COLUMNS
     assert row["base"] == pytest.approx(summarise(_records(SPREAD))[METRIC]["mean"])
     assert row["delta"] == pytest.approx(0.05) and row["delta_lo"] == pytest.approx(0.05)
+    # Other problems: no row rather than an unpaired delta.
+    results["sft_grpo"]["final"] = _evaluate(wd, m2, [20] * 10, "s10")["benchmarks"]
+    assert recipe_pair_rows(cfgs, results, METRIC) == []
+
+
+def test_report_outputs_carry_the_paired_ci(wd):
+    """The flow's CSV, markdown and chart, with a recipe row and a recipe-vs-recipe row."""
+    from flows.compare import bar_chart, to_csv, to_markdown
+
+    rows = [{"recipe": "r1_zero", "benchmark": BENCH, "metric": METRIC, "base": 0.4,
+             "base_lo": 0.3, "base_hi": 0.5, "final": 0.45, "final_lo": 0.35, "final_hi": 0.55,
+             "delta": 0.05, "delta_lo": 0.03, "delta_hi": 0.07},
+            {"recipe": "sft_grpo vs r1_zero", "benchmark": BENCH, "metric": METRIC,
+             "base": 0.45, "base_lo": 0.35, "base_hi": 0.55, "final": 0.5, "final_lo": 0.4,
+             "final_hi": 0.6, "delta": 0.05, "delta_lo": -0.02, "delta_hi": 0.12},
+            {"recipe": "no_records", "benchmark": BENCH, "metric": METRIC, "base": 0.4,
+             "base_lo": 0.3, "base_hi": 0.5, "final": 0.45, "final_lo": 0.35, "final_hi": 0.55,
+             "delta": 0.05, "delta_lo": None, "delta_hi": None}]
+    import csv
+    import io
+
+    back = list(csv.DictReader(io.StringIO(to_csv(rows))))
+    assert [r["delta_lo"] for r in back] == ["0.03", "-0.02", ""]
+    md = to_markdown(rows)
+    assert "| +0.050 [0.030, 0.070] |" in md and "| +0.050 [-0.020, 0.120] |" in md
+    assert "| +0.050 |" in md  # no records, no CI: not an unpaired one either
+    png = bar_chart(rows, wd / "chart.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,9 +5,10 @@ local server, MLflow on SQLite, the DuckDB store, TRL steps on a tiny random mod
 While the pipeline holds the store's lock, a retrain waits `data.store_lock_timeout` and
 stops with the store-locked error before it downloads the champion or starts an MLflow
 run. Once the store is free a retrain runs to the end: its MLflow run records the decision
-(report/retrain_decision.json) and the registry follows it, by the rule of
-tasks/registry.py promote_if_better (the challenger wins only above the champion's CI
-upper bound). The slow variant shards the retrain's filter and evaluations."""
+(report/retrain_decision.json) and the registry follows it, by the paired rule of
+tasks/registry.py promote_if_better (the challenger wins only when the 95% CI of its
+per-problem difference to the champion, on the same problems, lies above 0). The slow
+variant shards the retrain's filter and evaluations."""
 import json
 import subprocess
 import sys
@@ -80,21 +81,38 @@ def _check_retrain_run(workdir: Path, tmp_path: Path) -> dict:
     assert champ["mean"] == pytest.approx(parents["r1_zero"].data.metrics[f"final/synthetic/{PRIMARY}"])
     assert chall["mean"] == pytest.approx(run.data.metrics[f"final/synthetic/{PRIMARY}"])
 
-    # The rule: promoted only above the champion's CI upper bound (its mean without a CI).
-    bar = champ["hi"] if champ["hi"] is not None else champ["mean"]
-    assert decision["promoted"] == (chall["mean"] > bar), decision
+    # The paired rule: both scored on the same problems, promoted only when the lower bound
+    # of the paired delta's 95% CI is above 0. The mean of per-problem differences is the
+    # difference of the means.
+    paired = decision["paired"]
+    assert decision["rule"].startswith("paired") and paired is not None, decision
+    assert paired["n"] == champ["n"] == chall["n"]
+    assert paired["delta"] == pytest.approx(chall["mean"] - champ["mean"])
+    assert paired["lo"] <= paired["delta"] <= paired["hi"]
+    assert decision["promoted"] == (paired["lo"] > 0), decision
     version = client.get_model_version(MODEL, run.data.tags["grpo.model_version"])
     assert version.run_id == run.info.run_id and str(version.version) == "2"
     assert version.tags["grpo.decision"] == ("promoted" if decision["promoted"] else "rejected")
     assert version.tags["grpo.compared_with"] == "1"
+    assert version.tags["grpo.decision_rule"] == decision["rule"]
+    assert float(version.tags["grpo.paired_delta.ci_lo"]) == pytest.approx(paired["lo"])
     assert run.data.tags["grpo.promotion"] == version.tags["grpo.decision"]
+    # The pipeline (base eval -> final eval) logged its paired final-vs-base delta where
+    # `grpo compare` reads it; a retrain has no base eval, so none there.
+    final_of = {r.data.tags.get("mlflow.parentRunId"): r.data.metrics for r in runs
+                if r.info.run_name == "eval/final"}
+    key = f"synthetic/{PRIMARY}_delta"
+    pipe = final_of[parents["r1_zero"].info.run_id]
+    assert pipe[f"{key}_ci_lo"] <= pipe[key] <= pipe[f"{key}_ci_hi"]
+    assert key not in final_of[run.info.run_id]
     assert _champion(client) == ("2" if decision["promoted"] else "1")
     print(f"champion {champ['mean']:.3f} [{champ['lo']}, {champ['hi']}], challenger "
-          f"{chall['mean']:.3f}: {'promoted' if decision['promoted'] else 'kept the champion'}")
+          f"{chall['mean']:.3f}, paired delta {paired['delta']:+.3f} [{paired['lo']:.3f}, "
+          f"{paired['hi']:.3f}]: {'promoted' if decision['promoted'] else 'kept the champion'}")
     return decision
 
 
-def test_retrain_waits_for_the_store_then_decides_by_the_champion_ci(tiny_model_path, tmp_path):
+def test_retrain_waits_for_the_store_then_decides_by_the_paired_ci(tiny_model_path, tmp_path):
     workdir, cfg = tmp_path / "ws", _config(tmp_path, tiny_model_path)
     # The pipeline registers champion v1. While it holds the store, a retrain waits 2 s,
     # then gives up with the store-locked error, having written nothing.

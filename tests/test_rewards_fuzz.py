@@ -5,7 +5,10 @@ A hand-written corpus of hostile completions (tests/hostile_corpus.py: injection
 power towers, 10,000-deep nesting, megabyte strings, NUL/RTL/zero-width characters, fake
 and nested tags) plus hypothesis-generated text and LaTeX-ish token soup. "Scorers" are
 every reward of grpo_core.rewards.REWARDS plus the evaluation scorer (grpo_core.evaluation's
-`_record` + maj@k's `vote_key`; see hostile_corpus.timed_call).
+`_record` + maj@k's `vote_key`; see hostile_corpus.timed_call), and `answers.is_correct`
+under each extraction mode.
+The corpus also causes no scorer error (answers.SCORER_ERRORS): hostile input is a wrong
+answer or a refusal, not a failure of the scorer.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import time
 import tracemalloc
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
@@ -92,7 +96,10 @@ def _per_scorer_cold(jobs, run) -> list[float]:
 
 def test_hostile_corpus_main_thread(canary: Path) -> None:
     jobs = _jobs(canary)  # ordered by scorer, as _per_scorer_cold returns the times
+    answers.SCORER_ERRORS.reset()
     _check(jobs, _per_scorer_cold(jobs, lambda js: [score(n, c, g) for n, _, c, g in js]))
+    # Hostile input is a wrong answer or a refusal, never a failure of the scorer itself.
+    assert answers.SCORER_ERRORS.counts() == {}
 
 
 def test_hostile_corpus_worker_threads(canary: Path) -> None:
@@ -102,6 +109,23 @@ def test_hostile_corpus_worker_threads(canary: Path) -> None:
             jobs, lambda js: list(pool.map(lambda j: score(j[0], j[2], j[3]), js))
         )
     _check(jobs, times)
+
+
+@pytest.mark.parametrize("extraction", answers.EXTRACTIONS)
+def test_hostile_corpus_is_correct(canary: Path, extraction: str) -> None:
+    """The scripts' entry point, each extraction mode: bounded, never raising."""
+    corpus = hostile_completions(str(canary))
+    answers.clear_caches()
+    answers.SCORER_ERRORS.reset()
+    times = []
+    for i, (label, completion) in enumerate(corpus):
+        start = time.perf_counter()
+        verdict = answers.is_correct(completion, GOLDS[i % len(GOLDS)], extraction=extraction)
+        times.append((time.perf_counter() - start, label))
+        assert isinstance(verdict, bool), (label, verdict)
+    slow = [(round(t, 3), label) for t, label in times if t >= LIMIT_S]
+    assert len(slow) <= 1, slow  # one GC pause or busy moment, not a pattern
+    assert answers.SCORER_ERRORS.counts() == {}
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
