@@ -209,8 +209,6 @@ def record_scorer_error(gold: Any, predicted: Any, exc: BaseException) -> Scorer
 
 # --- comparing numbers ------------------------------------------------------------------
 
-_canon = canonical  # grpo_core.evaluation's maj@k vote key reads it under this name
-
 
 def numbers_equal(gold: tuple[Fraction, bool, bool], pred: tuple[Fraction, bool, bool]) -> bool:
     """Exact equality; when either side is written as a decimal both are compared rounded

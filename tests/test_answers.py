@@ -614,7 +614,7 @@ def test_math500_boxed_answers_verify(shared_data) -> None:
     wrong_golds = []
     for i, g in enumerate(golds):
         j = (i + 1) % len(golds)
-        while A._canon(golds[j]) == A._canon(g):
+        while A.canonical(golds[j]) == A.canonical(g):
             j = (j + 1) % len(golds)
         wrong_golds.append(golds[j])
     wrong = accuracy([_completion(f"\\boxed{{{w}}}") for w in wrong_golds], answer=golds)
