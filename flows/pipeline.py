@@ -180,7 +180,8 @@ def _stages(ctx: stages.Ctx, log) -> dict:
 
     final = stages.evaluate(ctx, model, "eval/final", cfg.eval.benchmarks, scorer)
     findings += scorer_error_findings("eval/final", final)
-    report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws)
+    report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws,
+                                      base=base["benchmarks"])
     log.info("final: %s", report.get("summary"))
     return {"parent_run": parent, "model_dir": model, "final": final["benchmarks"],
             "base": base["benchmarks"],
