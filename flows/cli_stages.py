@@ -17,7 +17,7 @@ from rich.table import Table
 console = Console(highlight=False, soft_wrap=True)
 
 MODEL = Annotated[str | None, typer.Option(
-    "--model", help="builtin:tiny-arith, a local folder or a hub id [default: model.name_or_path "
+    "--model", help="builtin:tiny-arith, builtin:proxy-qwen2, a local folder or a hub id [default: model.name_or_path "
     "of the config, builtin:tiny-arith].")]
 CONFIG = Annotated[Path | None, typer.Option("--config", help="Pipeline config YAML.")]
 SET = Annotated[list[str] | None, typer.Option(

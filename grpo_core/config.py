@@ -49,7 +49,9 @@ class ProjectConfig(_Section):
 
 class ModelConfig(_Section):
     name_or_path: str = "builtin:tiny-arith"
-    """Hugging Face id, local path, or `builtin:tiny-arith` (built offline in-process)."""
+    """Hugging Face id, local path, `builtin:tiny-arith` (built offline in-process), or
+    `builtin:proxy-qwen2` (a random bf16 Qwen2 with multi-token tags and ChatML: runs the
+    real presets' code paths on a CPU; its answers are noise)."""
     template: Literal["auto", "r1_zero", "chat"] = "auto"
     """Prompt template: R1-Zero text template for base models, chat template for instruct."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.problems import Problem
-from grpo_core.prompts import render_prompt
+from grpo_core.prompts import render_prompt, stop_strings
 from grpo_core.rewards import build_reward_funcs
 from grpo_core.tiny_model import BUILTIN_PREFIX
 
@@ -118,6 +118,37 @@ def owned_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] |
         activation_checkpointing=gradient_checkpointing(cfg, g.gradient_checkpointing),
         remove_unused_columns=False,
     )
+
+
+def trl_stop_kwargs(stops: tuple[str, ...], use_vllm: bool) -> dict:
+    """generation_kwargs that stop TRL's vLLM rollouts at the template's closing tag (vLLM
+    matches text, however many tokens the tag is, and keeps it). The transformers path
+    cannot take a stopping criterion through GenerationConfig: stop_at_text puts it on
+    the policy's generate instead. Either way _generate_single_turn cuts the ids."""
+    return {"stop": list(stops), "include_stop_str_in_output": True} if stops and use_vllm else {}
+
+
+def stop_at_text(model, tokenizer, stops: tuple[str, ...]) -> None:
+    """Make `model.generate` (what TRL calls, unwrapped, for transformers rollouts) end each
+    row once its generated text holds a stop string: the criterion the hf rollout backend
+    uses for filter and eval, so training samples stop where they do."""
+    if not stops:
+        return
+    from transformers import StoppingCriteriaList
+
+    from grpo_core.rollout import text_stop_criterion
+
+    generate = model.generate
+
+    def generate_stopping_at_text(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            crit = text_stop_criterion(tokenizer, stops, ids.shape[1])
+            kwargs["stopping_criteria"] = StoppingCriteriaList(
+                [*(kwargs.get("stopping_criteria") or []), crit])
+        return generate(*args, **kwargs)
+
+    model.generate = generate_stopping_at_text
 
 
 def kl_beta(step: int, total: int, cfg: PipelineConfig) -> float:
@@ -275,9 +306,30 @@ def _trainer_class():
         """Hands every scored completion to a sink; optionally skips hopeless batches."""
 
         rollout_sink: RolloutSink | None = None
+        stop_strings: tuple[str, ...] = ()  # the template's closing tag
         skip_update_below: float | None = None
         skipped_updates: int = 0  # optimizer steps skipped
         skip_steps_left: int = 0  # optimizer steps still to skip on the current batch
+
+        def _generate_single_turn(self, *args, **kwargs):
+            """Completions end at the first stop string: what follows it is cut (a row of a
+            batch keeps its padding; vLLM may overshoot inside a token) and eos is appended,
+            so TRL scores text ending in </answer> and counts the row as terminated, not
+            clipped (mask_truncated_completions would drop it from the loss)."""
+            from grpo_core.rollout import stop_index
+
+            completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
+            eos = self._tokenizer.eos_token_id
+            if not self.stop_strings or eos is None:
+                return completion_ids, logprobs
+            for i, ids in enumerate(completion_ids):
+                k = stop_index(self._tokenizer, list(ids), self.stop_strings)
+                if k is None:
+                    continue
+                completion_ids[i] = list(ids[:k]) + [eos]
+                if logprobs is not None:  # vLLM: no sampled logprob for the added eos
+                    logprobs[i] = list(logprobs[i][:k]) + [None]
+            return completion_ids, logprobs
 
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
@@ -398,6 +450,10 @@ def run_grpo_round(
     funcs, weights = build_reward_funcs(cfg.rewards)
     args = trl_grpo_args(cfg, str(out), report_to)
     args.reward_weights = weights
+    stops = stop_strings(template)  # as filter and eval stop (sampling.build_backend)
+    args.generation_kwargs = {**trl_stop_kwargs(stops, args.use_vllm), **(args.generation_kwargs or {})}
+    if not args.use_vllm:
+        stop_at_text(model, tokenizer, stops)
     result = RoundResult(output_dir=str(out / "final"), steps=0)
     funcs = _watch_finite(funcs, result.nonfinite_rewards)
     trainer_ref: list = []
@@ -413,6 +469,7 @@ def run_grpo_round(
     trainer_ref.append(trainer)
     quiet_trainer(trainer)
     trainer.rollout_sink = rollout_sink
+    trainer.stop_strings = stops
     trainer.skip_update_below = cfg.grpo.skip_update_below
     ckpt = last_checkpoint(out) if resume else None
     train_out = trainer.train(resume_from_checkpoint=ckpt)

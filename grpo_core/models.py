@@ -1,10 +1,12 @@
-"""Resolve and load a policy: `builtin:tiny-arith`, a local folder, or a hub id."""
+"""Resolve and load a policy: `builtin:tiny-arith`, `builtin:proxy-qwen2`, a local folder,
+or a hub id."""
 from __future__ import annotations
 
 import hashlib
 import os
 from pathlib import Path
 
+from grpo_core.proxy_model import PROXY_NAME, ensure_proxy
 from grpo_core.tiny_model import BUILTIN_PREFIX, ensure_builtin
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
@@ -13,6 +15,8 @@ _HASH_LIMIT = 256 * 2**20  # hash whole files up to this size; above it, sampled
 
 def resolve_model_path(name_or_path: str, models_cache: str | Path, progress: bool = False) -> str:
     """A folder (or hub id) transformers can load; builds the built-in model on first use."""
+    if name_or_path == BUILTIN_PREFIX + PROXY_NAME:
+        return str(ensure_proxy(models_cache))
     if name_or_path.startswith(BUILTIN_PREFIX):
         return str(ensure_builtin(name_or_path, models_cache, progress=progress))
     return name_or_path

@@ -48,3 +48,14 @@ def template_text(template: str) -> str:
 
 def template_hash(template: str) -> str:
     return hashlib.sha256(template_text(template).encode()).hexdigest()[:12]
+
+
+# Both templates ask for the answer in <answer> </answer>: generation stops at the closing
+# tag (filter, eval and GRPO rollouts alike), so nothing a model invents after its answer
+# (a next "User:" turn, another answer) is kept or scored.
+ANSWER_CLOSE = "</answer>"
+
+
+def stop_strings(template: str) -> tuple[str, ...]:
+    """Texts generation stops at (kept in the output) under a template, `auto` included."""
+    return (ANSWER_CLOSE,) if template in ("auto", "r1_zero", "chat") else ()

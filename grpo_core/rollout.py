@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from grpo_core.progress import Bar
+from grpo_core.prompts import ANSWER_CLOSE
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class SamplingParams:
 class Completion:
     text: str
     num_tokens: int
-    finish_reason: str  # "stop" (eos or </answer>) or "length" (truncated)
+    finish_reason: str  # "stop" (eos or a stop string such as </answer>) or "length" (truncated)
 
     @property
     def truncated(self) -> bool:
@@ -42,19 +43,86 @@ class RolloutBackend(Protocol):
     def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]: ...
 
 
-def stop_token_ids(tokenizer) -> list[int]:
-    """Generation stops at eos and, when it is a single token, at </answer>."""
+def stop_token_ids(tokenizer, stops: tuple[str, ...] = (ANSWER_CLOSE,)) -> list[int]:
+    """eos, plus each stop string that is a single token (a token test is cheaper than
+    decoding; true of builtin:tiny-arith's </answer>, false of every real tokenizer's)."""
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    close = tokenizer.convert_tokens_to_ids("</answer>")
-    if isinstance(close, int) and close != tokenizer.unk_token_id and close not in ids:
-        ids.append(close)
+    for s in stops:
+        tid = tokenizer.convert_tokens_to_ids(s)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid not in ids:
+            ids.append(tid)
     return ids
 
 
-class HFBackend:
-    """transformers generate, batched: (prompt, sample) pairs fill batches of batch_size."""
+def text_stops(tokenizer, stops: tuple[str, ...] = (ANSWER_CLOSE,)) -> tuple[str, ...]:
+    """The stop strings that span several tokens: found on decoded text, not by id."""
+    single = set(tokenizer.convert_ids_to_tokens(stop_token_ids(tokenizer, stops)))
+    return tuple(s for s in stops if s not in single)
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, progress: bool = False):
+
+def text_stop_criterion(tokenizer, stops: tuple[str, ...], prompt_len: int):
+    """A StoppingCriteria that ends each row of a batch on its own once its generated text
+    (after `prompt_len`: the prompts hold the tag too) contains a stop string. Only the last
+    few tokens are decoded: a string completed by the newest token lies within them."""
+    import torch
+    from transformers import StoppingCriteria
+
+    window = max(len(s.encode()) for s in stops) + 2  # every token is at least one byte
+
+    class StopOnText(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            start = max(prompt_len, input_ids.shape[1] - window)
+            texts = tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
+            return torch.tensor([any(s in t for s in stops) for t in texts],
+                                dtype=torch.bool, device=input_ids.device)
+
+    return StopOnText()
+
+
+def stop_index(tokenizer, ids: list[int], stops: tuple[str, ...]) -> int | None:
+    """Tokens up to and including the one that completes the first stop string in the
+    decoded `ids`, or None when no stop string occurs (binary search: the test is
+    monotone in the prefix length)."""
+    if not stops or not any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stops):
+        return None
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in tokenizer.decode(ids[:mid], skip_special_tokens=True) for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def finish(tokenizer, ids: list[int], stop_ids: list[int], stops: tuple[str, ...]) -> Completion:
+    """One generated row as a Completion: cut after the first stop token (what follows is
+    batch padding, or pad == eos), then after the first stop string in the text (a row
+    stopped by text can overshoot inside the token that completes it)."""
+    for k, t in enumerate(ids):
+        if t in stop_ids:
+            ids = ids[: k + 1]
+            break
+    else:
+        pad = tokenizer.pad_token_id
+        while ids and ids[-1] == pad:  # right padding of a row ended by a stop string
+            ids = ids[:-1]
+    stopped = bool(ids) and ids[-1] in stop_ids
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    k = stop_index(tokenizer, ids, stops)
+    if k is not None:
+        ids, stopped = ids[:k], True
+        end = min(text.find(s) + len(s) for s in stops if s in text)
+        text = text[:end]
+    return Completion(text=text, num_tokens=len(ids), finish_reason="stop" if stopped else "length")
+
+
+class HFBackend:
+    """transformers generate, batched: (prompt, sample) pairs fill batches of batch_size.
+    Rows stop at eos or at a stop string (the template's closing tag), each on its own."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, progress: bool = False,
+                 stop_strings: tuple[str, ...] = (ANSWER_CLOSE,)):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -62,7 +130,21 @@ class HFBackend:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self._stop = stop_token_ids(tokenizer)
+        self._stop = stop_token_ids(tokenizer, stop_strings)
+        self._text_stops = text_stops(tokenizer, stop_strings)
+
+    def stop_kwargs(self, prompt_len: int) -> dict:
+        """generate() arguments that end a row at eos or a stop string."""
+        from transformers import StoppingCriteriaList
+
+        kw: dict = {"eos_token_id": self._stop, "pad_token_id": self.tokenizer.pad_token_id}
+        if self._text_stops:
+            kw["stopping_criteria"] = StoppingCriteriaList(
+                [text_stop_criterion(self.tokenizer, self._text_stops, prompt_len)])
+        return kw
+
+    def finish(self, ids: list[int]) -> Completion:
+        return finish(self.tokenizer, ids, self._stop, self._text_stops)
 
     def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
         import torch
@@ -82,8 +164,8 @@ class HFBackend:
             ).to(self.model.device)
             # Seed per batch start: reproducible whatever ran before in this process.
             torch.manual_seed(params.seed * 1_000_003 + start)
-            kwargs = {"max_new_tokens": params.max_new_tokens, "eos_token_id": self._stop,
-                      "pad_token_id": self.tokenizer.pad_token_id}
+            kwargs = {"max_new_tokens": params.max_new_tokens,
+                      **self.stop_kwargs(enc["input_ids"].shape[1])}
             if params.greedy:
                 kwargs.update(do_sample=False)
             else:
@@ -92,21 +174,12 @@ class HFBackend:
                 out = self.model.generate(**enc, **kwargs)
             new = out[:, enc["input_ids"].shape[1] :]
             for (i, _), ids in zip(batch, new.tolist()):
-                results[i].append(self._completion(ids))
+                results[i].append(self.finish(ids))
             bar.advance(len(batch))
         bar.close()
         if reps == 1 and n > 1:
-            results = [[c] * n for c in results]
+            results = [row * n for row in results]  # each row holds its one greedy completion
         return results
-
-    def _completion(self, ids: list[int]) -> Completion:
-        pad = self.tokenizer.pad_token_id
-        # Strip right padding (sequences that stopped early in a batch).
-        while ids and ids[-1] == pad and pad not in self._stop:
-            ids = ids[:-1]
-        stopped = bool(ids) and ids[-1] in self._stop
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Completion(text=text, num_tokens=len(ids), finish_reason="stop" if stopped else "length")
 
 
 class VLLMBackend:
@@ -114,7 +187,7 @@ class VLLMBackend:
 
     def __init__(self, model_path: str, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0,
-                 data_parallel_size: int = 1):
+                 data_parallel_size: int = 1, stop_strings: tuple[str, ...] = (ANSWER_CLOSE,)):
         if not vllm_available():
             raise RuntimeError("rollout.backend=vllm needs the gpu extra: pip install -e '.[gpu]'")
         from vllm import LLM
@@ -124,13 +197,15 @@ class VLLMBackend:
                        gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed,
                        **extra)
         self.tokenizer = self.llm.get_tokenizer()
-        self._stop = stop_token_ids(self.tokenizer)
+        self._stop = stop_token_ids(self.tokenizer, stop_strings)
+        self.stop_strings = list(stop_strings)  # vLLM matches them on text, any token split
 
     def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
         from vllm import SamplingParams as VSP
 
         sp = VSP(n=n, temperature=max(params.temperature, 0.0), top_p=params.top_p,
                  max_tokens=params.max_new_tokens, seed=params.seed, stop_token_ids=self._stop,
+                 stop=self.stop_strings,
                  include_stop_str_in_output=True)  # keep </answer>, as the hf path does
         outputs = self.llm.generate(prompts, sp, use_tqdm=False)
         return [

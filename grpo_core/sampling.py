@@ -26,9 +26,10 @@ import hashlib
 from dataclasses import replace
 
 from grpo_core.progress import Bar
-from grpo_core.rollout import Completion, HFBackend, SamplingParams, VLLMBackend, stop_token_ids
+from grpo_core.rollout import Completion, HFBackend, SamplingParams, VLLMBackend
 
-SAMPLER_VERSION = "gumbel-row-seed-v1"  # part of cache keys: bump when draws change
+SAMPLER_VERSION = "gumbel-row-seed-v2"  # part of cache keys: bump when draws change
+# v2: rows stop at a multi-token closing tag (</answer>) and the text is cut after it
 
 
 def derive_seed(*parts: object) -> int:
@@ -90,7 +91,6 @@ def _hf_seeded(backend: HFBackend, prompts: list[str], n: int, params: SamplingP
     from transformers import LogitsProcessorList
 
     tok, model = backend.tokenizer, backend.model
-    stop = stop_token_ids(tok)
     lengths = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     # (prompt, sample) jobs, shortest prompts first so batches pad little.
     jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n)),
@@ -105,31 +105,17 @@ def _hf_seeded(backend: HFBackend, prompts: list[str], n: int, params: SamplingP
         gens = [torch.Generator().manual_seed(derive_seed(seeds[i], j)) for i, j in batch]
         with torch.inference_mode():
             out = model.generate(
-                **enc, max_new_tokens=params.max_new_tokens, eos_token_id=stop,
-                pad_token_id=tok.pad_token_id, do_sample=False, temperature=None, top_p=None,
-                top_k=None,
+                **enc, max_new_tokens=params.max_new_tokens,
+                **backend.stop_kwargs(enc["input_ids"].shape[1]),  # eos and stop strings
+                do_sample=False, temperature=None, top_p=None, top_k=None,
                 logits_processor=LogitsProcessorList(
                     [_gumbel_processor(gens, params.temperature, params.top_p)]))
         new = out[:, enc["input_ids"].shape[1] :]
         for (i, j), ids in zip(batch, new.tolist()):
-            results[i][j] = _completion(tok, ids, stop)
+            results[i][j] = backend.finish(ids)
         bar.advance(len(batch))
     bar.close()
     return [[r[j] for j in range(n)] for r in results]
-
-
-def _completion(tok, ids: list[int], stop: list[int]) -> Completion:
-    pad = tok.pad_token_id
-    while ids and ids[-1] == pad and pad not in stop:  # right padding of early stoppers
-        ids = ids[:-1]
-    if pad in stop:  # pad == eos: keep through the first stop token only
-        for k, t in enumerate(ids):
-            if t in stop:
-                ids = ids[: k + 1]
-                break
-    stopped = bool(ids) and ids[-1] in stop
-    text = tok.decode(ids, skip_special_tokens=True)
-    return Completion(text=text, num_tokens=len(ids), finish_reason="stop" if stopped else "length")
 
 
 def _vllm_seeded(backend: VLLMBackend, prompts: list[str], n: int, params: SamplingParams,
@@ -138,6 +124,7 @@ def _vllm_seeded(backend: VLLMBackend, prompts: list[str], n: int, params: Sampl
 
     sps = [VSP(n=n, temperature=params.temperature, top_p=params.top_p,
                max_tokens=params.max_new_tokens, seed=s % 2**31, stop_token_ids=backend._stop,
+               stop=backend.stop_strings,  # the closing tag, however many tokens it is
                include_stop_str_in_output=True)  # vLLM V1 drops a stop token's text
            for s in seeds]
     outputs = backend.llm.generate(prompts, sps, use_tqdm=False)
@@ -147,17 +134,20 @@ def _vllm_seeded(backend: VLLMBackend, prompts: list[str], n: int, params: Sampl
 
 def build_backend(model_path: str, cfg, progress: bool = False):
     """(backend, tokenizer) for a resolved model folder or hub id under cfg.rollout/cfg.model."""
+    from grpo_core.prompts import stop_strings
     from grpo_core.rollout import resolve_backend_name
 
     name = resolve_backend_name(cfg.rollout.backend)
+    stops = stop_strings(cfg.model.template)  # filter, eval and training stop alike
     if name == "vllm":
         backend = VLLMBackend(model_path, cfg.rollout.tensor_parallel_size,
                               cfg.rollout.gpu_memory_utilization, cfg.model.dtype,
                               seed=cfg.project.seed,
-                              data_parallel_size=cfg.rollout.data_parallel_size)
+                              data_parallel_size=cfg.rollout.data_parallel_size,
+                              stop_strings=stops)
         return backend, backend.tokenizer
     from grpo_core.models import load_policy
 
     model, tokenizer = load_policy(model_path, cfg.model.dtype, cfg.model.gguf_file)
-    return HFBackend(model, tokenizer, batch_size=cfg.rollout.batch_size, progress=progress), \
-        tokenizer
+    return HFBackend(model, tokenizer, batch_size=cfg.rollout.batch_size, progress=progress,
+                     stop_strings=stops), tokenizer

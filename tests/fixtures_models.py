@@ -48,3 +48,15 @@ def tiny_model_path(tmp_path_factory) -> str:
 
     torch.set_num_threads(1)
     return str(build_random_tiny_model(tmp_path_factory.mktemp("models") / "tiny-random"))
+
+
+@pytest.fixture(scope="session")
+def proxy_model_path(tmp_path_factory) -> str:
+    """builtin:proxy-qwen2 (random Qwen2, bf16, multi-token tags, ChatML), built once
+    through resolve_model_path into a session models cache."""
+    import torch
+
+    from grpo_core.models import resolve_model_path
+
+    torch.set_num_threads(1)
+    return resolve_model_path("builtin:proxy-qwen2", tmp_path_factory.mktemp("proxy-models"))

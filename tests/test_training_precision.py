@@ -19,36 +19,14 @@ from grpo_core import rewards
 from grpo_core.config import config_from_dict
 from grpo_core.synthetic import generate_problems
 
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
-          " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
-          "{{ '<|im_start|>assistant\n' }}{% endif %}")
-
 
 def build_bf16_qwen2(out_dir, seed: int = 0):
-    """A randomly initialised 2-layer, 64-wide Qwen2ForCausalLM with a byte-level BPE
-    tokenizer and a ChatML template, stored in bfloat16."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """builtin:proxy-qwen2 (grpo_core/proxy_model.py): a randomly initialised 2-layer,
+    64-wide Qwen2ForCausalLM with a byte-level BPE tokenizer and a ChatML template, stored
+    in bfloat16."""
+    from grpo_core.proxy_model import ProxyRecipe, build_proxy_qwen2
 
-    from grpo_core.prompts import CHAT_SYSTEM_PROMPT
-    from grpo_core.tiny_model import build_tokenizer
-
-    torch.manual_seed(seed)
-    texts = [p.problem + " " + p.solution for p in generate_problems("train", 100, seed=seed)]
-    tok = build_tokenizer(texts + [CHAT_SYSTEM_PROMPT] * 5, vocab_size=400)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.eos_token = "<|im_end|>"  # as Qwen's instruct models
-    tok.chat_template = CHATML
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, tie_word_embeddings=True,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    return str(out_dir)
+    return str(build_proxy_qwen2(out_dir, ProxyRecipe(seed=seed)))
 
 
 @pytest.fixture(scope="module")
