@@ -34,7 +34,15 @@ def _check_benchmarks_or_exit(configs, ws) -> None:
 
 
 def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
-        quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False) -> None:
+        quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+        smoke: Annotated[bool, typer.Option(
+            "--smoke", help="Run CONFIG's whole DAG on a CPU in minutes: same stages and "
+            "rules, builtin:proxy-qwen2, 2 steps per stage, 4 problems per benchmark, in "
+            "<workdir>/smoke; writes <workdir>/reports/smoke.json with a GPU memory plan.")] = False,
+        model: Annotated[str | None, typer.Option(
+            "--model", help="With --smoke: the model to run instead of builtin:proxy-qwen2.")] = None,
+        gpu_gb: Annotated[float, typer.Option(
+            "--gpu-gb", min=1, help="With --smoke: GPU memory (GiB) the plan must fit.")] = 80.0) -> None:
     """Run a config through the pipeline; with no CONFIG, compare R1-Zero and SFT+GRPO on
     the built-in model and synthetic task (offline, minutes on a CPU)."""
     from grpo_core.config import ConfigError
@@ -55,6 +63,9 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                 c.project.workdir = str(workdir)
     else:
         configs = [load_or_exit(config, set_, workdir)]
+    if smoke or model is not None:
+        real = configs[0]
+        configs = [_smoke_config_or_exit(config, real, model, smoke)]
     ws = Workspace.at(configs[0].project.workdir)
     _check_benchmarks_or_exit(configs, ws)
     # An unreachable tracking server fails here, in seconds, before any training.
@@ -81,6 +92,13 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                 out = compare_recipes(configs, progress=not quiet)
                 typer.echo(out["markdown"])
                 typer.echo(f"\nreport: {out['report_dir']}/comparison.md (.csv, .png)")
+            elif smoke:
+                from flows.smoke import format_report, run_smoke
+
+                report, path = run_smoke(real, configs[0], Workspace.at(real.project.workdir).root,
+                                         gpu_gb, progress=not quiet)
+                typer.echo(format_report(report))
+                typer.echo(f"report: {path}")
             else:
                 from flows.pipeline import grpo_pipeline
 
@@ -100,6 +118,22 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         fail(f"pipeline failed: {type(exc).__name__}: {exc}", 1)
     typer.echo(f"done in {time.time() - t0:.0f} s. Look at the runs with:\n"
                f"  mlflow ui --backend-store-uri {uri}")
+
+
+def _smoke_config_or_exit(config, real, model: str | None, smoke: bool):
+    """The --smoke config of `real` (flows/smoke.py), or exit 2 naming the field."""
+    from grpo_core.config import ConfigError
+
+    if not smoke:
+        fail("--model: only with --smoke (set model.name_or_path to change the model)", 2)
+    if config is None:
+        fail("--smoke: give a CONFIG to smoke-test", 2)
+    from flows.smoke import smoke_overrides
+
+    try:
+        return smoke_overrides(real, model=model)
+    except ConfigError as exc:
+        fail(f"--smoke: {exc}", 2)
 
 
 def compare(experiment: Annotated[str | None, typer.Option("--experiment", help="MLflow experiment.")] = None,

@@ -1,0 +1,259 @@
+"""`grpo run CONFIG --smoke`: a config's whole DAG, its structure intact, on a CPU in minutes.
+
+The same stages, templates, rewards, gradient accumulation, precision rule, stop rule,
+benchmarks and splits, and decontamination as the config; only sizes change
+(`smoke_overrides`): the model becomes `builtin:proxy-qwen2` (a random bf16 Qwen2 with
+multi-token tags and ChatML) unless `--model` names one, generation runs on the hf backend
+in one process, each training stage takes 2 optimizer steps, each benchmark 4 problems,
+completions ~16 tokens. It runs in its own workspace (<workdir>/smoke: its own store,
+MLflow and checkpoints) and writes <workdir>/reports/smoke.json: the stages and steps run,
+eval splits and problem counts, decontamination counts, the master-weight dtype training
+held, the parameter change of every training stage, and the memory plan of the config's
+real model on a GPU (grpo_core/memory_plan.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import time
+from pathlib import Path
+
+from grpo_core.config import PipelineConfig, config_from_dict
+
+PROXY = "builtin:proxy-qwen2"
+STEPS = 2  # optimizer steps per training stage
+EVAL_PROBLEMS = 4  # problems per benchmark
+EVAL_SAMPLES = 2
+TOKENS = 16  # completion budget everywhere
+FILTER_PROBLEMS = 8
+SOURCE_LIMIT = 32  # training rows kept per source (the whole source is still ingested)
+
+
+def _metric_for(primary: str, samples: int) -> str:
+    """The config's primary metric at `samples` samples (avg@16 -> avg@2, maj@8 -> maj@2)."""
+    extraction, sep, m = primary.rpartition("/")
+    if "@" in m:
+        kind, _, k = m.partition("@")
+        m = f"{kind}@{min(int(k), samples) if kind != 'avg' else samples}"
+    return f"{extraction}{sep}{m}"
+
+
+def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
+                    workdir: str | Path | None = None) -> PipelineConfig:
+    """cfg shrunk for a CPU smoke run, everything structural kept (see the module doc).
+    Raises ConfigError (naming the field) when the shrunk config cannot run."""
+    from grpo_core.grpo import gradient_checkpointing
+    from grpo_core.workspace import Workspace
+
+    tree = cfg.model_dump(mode="json")
+    g = cfg.grpo
+    # Checkpointing as the real model would train (the proxy is builtin:, default off).
+    ckpt = gradient_checkpointing(cfg, g.gradient_checkpointing)
+    tree["project"]["workdir"] = str(Path(workdir) if workdir is not None
+                                     else Workspace.at(cfg.project.workdir).root / "smoke")
+    tree["model"]["name_or_path"] = model or PROXY
+    tree["model"]["gguf_file"] = None if model is None else cfg.model.gguf_file
+    tree["model"]["dtype"] = "auto"  # float32 sampling on CPU (the proxy is stored bf16)
+    tree["model"]["hub_token"] = None
+    # Enough rows per source for one optimizer step (prompts_per_step x GA), few beyond.
+    keep = max(SOURCE_LIMIT, min(g.prompts_per_step, 2) * g.gradient_accumulation_steps)
+    for src in tree["data"]["train"]:
+        src["limit"] = min(src.get("limit") or keep, keep)
+    tree["rollout"].update(backend="hf", max_new_tokens=TOKENS, batch_size=16,
+                           tensor_parallel_size=1, data_parallel_size=1)
+    tree["filter"].update(k=2, max_problems=min(cfg.filter.max_problems or FILTER_PROBLEMS,
+                                                FILTER_PROBLEMS), shards=1)
+    # One optimizer step needs prompts_per_step x GA prompts: GA stays as configured.
+    tree["grpo"].update(max_steps=STEPS, save_steps=STEPS, max_completion_length=TOKENS,
+                        prompts_per_step=min(g.prompts_per_step, 2),
+                        num_generations=min(g.num_generations, 2),
+                        gradient_checkpointing=ckpt, use_vllm=False, vllm_server_launch=False)
+    tree["sft"].update(max_steps=STEPS, batch_size=min(cfg.sft.batch_size, 4),
+                       max_length=min(cfg.sft.max_length, 1024))
+    if cfg.sft.enabled:
+        tree["sft"]["trl"] = {"activation_checkpointing": ckpt, **cfg.sft.trl}
+    tree["eval"].update(limit=EVAL_PROBLEMS, samples=EVAL_SAMPLES, max_new_tokens=TOKENS,
+                        bootstrap=50, shards=1,
+                        primary_metric=_metric_for(cfg.eval.primary_metric, EVAL_SAMPLES))
+    tree["train"].update(num_processes=1, num_machines=1, accelerate_config=None,
+                         main_process_port=None)
+    # Its own MLflow store: a smoke run never lands on the user's tracking server.
+    tree["tracking"]["tracking_uri"] = f"sqlite:///{Path(tree['project']['workdir']).resolve()}/mlflow.db"
+    smoke = config_from_dict(tree)
+    if model is not None:  # a gated --model still needs the user's token
+        smoke.model.hub_token = cfg.model.hub_token
+    return smoke
+
+
+class Recorder:
+    """What the smoke observes while the normal pipeline runs: each stage's inputs and
+    result, and the dtype of the parameters each training stage loaded."""
+
+    def __init__(self):
+        self.stages: list[dict] = []
+        self.loaded: dict[str, str] = {}  # model path -> parameter dtype loaded for training
+
+
+@contextlib.contextmanager
+def observe():
+    """Wrap tasks.stages' stage functions and load_for_training (module attributes the
+    flow looks up at call time) to record them; restored on exit."""
+    import grpo_core.grpo
+    import grpo_core.sft
+    from tasks import stages
+
+    rec = Recorder()
+    saved = {}
+
+    def loader(orig):
+        def load_for_training(model_path):
+            model, stored = orig(model_path)
+            rec.loaded[str(model_path)] = str(next(model.parameters()).dtype).removeprefix("torch.")
+            return model, stored
+        return load_for_training
+
+    def stage(name, orig):
+        sig = inspect.signature(getattr(orig, "fn", orig))  # a Prefect task's function
+
+        def recorded(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            rec.stages.append({"stage": name, "args": sig.bind(*args, **kwargs).arguments,
+                               "out": out})
+            return out
+        return recorded
+
+    for mod in (grpo_core.grpo, grpo_core.sft):
+        saved[(mod, "load_for_training")] = mod.load_for_training
+        mod.load_for_training = loader(mod.load_for_training)
+    for name in ("ingest", "evaluate", "sft", "grpo_round", "difficulty_filter"):
+        saved[(stages, name)] = getattr(stages, name)
+        setattr(stages, name, stage(name, getattr(stages, name)))
+    try:
+        yield rec
+    finally:
+        for (mod, name), fn in saved.items():
+            setattr(mod, name, fn)
+
+
+def param_change_norm(before: str | Path, after: str | Path) -> float:
+    """L2 norm of (after - before) over every tensor of two saved checkpoints, in float32."""
+    import torch
+
+    a, b = _weights(Path(before)), _weights(Path(after))
+    total = 0.0
+    for name, t in b.items():
+        if name in a:
+            total += float(torch.sum((t.float() - a[name].float()) ** 2))
+    return total ** 0.5
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    out: dict = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def _master_dtype(rec: Recorder, model_path: str) -> tuple[str, str]:
+    """(dtype, how known): observed while training, else (a cached stage) what
+    load_for_training gives for that input now."""
+    if model_path in rec.loaded:
+        return rec.loaded[model_path], "observed"
+    from grpo_core.grpo import load_for_training
+
+    model, _ = load_for_training(model_path)
+    return str(next(model.parameters()).dtype).removeprefix("torch."), "load_for_training (stage cached)"
+
+
+def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out: dict,
+                 seconds: float, gpu_gb: float) -> dict:
+    from grpo_core.memory_plan import memory_plan
+
+    stages, training, evals = [], [], {}
+    contamination = {}
+    for s in rec.stages:
+        res, args = s["out"], s["args"]
+        if s["stage"] == "ingest":
+            contamination = res.get("contamination") or {}
+            stages.append({"stage": "data", "pool_size": res.get("pool_size"),
+                           "cached": res.get("cached")})
+        elif s["stage"] == "evaluate":
+            label = args["label"]
+            evals[label] = {b: {"split": v.get("split"),
+                                "problems": (v.get("metrics") or {}).get("n_problems")}
+                            for b, v in res["benchmarks"].items()}
+            stages.append({"stage": label, "cached": res.get("cached")})
+        elif s["stage"] == "difficulty_filter":
+            stages.append({"stage": f"filter/round-{args['round_no']}", "kept": res.get("kept"),
+                           "considered": res.get("considered"), "cached": res.get("cached")})
+        else:
+            name = "sft" if s["stage"] == "sft" else f"grpo/round-{args['round_no']}"
+            before = args["model_path"]
+            dtype, how = _master_dtype(rec, before)
+            row = {"stage": name, "steps": res["steps"], "input": before,
+                   "output": res["model_dir"], "master_dtype": dtype, "master_dtype_from": how,
+                   "param_change_norm": param_change_norm(before, res["model_dir"]),
+                   "cached": res.get("cached")}
+            stages.append(row)
+            training.append(row)
+    findings = list(out.get("findings", []))
+    findings += [f"{t['stage']}: saved weights unchanged; GRPO's update is 0 when every group's "
+                 "rewards are equal (a random proxy earns no reward variance); --model with a "
+                 "model that sometimes solves the problems shows it move"
+                 for t in training if t["stage"].startswith("grpo") and t["param_change_norm"] == 0]
+    dtypes = {t["master_dtype"] for t in training}
+    return {
+        "config_model": real.model.name_or_path,
+        "smoke_model": smoke.model.name_or_path,
+        "workspace": smoke.project.workdir,
+        "seconds": round(seconds, 1),
+        "stages": stages,
+        "training": {t["stage"]: {k: t[k] for k in ("steps", "master_dtype", "param_change_norm")}
+                     for t in training},
+        "master_dtype": dtypes.pop() if len(dtypes) == 1 else sorted(dtypes),
+        "eval": evals,
+        "decontamination": contamination,
+        "findings": findings,
+        "memory_plan": memory_plan(real, gpu_gb=gpu_gb),
+    }
+
+
+def format_report(report: dict) -> str:
+    from grpo_core.memory_plan import format_plan
+
+    lines = [(f"smoke of {report['config_model']} on {report['smoke_model']} "
+              f"in {report['seconds']} s ({report['workspace']})")]
+    for s in report["stages"]:
+        extra = {k: v for k, v in s.items() if k not in ("stage", "input", "output", "cached")}
+        lines.append(f"  {s['stage']:<16} {json.dumps(extra)}{' (cached)' if s.get('cached') else ''}")
+    for label, benches in report["eval"].items():
+        lines.append(f"  {label}: " + ", ".join(f"{b} {v['split']} x{v['problems']}"
+                                               for b, v in benches.items()))
+    lines.append("  decontamination: " + ", ".join(
+        f"{b} {c.get('flagged', 0)} flagged / {c.get('problems', '?')} problems"
+        for b, c in report["decontamination"].items()))
+    lines += [f"  finding: {f}" for f in report["findings"]]
+    lines.append(format_plan(report["memory_plan"]))
+    return "\n".join(lines)
+
+
+def write_report(report: dict, workdir: str | Path) -> Path:
+    path = Path(workdir) / "reports" / "smoke.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return path
+
+
+def run_smoke(real: PipelineConfig, smoke: PipelineConfig, report_root: str | Path,
+              gpu_gb: float, progress: bool) -> tuple[dict, Path]:
+    """The normal pipeline flow on the smoke config, observed; the report written."""
+    from flows.pipeline import grpo_pipeline
+
+    t0 = time.time()
+    with observe() as rec:
+        out = grpo_pipeline(smoke, progress=progress)
+    report = build_report(real, smoke, rec, out, time.time() - t0, gpu_gb)
+    return report, write_report(report, report_root)

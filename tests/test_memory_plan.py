@@ -1,0 +1,123 @@
+"""The memory plan's numbers against a hand calculation (grpo_core/memory_plan.py)."""
+import pytest
+
+from grpo_core.config import load_config
+from grpo_core.memory_plan import (
+    GIB,
+    KNOWN,
+    activation_bytes,
+    known_key,
+    memory_plan,
+    resolve_arch,
+    zero_stage,
+)
+from grpo_core.proxy_model import ProxyRecipe
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+# Hand counts from the config.json numbers (tied embeddings, q/k/v biases, GQA):
+# 0.5B: 151936*896 + 24*(896*896+896 + 2*(896*128+128) + 896*896 + 3*896*4864 + 2*896) + 896
+# 1.5B: 151936*1536 + 28*(1536^2+1536 + 2*(1536*256+256) + 1536^2 + 3*1536*8960 + 2*1536) + 1536
+HAND = {"Qwen/Qwen2.5-0.5B-Instruct": 494_032_768, "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304}
+
+
+@pytest.mark.parametrize("name", list(HAND))
+def test_param_counts_match_the_published_sizes(name):
+    arch, source = resolve_arch(name)
+    assert source.startswith("table")
+    assert arch.params() == HAND[name]
+    assert abs(arch.params() - (494e6 if "0.5B" in name else 1.54e9)) / arch.params() < 0.01
+
+
+def test_smollm2_and_7b_counts():
+    assert KNOWN["smollm2-135m"].params() == 134_515_008  # the GGUF load counts 134.5M
+    assert abs(KNOWN["qwen2.5-7b"].params() - 7.62e9) < 0.01e9
+    assert known_key("Qwen/Qwen2.5-Math-1.5B") == "qwen2.5-math-1.5b"
+
+
+@pytest.mark.parametrize("preset,name", [("qwen2.5-0.5b-instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
+                                         ("qwen2.5-1.5b-instruct", "Qwen/Qwen2.5-1.5B-Instruct")])
+def test_plan_states_by_hand(preset, name):
+    p = HAND[name]
+    cfg = load_config(ROOT / f"configs/models/{preset}.yaml")
+    plan = memory_plan(cfg, gpu_gb=80)
+    b = plan["bytes"]
+    assert plan["params"] == p
+    assert b["policy_weights"] == 4 * p  # fp32 master weights
+    assert b["gradients"] == 4 * p  # fp32 gradients
+    assert b["optimizer_adam"] == 2 * 4 * p  # exp_avg + exp_avg_sq in fp32
+    assert b["reference_model"] == 2 * p  # bf16, beta 0.04 > 0
+    assert plan["states_bytes"] == 18 * p
+    # micro-batch: 8 prompts x G 8 completions of 256 + 1024 tokens
+    assert plan["micro_batch"] == 64 and plan["seq_tokens"] == 1280
+    arch = resolve_arch(name)[0]
+    s, bsz, h, a, L = 1280, 64, arch.hidden, arch.heads, arch.layers
+    assert b["activations_no_ckpt"] == L * (s * bsz * h * 34 + 5 * a * s * s * bsz)
+    assert b["activations_ckpt"] == 2 * s * bsz * h * L + s * bsz * h * 34 + 5 * a * s * s * bsz
+    assert b["activations_ckpt"] < b["activations_no_ckpt"]
+    # KV cache: K and V, L layers, 2 kv heads x 64/128 dims, bf16, a whole optimizer step
+    # (8 x 8 x GA 4 = 256 sequences) of 1280 tokens
+    assert b["kv_cache"] == 2 * L * 2 * (h // a) * 2 * 256 * 1280
+    assert b["logits"] == 4 * 64 * 1024 * 151936
+    # colocated vLLM keeps 0.3 of the GPU; the preset checkpoints activations
+    assert plan["gradient_checkpointing"] is True
+    reserved = int(0.3 * 80 * GIB)
+    assert plan["total_bytes"] == 18 * p + b["activations_ckpt"] + b["logits"] + reserved
+    assert plan["fits"] == (plan["total_bytes"] <= 80 * GIB)
+    assert memory_plan(cfg, gpu_gb=1000)["fits"] is True
+
+
+def test_zero_sharding_per_gpu():
+    p = HAND["Qwen/Qwen2.5-1.5B-Instruct"]
+    base = ROOT / "configs/models/qwen2.5-1.5b-instruct.yaml"
+    z2 = memory_plan(load_config(base, ["train.num_processes=8",
+                                        "train.accelerate_config=infra/accelerate/zero2.yaml"]))
+    assert z2["zero_stage"] == 2
+    assert (z2["bytes"]["policy_weights"], z2["bytes"]["gradients"],
+            z2["bytes"]["optimizer_adam"], z2["bytes"]["reference_model"]) == (
+        4 * p, 4 * p // 8, 8 * p // 8, 2 * p)
+    z3 = memory_plan(load_config(base, ["train.num_processes=8",
+                                        "train.accelerate_config=infra/accelerate/zero3.yaml"]))
+    assert (z3["bytes"]["policy_weights"], z3["bytes"]["reference_model"]) == (4 * p // 8, 2 * p // 8)
+    assert z3["micro_batch"] == 8  # 64 completions over 8 processes
+    assert zero_stage("infra/accelerate/multi_gpu.yaml") == 0
+    assert zero_stage("infra/accelerate/fsdp.yaml") == 3
+    assert zero_stage(None) == 0
+
+
+def test_no_reference_model_without_kl():
+    cfg = load_config(ROOT / "configs/models/qwen2.5-math-1.5b.yaml", ["grpo.beta=0.0"])
+    assert memory_plan(cfg)["bytes"]["reference_model"] == 0
+
+
+def test_local_config_json_and_unknown(tmp_path):
+    import json
+
+    r = ProxyRecipe()
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": r.hidden_size, "num_hidden_layers": r.num_layers,
+        "num_attention_heads": r.num_heads, "num_key_value_heads": r.num_kv_heads,
+        "intermediate_size": r.intermediate_size, "vocab_size": 500, "tie_word_embeddings": True}))
+    cfg = load_config(None, [f"model.name_or_path={tmp_path}"])
+    plan = memory_plan(cfg)
+    assert plan["arch_source"].endswith("config.json") and plan["fits"] is True
+    assert activation_bytes(resolve_arch(str(tmp_path))[0], 1, 10, False) > 0
+    unknown = memory_plan(load_config(None, ["model.name_or_path=someone/unknown-model"]))
+    assert unknown["fits"] is None and "unknown architecture" in unknown["note"]
+
+
+def test_count_equals_a_real_models(tmp_path):
+    """The parameter formula against torch's count of the proxy (a real Qwen2 class)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.proxy_model import ensure_proxy
+
+    path = ensure_proxy(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert resolve_arch(str(path))[0].params() == sum(p.numel() for p in model.parameters())
+
+
+def test_builtin_models_have_a_plan():
+    plan = memory_plan(load_config(ROOT / "configs/quickstart.yaml"))
+    assert plan["arch_source"].startswith("build recipe") and plan["fits"] is True
+    assert plan["params"] < 1_000_000
