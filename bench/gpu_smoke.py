@@ -12,6 +12,10 @@ others' numbers; --in-process runs them in this process, as the pipeline does):
   eval_vllm  (c) evaluate() with rollout.backend=vllm on (b)'s model (the base model if (b) failed)
   grpo_hf    the same GRPO steps with transformers generation: the baseline for (b)
 
+Checks: GRPO at lr 1e-6 must change the weights (fp32 master weights under bf16 autocast on a GPU:
+train.precision auto, grpo_core.grpo.load_for_training); each part's peak GPU memory (and the hf
+part's per stage: generation, filter, eval) comes from grpo_core.gpu.stage_memory.
+Without vLLM (the lent GPU machine: infra/device/README.md) run `--parts hf,grpo_hf`.
 Prints a summary (GPU, torch/vLLM versions, tokens/s vllm vs hf, GRPO step time, eval time) and
 writes it as JSON to --out, else $OUT/gpu_smoke.json when $OUT is set, else into the workdir;
 the parts' log tails go beside it (gpu_smoke.log). Exit 1 if any part failed.
@@ -41,6 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 PARTS = ("hf", "vllm", "grpo_vllm", "eval_vllm", "grpo_hf")
+LR = 1e-6  # the real presets' GRPO rate: in bf16 master weights its updates would round away
 NEEDS_VLLM = {"vllm", "grpo_vllm", "eval_vllm"}
 BUDGET_S = {"hf": 150, "vllm": 240, "grpo_vllm": 240, "eval_vllm": 180, "grpo_hf": 150}
 DESCRIBE = {"hf": "hf backend: generation tokens/s, filter, base-model eval",
@@ -67,7 +72,7 @@ def smoke_config(s: dict, backend: str, use_vllm: bool = False):
                     "gpu_memory_utilization": 0.3},
         "filter": {"k": 8, "band": [0.3, 0.7], "max_problems": s["filter_problems"]},
         "grpo": {"max_steps": s["steps"], "num_generations": 8, "prompts_per_step": 8,
-                 "max_completion_length": 48, "learning_rate": 1e-4, "save_steps": 100_000,
+                 "max_completion_length": 48, "learning_rate": LR, "save_steps": 100_000,
                  "logging_steps": 1, "use_vllm": use_vllm, "vllm_mode": "colocate",
                  "vllm_gpu_memory_utilization": 0.3},
         "rewards": {"funcs": ["accuracy", "format", "tag_count"], "weights": [1.0, 1.0, 0.5]},
@@ -214,6 +219,39 @@ def step_clock():
     return StepClock()
 
 
+def weight_probe():
+    """The policy's parameters at train begin and end: master dtype, autocast, change norm.
+    Measured on the trained model in memory (fp32 master), not the saved copy (stored dtype)."""
+    from transformers import TrainerCallback
+
+    class WeightProbe(TrainerCallback):
+        def __init__(self):
+            self.before: dict = {}
+            self.out: dict = {}
+
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            params = dict(model.named_parameters())
+            self.out = {"master_dtype": str(next(iter(params.values())).dtype).replace("torch.", ""),
+                        "autocast": "bf16" if args.bf16 else "fp16" if args.fp16 else "none",
+                        "learning_rate": args.learning_rate}
+            self.before = {n: p.detach().float().cpu().clone() for n, p in params.items()
+                           if p.requires_grad}
+
+        def on_train_end(self, args, state, control, model=None, **kw):
+            sq = changed = total = 0
+            for n, p in model.named_parameters():
+                if n in self.before:
+                    d = p.detach().float().cpu() - self.before[n]
+                    sq += float((d * d).sum())
+                    changed += int((d != 0).sum())
+                    total += d.numel()
+            self.out.update(param_change_norm=sq ** 0.5,
+                            changed_frac=round(changed / max(1, total), 4))
+            self.before = {}
+
+    return WeightProbe()
+
+
 def grpo_problems(s: dict, need: int):
     from grpo_core.problems import Problem
 
@@ -237,21 +275,36 @@ def _gpu_check(rec: dict) -> None:
         raise RuntimeError("torch sees no CUDA device")
 
 
+@contextlib.contextmanager
+def peak_of(rec: dict, stage: str):
+    """Peak GPU memory (GB) of one stage of a part -> rec["gpu_peak_gb_by_stage"][stage].
+    A backend built inside would be shut down at its end: build it before."""
+    from grpo_core.gpu import stage_memory
+
+    with stage_memory(restore_env=False) as mem:
+        yield
+    rec.setdefault("gpu_peak_gb_by_stage", {})[stage] = mem.peak_gb
+
+
 def part_hf(s: dict, rec: dict) -> None:
     from grpo_core.sampling import build_backend
 
     _gpu_check(rec)
     cfg = part_config("hf", s)
     t0 = time.perf_counter()
+    # Built outside the per-stage blocks: the part's block (run_part) owns it and shuts it down.
     backend, tok = build_backend(s["model_path"], cfg)
     rec["load_s"] = round(time.perf_counter() - t0, 2)
     rec["device"], rec["dtype"] = str(backend.model.device), str(backend.model.dtype)
     prompts = bench_prompts(s)
-    rec["generation"] = bench_generation(backend, prompts, s)
-    texts = greedy_texts(backend, prompts[:32], s)
+    with peak_of(rec, "generation"):
+        rec["generation"] = bench_generation(backend, prompts, s)
+        texts = greedy_texts(backend, prompts[:32], s)
     (Path(s["workdir"]) / "greedy-hf.json").write_text(json.dumps(texts))
-    rec["filter"] = do_filter(backend, tok, cfg, s, "hf")
-    rec["eval_base"] = do_eval(backend, tok, cfg, s["model_path"])
+    with peak_of(rec, "filter"):
+        rec["filter"] = do_filter(backend, tok, cfg, s, "hf")
+    with peak_of(rec, "eval"):
+        rec["eval_base"] = do_eval(backend, tok, cfg, s["model_path"])
 
 
 def part_vllm(s: dict, rec: dict) -> None:
@@ -296,12 +349,12 @@ def _grpo(s: dict, rec: dict, use_vllm: bool) -> None:
     g = cfg.grpo
     problems, rec["problems"] = grpo_problems(s, g.prompts_per_step)
     rows: list[dict] = []
-    clock = step_clock()
+    clock, probe = step_clock(), weight_probe()
     out = Path(s["workdir"]) / ("grpo-vllm" if use_vllm else "grpo-hf")
     t0 = time.perf_counter()
     result = run_grpo_round(s["model_path"], problems, cfg, out, template="r1_zero",
                             rollout_sink=lambda step, rs: rows.extend(rs),
-                            extra_callbacks=[clock])
+                            extra_callbacks=[clock, probe])
     total = time.perf_counter() - t0
     walls = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
     hist = result.history
@@ -322,8 +375,17 @@ def _grpo(s: dict, rec: dict, use_vllm: bool) -> None:
         "reward_first_last": first_last("reward"), "loss_first_last": first_last("loss"),
         "frac_reward_zero_std_first_last": first_last("frac_reward_zero_std"),
         "completion_len_first_last": first_last("completions/mean_length"),
-        "rollout_rows": len(rows), "findings": result.findings, "output_dir": result.output_dir})
+        "rollout_rows": len(rows), "findings": result.findings, "output_dir": result.output_dir,
+        "weights": probe.out, **grpo_tokens_per_s(hist, g, result.train_seconds)})
     checks = rec.setdefault("failed_checks", [])
+    w = probe.out
+    if not w.get("param_change_norm"):
+        checks.append(f"weights unchanged after {result.steps} GRPO steps at lr {w.get('learning_rate')}"
+                      f" (master {w.get('master_dtype')}, autocast {w.get('autocast')})")
+    if w.get("master_dtype") not in (None, "float32"):
+        checks.append(f"master weights are {w['master_dtype']}, not float32")
+    if rec.get("cuda") and w.get("autocast") == "none":
+        checks.append("no bf16/fp16 autocast on the GPU (train.precision auto)")
     if result.steps != g.max_steps:
         checks.append(f"{result.steps} steps trained, {g.max_steps} asked")
     if len(rows) != result.steps * g.prompts_per_step * g.num_generations:
@@ -332,6 +394,19 @@ def _grpo(s: dict, rec: dict, use_vllm: bool) -> None:
     if not (Path(result.output_dir) / "config.json").is_file():
         checks.append(f"no model saved in {result.output_dir}")
     checks += [f for f in result.findings if f.startswith("divergence")]
+
+
+def grpo_tokens_per_s(hist: list[dict], g, train_s: float) -> dict:
+    """Completion tokens/s (mean completion length x completions per step, summed over steps)
+    and TRL's num_tokens (prompt + completion, cumulative) per second of the training loop."""
+    per_step = g.prompts_per_step * g.num_generations * g.gradient_accumulation_steps
+    comp = sum(h["completions/mean_length"] * per_step for h in hist
+               if isinstance(h.get("completions/mean_length"), (int, float)))
+    seen = [h["num_tokens"] for h in hist if isinstance(h.get("num_tokens"), (int, float))]
+    if not train_s:
+        return {"completion_tokens_per_s": None, "tokens_per_s": None}
+    return {"completion_tokens_per_s": round(comp / train_s, 1) if comp else None,
+            "tokens_per_s": round(max(seen) / train_s, 1) if seen else None}
 
 
 def part_grpo_vllm(s: dict, rec: dict) -> None:
@@ -361,10 +436,14 @@ PART_FUNCS = {"hf": part_hf, "vllm": part_vllm, "grpo_vllm": part_grpo_vllm,
 
 
 def run_part(name: str, s: dict) -> dict:
+    from grpo_core.gpu import StageMemory, stage_memory
+
     rec: dict = {}
+    mem = StageMemory()
     t0 = time.perf_counter()
     try:
-        PART_FUNCS[name](s, rec)
+        with stage_memory() as mem:  # engines shut down, env restored, peak GPU memory
+            PART_FUNCS[name](s, rec)
         failed = [c for c in rec.get("failed_checks") or [] if c]
         rec["ok"] = not failed
         if failed:
@@ -372,6 +451,7 @@ def run_part(name: str, s: dict) -> dict:
     except Exception as exc:  # noqa: BLE001 - any failure is this part's result, with its trace
         rec.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000],
                    traceback=traceback.format_exc()[-4000:])
+    rec["gpu_peak_gb"] = mem.peak_gb  # None without CUDA
     rec["seconds"] = round(time.perf_counter() - t0, 2)
     return rec
 
@@ -537,6 +617,11 @@ def summarise(parts: dict, env: dict) -> dict:
         "base_greedy_accuracy": {"vllm": _get(parts, "vllm", "eval_base", "greedy_accuracy"),
                                  "hf": _get(parts, "hf", "eval_base", "greedy_accuracy")},
         "stop_token_text_kept": _get(parts, "vllm", "stop_token_check", "text_kept"),
+        "gpu_peak_gb": {n: r.get("gpu_peak_gb") for n, r in parts.items()},
+        "gpu_peak_gb_by_stage": {n: r["gpu_peak_gb_by_stage"] for n, r in parts.items()
+                                 if r.get("gpu_peak_gb_by_stage")},
+        "grpo_tokens_per_s": {n: _get(parts, n, "tokens_per_s") for n in ("grpo_vllm", "grpo_hf")},
+        "grpo_weights": {n: _get(parts, n, "weights") for n in ("grpo_vllm", "grpo_hf")},
     }
 
 
@@ -562,6 +647,10 @@ def print_summary(report: dict) -> None:
           f"| hf {sm['filter_s']['hf']} s; base greedy accuracy: vllm "
           f"{sm['base_greedy_accuracy']['vllm']} | hf {sm['base_greedy_accuracy']['hf']}; "
           f"stop token kept in vllm text: {sm['stop_token_text_kept']}")
+    print(f"GRPO tokens/s (prompt + completion): {sm['grpo_tokens_per_s']}; weights at lr {LR}: "
+          f"{sm['grpo_weights']}")
+    print(f"peak GPU memory (GB) per part: {sm['gpu_peak_gb']}; per stage: "
+          f"{sm['gpu_peak_gb_by_stage']}")
 
 
 def write_report(report: dict, out: Path, logs: Path) -> None:

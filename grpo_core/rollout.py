@@ -146,6 +146,11 @@ class HFBackend:
     def finish(self, ids: list[int]) -> Completion:
         return finish(self.tokenizer, ids, self._stop, self._text_stops)
 
+    def shutdown(self) -> None:
+        """Drop the model (grpo_core.gpu.stage_memory calls this at a stage's end, then frees
+        the CUDA cache); the backend cannot sample afterwards."""
+        self.model = None
+
     def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
         import torch
 
@@ -213,6 +218,28 @@ class VLLMBackend:
              for o in out.outputs]
             for out in outputs
         ]
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its GPU memory (grpo_core.gpu.stage_memory calls this at a
+        stage's end). Idempotent; the backend cannot sample afterwards."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        stop = getattr(llm, "shutdown", None)  # LLM.shutdown() in recent vLLM
+        if stop is None:  # older V1: the engine core client
+            stop = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None),
+                           "shutdown", None)
+        if callable(stop):
+            stop()
+        del llm
+        import gc
+
+        gc.collect()
+        try:  # model-parallel groups, the process group, then the CUDA cache
+            from vllm.distributed import cleanup_dist_env_and_memory
+        except ImportError:
+            return
+        cleanup_dist_env_and_memory()
 
 
 def vllm_available() -> bool:

@@ -133,7 +133,9 @@ def _vllm_seeded(backend: VLLMBackend, prompts: list[str], n: int, params: Sampl
 
 
 def build_backend(model_path: str, cfg, progress: bool = False):
-    """(backend, tokenizer) for a resolved model folder or hub id under cfg.rollout/cfg.model."""
+    """(backend, tokenizer) for a resolved model folder or hub id under cfg.rollout/cfg.model.
+    Made inside a grpo_core.gpu.stage_memory block, the backend is shut down when it ends."""
+    from grpo_core.gpu import track
     from grpo_core.prompts import stop_strings
     from grpo_core.rollout import resolve_backend_name
 
@@ -145,9 +147,9 @@ def build_backend(model_path: str, cfg, progress: bool = False):
                               seed=cfg.project.seed,
                               data_parallel_size=cfg.rollout.data_parallel_size,
                               stop_strings=stops)
-        return backend, backend.tokenizer
+        return track(backend), backend.tokenizer
     from grpo_core.models import load_policy
 
     model, tokenizer = load_policy(model_path, cfg.model.dtype, cfg.model.gguf_file)
-    return HFBackend(model, tokenizer, batch_size=cfg.rollout.batch_size, progress=progress,
-                     stop_strings=stops), tokenizer
+    return track(HFBackend(model, tokenizer, batch_size=cfg.rollout.batch_size,
+                           progress=progress, stop_strings=stops)), tokenizer

@@ -3,8 +3,10 @@
 # timeout. Run from anywhere; it works in the repository root.
 #
 #   bash infra/gpu_smoke.sh                      # on the GPU machine (no network needed)
-#   bash infra/gpu_smoke.sh --parts hf,vllm      # arguments go to bench/gpu_smoke.py
+#   bash infra/gpu_smoke.sh --parts hf,grpo_hf   # arguments go to bench/gpu_smoke.py (the lent
+#                                                # machine has no vLLM: these two parts)
 #   bash infra/gpu_smoke.sh --fetch              # HERE, with PyPI: fill the wheel folder
+#                                                # (infra/device/fetch_wheels.sh)
 #
 # Wheels: $GRPO_WHEELS, else the first of .whl and shared/wheels that holds *.whl
 # (infra/wheels/README.md says what goes in, and why vLLM rarely fits the device tool's 64 MiB).
@@ -17,32 +19,22 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${GRPO_SMOKE_PYTHON:-python3}
-# The project's imports that the device image lacks (KINDS.md's package list), with their needs.
+# The project's imports that the device image lacks (infra/device/requirements.txt lists the
+# wheels, with their needs).
 NEED="trl datasets math-verify duckdb pydantic"
-FETCH="trl datasets dill multiprocess fsspec math-verify latex2sympy2_extended
-  antlr4-python3-runtime duckdb pydantic pydantic-core annotated-types typing-inspection
-  typing-extensions"
 
 if [ "${1:-}" = "--fetch" ]; then
   W=${GRPO_WHEELS:-.whl}
-  mkdir -p "$W"
-  # The versions the project's venv runs here, when there is one.
-  VPY=.venv/bin/python; [ -x "$VPY" ] || VPY=python3
-  SPECS=$("$VPY" -c 'import sys, importlib.metadata as m
-for n in sys.argv[1:]:
-    try: print(f"{n}=={m.version(n)}")
-    except m.PackageNotFoundError: print(n)' $FETCH)
-  PLAT="--only-binary=:all: --python-version ${GRPO_SMOKE_PYVER:-3.12} --implementation cp"
-  for t in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
-    PLAT="$PLAT --platform ${t}_x86_64"
-  done
-  # shellcheck disable=SC2086
-  python3 -m pip download -q --no-deps $PLAT -d "$W" $SPECS || exit 1
+  bash infra/device/fetch_wheels.sh "$W" || exit 1
   if [ -n "${GRPO_SMOKE_VLLM:-}" ]; then  # e.g. vllm==0.33.0: with ALL its deps, gigabytes
+    PLAT="--only-binary=:all: --python-version ${GRPO_SMOKE_PYVER:-3.12} --implementation cp"
+    for t in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
+      PLAT="$PLAT --platform ${t}_x86_64"
+    done
     # shellcheck disable=SC2086
     python3 -m pip download -q $PLAT -d "$W" "$GRPO_SMOKE_VLLM" || exit 1
+    echo "gpu_smoke: with vllm: $(du -sh "$W" | cut -f1) in $W (over the device tool's 64 MiB)"
   fi
-  echo "gpu_smoke: $(ls "$W"/*.whl | wc -l) wheels, $(du -sh "$W" | cut -f1) in $W"
   exit 0
 fi
 

@@ -9,6 +9,8 @@ Retries are set where a retry can help (ingest I/O, tracking calls), none on tra
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 from prefect import task
 
 from grpo_core.config import PipelineConfig
+from grpo_core.gpu import peak_metrics, stage_memory
 from grpo_core.models import model_fingerprint, resolve_model_path
 from grpo_core.problems import Problem
 from grpo_core.store import Store
@@ -61,20 +64,119 @@ class Ctx:
 
 def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics=lambda v: {}):
     """Run `compute(child_run_id)` unless the key is done. The child run exists either
-    way; on a hit from another pipeline run it gets the stage's numbers, once."""
+    way; on a hit from another pipeline run it gets the stage's numbers, once.
+    `compute` runs inside grpo_core.gpu.stage_memory: peak GPU memory (CUDA only) is kept
+    as `gpu_peak_gb` and logged as system/gpu_peak_gb."""
     run = tracking.child_run(ctx.parent_run, child)
     hit = ctx.cache.get(key)
     if hit is None:
         t0 = time.perf_counter()
-        value = {**compute(run), "mlflow_run": run}
+        # Engines built inside are shut down, CUDA memory freed and the environment restored
+        # when the stage ends (grpo_core.gpu); its peak GPU memory goes to the child run.
+        with stage_memory() as mem:
+            value = {**compute(run), "mlflow_run": run}
         value["seconds"] = round(time.perf_counter() - t0, 3)
-        tracking.log_metrics(run, metrics(value))
+        if mem.peak_gb is not None:
+            value["gpu_peak_gb"] = mem.peak_gb
+        tracking.log_metrics(run, {**metrics(value), **peak_metrics(value)})
         return {**ctx.cache.put(key, value, paths(value)), "cached": False}
     if not tracking.has_metrics(run):
-        tracking.log_metrics(run, metrics(hit))
+        tracking.log_metrics(run, {**metrics(hit), **peak_metrics(hit)})
         if hit.get("mlflow_run") and hit["mlflow_run"] != run:
             tracking.copy_artifacts(hit["mlflow_run"], run)
     return {**hit, "cached": True}
+
+
+# ----------------------------------------------------------------------------- cache keys
+# One pure function per stage: every input that changes the stage's result, nothing
+# else (tests/test_cache_keys.py checks both ways). Left out on purpose: where or how
+# visibly work runs (filter.shards/shard_runner, eval.shards, ports, timeouts, save
+# cadence), what only later decisions read (eval.primary_metric, filter.enabled,
+# filter.refilter_each_round, grpo.rounds), MLflow settings (`tracking`), progress bars.
+
+def _sampling_model(cfg: PipelineConfig) -> dict:
+    """The model settings that shape filter/eval samples (weights: the model fingerprint)."""
+    return cfg.model.model_dump(mode="json", include={"template", "dtype", "gguf_file"})
+
+
+def _train_setup(cfg: PipelineConfig) -> dict:
+    return cfg.train.model_dump(mode="json", exclude={"main_process_port"})
+
+
+def problems_fingerprint(problems: list[Problem]) -> str:
+    """The exact problem list, every field in order: an id names a row of a source, not
+    its content, so a re-ingested file with edited rows is a new key."""
+    blob = json.dumps([p.to_row() for p in problems], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def data_files(cfg: PipelineConfig) -> dict[str, str | None]:
+    """Content digest of each local file the training sources and the benchmarks read
+    (preset copies under the data dir, file sources). Hub datasets are keyed by name."""
+    from grpo_core.adapters import PRESETS
+    from grpo_core.workspace import resolve_data_dir
+
+    root = resolve_data_dir(cfg.data.data_dir)
+    files: list[Path] = []
+    for name in [s.source for s in cfg.data.train] + list(cfg.eval.benchmarks):
+        if name in PRESETS and root is not None:
+            files += [root / f for f in PRESETS[name].files.values()]
+        elif not name.startswith("synthetic:") and Path(name).expanduser().is_file():
+            files.append(Path(name).expanduser())
+    return {str(f): _file_sha(f) for f in files}
+
+
+def _file_sha(path: Path) -> str | None:
+    try:
+        with path.open("rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()[:16]
+    except OSError:
+        return None  # missing: the ingest itself says so
+
+
+def ingest_key(cfg: PipelineConfig) -> str:
+    from grpo_core.workspace import resolve_data_dir
+
+    data = cfg.data.model_dump(mode="json", exclude={"store_lock_timeout", "data_dir"})
+    root = resolve_data_dir(cfg.data.data_dir)
+    return stage_key("data", data=data, data_dir=str(root) if root else None,
+                     files=data_files(cfg), benchmarks=cfg.eval.benchmarks,
+                     seed=cfg.project.seed)
+
+
+def filter_key(cfg: PipelineConfig, model_fp: str, problems_fp: str) -> str:
+    how = cfg.filter.model_dump(mode="json", exclude={"shards", "shard_runner", "enabled",
+                                                      "refilter_each_round"})
+    return stage_key("filter", model=model_fp, problems=problems_fp, filter=how,
+                     rollout=cfg.rollout.model_dump(mode="json"), sampling=_sampling_model(cfg),
+                     seed=cfg.project.seed)
+
+
+def sft_key(cfg: PipelineConfig, model_fp: str, problems_fp: str) -> str:
+    return stage_key("sft", model=model_fp, problems=problems_fp,
+                     sft=cfg.sft.model_dump(mode="json", exclude={"enabled"}),
+                     template=cfg.model.template, train=_train_setup(cfg), seed=cfg.project.seed)
+
+
+def grpo_key(cfg: PipelineConfig, model_fp: str, problems_fp: str, round_no: int) -> str:
+    grpo = cfg.grpo.model_dump(mode="json", exclude={
+        "rounds", "save_steps", "save_total_limit", "vllm_server_host", "vllm_server_port",
+        "vllm_server_timeout"})
+    return stage_key("grpo", model=model_fp, problems=problems_fp, grpo=grpo,
+                     rewards=cfg.rewards.model_dump(mode="json"), template=cfg.model.template,
+                     round=round_no, seed=cfg.project.seed, train=_train_setup(cfg))
+
+
+def eval_key(cfg: PipelineConfig, model_fp: str, benchmarks: list[str],
+             problem_sets: dict[str, str]) -> str:
+    """`problem_sets`: benchmark -> grpo_core.benchmarks.fingerprint of its problem list.
+    The exact lists are in the key: a changed store (another split, more rows) is a new
+    evaluation, never a cached number from the old set."""
+    how = cfg.eval.model_dump(mode="json", exclude={"shards", "benchmarks", "primary_metric"})
+    return stage_key("eval", model=model_fp, benchmarks=list(benchmarks),
+                     problem_sets=problem_sets, eval=how, sampling=_sampling_model(cfg),
+                     rollout=cfg.rollout.model_dump(mode="json", exclude={"max_new_tokens"}),
+                     seed=cfg.project.seed)
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=2)
@@ -88,9 +190,7 @@ def ingest(ctx: Ctx) -> dict:
         training_pool,
     )
 
-    sources = [s.model_dump(mode="json") for s in ctx.cfg.data.train]
-    key = stage_key("data", sources=sources, data=ctx.cfg.data.model_dump(mode="json"),
-                    benchmarks=ctx.cfg.eval.benchmarks, seed=ctx.cfg.project.seed)
+    key = ingest_key(ctx.cfg)
 
     def compute(run):
         with ctx.store() as store:
@@ -139,14 +239,11 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
     from grpo_core.difficulty import run_filter
     from grpo_core.records import problem_key
 
-    fp = model_fingerprint(model_path)
+    problems = pool_problems(ctx, problem_ids)
     # Sharding changes where estimates are computed, not what they are: not in the key.
-    how = ctx.cfg.filter.model_dump(mode="json", exclude={"shards", "shard_runner"})
-    key = stage_key("filter", model=fp, problems=problem_ids, filter=how,
-                    rollout=ctx.cfg.rollout.model_dump(mode="json"), seed=ctx.cfg.project.seed)
+    key = filter_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems))
 
     def compute(run):
-        problems = pool_problems(ctx, problem_ids)
         with ctx.store() as store:
             report = run_filter(model_path, problems, ctx.cfg, store=store, progress=ctx.progress,
                                 models_cache=str(ctx.ws.models), fresh=fresh or [])
@@ -171,12 +268,10 @@ def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
     from grpo_core.prompts import resolve_template
     from grpo_core.sft import SFTResult, run_sft
 
-    key = stage_key("sft", model=model_fingerprint(model_path), problems=problem_ids,
-                    sft=ctx.cfg.sft.model_dump(mode="json"), template=ctx.cfg.model.template,
-                    train=ctx.cfg.train.model_dump(mode="json"))
+    problems = pool_problems(ctx, problem_ids)
+    key = sft_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems))
 
     def compute(run):
-        problems = pool_problems(ctx, problem_ids)
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"sft-{key[-8:]}")
         if launched(ctx.cfg):
@@ -204,13 +299,11 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
     from grpo_core.prompts import resolve_template
     from grpo_core.records import drop_rollouts_from, rollout_sink
 
-    key = stage_key("grpo", model=model_fingerprint(model_path), problems=problem_ids,
-                    grpo=ctx.cfg.grpo.model_dump(mode="json"), rewards=ctx.cfg.rewards.model_dump(mode="json"),
-                    template=ctx.cfg.model.template, round=round_no, seed=ctx.cfg.project.seed,
-                    train=ctx.cfg.train.model_dump(mode="json"))
+    problems = pool_problems(ctx, problem_ids)
+    key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems),
+                   round_no)
 
     def compute(run):
-        problems = pool_problems(ctx, problem_ids)
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"grpo-{key[-8:]}")
         with ctx.store() as store:
@@ -265,17 +358,11 @@ def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
     from grpo_core.evaluation import evaluate as run_eval
     from grpo_core.sampling import build_backend
 
-    # The exact problem lists are in the key: a changed store (another split, more rows)
-    # is a new evaluation, never a cached number from the old set.
     with ctx.store() as store:
         problem_sets = {b: fingerprint(benchmark_problems(b, ctx.cfg, store, ctx.cfg.eval.limit))
                         for b in benchmarks}
     # Sharding changes where records are computed, not what they are: not in the key.
-    key = stage_key("eval", model=model_fingerprint(model_path), benchmarks=benchmarks,
-                    problem_sets=problem_sets,
-                    eval=ctx.cfg.eval.model_dump(mode="json", exclude={"shards"}),
-                    template=ctx.cfg.model.template,
-                    rollout=ctx.cfg.rollout.model_dump(mode="json"), seed=ctx.cfg.project.seed)
+    key = eval_key(ctx.cfg, model_fingerprint(model_path), benchmarks, problem_sets)
 
     def compute(run):
         backend = tokenizer = None
