@@ -3,6 +3,7 @@
 - `shared_data`: the reference data folder (../shared/data relative to the project root,
   or $GRPO_SHARED_DATA); tests that use it are skipped, with the reason, when it is absent.
 - `tmp_workdir`: a fresh workspace folder, exported as $GRPO_WORKDIR for the test.
+- `template_db`: a migrated, empty MLflow SQLite store, made once per session (copy it).
 """
 from __future__ import annotations
 
@@ -33,3 +34,13 @@ def tmp_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     workdir = tmp_path / "workdir"
     monkeypatch.setenv("GRPO_WORKDIR", str(workdir))
     return workdir
+
+
+@pytest.fixture(scope="session")
+def template_db(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store with its migrations run once: copy it per test."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # runs migrations
+    return path

@@ -34,15 +34,6 @@ EVEN = [9 if i % 2 else 11 for i in range(40)]
 SWINGS = [20 if i % 2 else 2 for i in range(40)]
 
 
-@pytest.fixture(scope="session")
-def template_db(tmp_path_factory) -> Path:
-    from mlflow.tracking import MlflowClient
-
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # runs migrations
-    return path
-
-
 @pytest.fixture
 def wd(tmp_path, template_db, monkeypatch) -> Path:
     """A workdir with a migrated, empty MLflow store; cwd is a scratch folder."""

@@ -23,15 +23,6 @@ SECRET = "sekrit-7f3a9"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="session")
-def template_db(tmp_path_factory) -> Path:
-    from mlflow.tracking import MlflowClient
-
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # runs migrations
-    return path
-
-
 @pytest.fixture
 def store(tmp_path, template_db, monkeypatch):
     """A config whose workdir holds a migrated, empty SQLite store; cwd is a scratch folder
