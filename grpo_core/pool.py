@@ -37,16 +37,16 @@ def ingest_eval_sets(cfg: PipelineConfig, store: Store) -> list[IngestReport]:
     return reports
 
 
-def contamination_by_benchmark(cfg: PipelineConfig, store: Store) -> dict[str, dict[str, int]]:
+def contamination_by_benchmark(cfg: PipelineConfig, store: Store,
+                               train_sets: set[tuple[str, str]]) -> dict[str, dict[str, int]]:
     """{eval set: {"problems": its stored rows, "flagged": training rows of this config
     that reproduce one of its problems, "excluded": those kept out of the pool}}, for
     every benchmark (flagged 0 when clean)."""
-    mine = {(a.source, a.split) for a in (_adapter(cfg, s) for s in cfg.data.train)}
     out = {b: {"problems": len(stored_eval_rows(b, store, None)),
                "flagged": 0, "excluded": 0}
            for b in cfg.eval.benchmarks if b not in SYNTHETIC_NAMES}
     for train_set, labels in store.contamination().items():
-        if train_set not in mine:
+        if train_set not in train_sets:
             continue
         for label, n in labels.items():
             counts = out.setdefault(label.split("/")[0], {"flagged": 0, "excluded": 0})

@@ -197,7 +197,9 @@ def ingest(ctx: Ctx) -> dict:
             eval_reports = ingest_eval_sets(ctx.cfg, store)
             reports = ingest_sources(ctx.cfg, store)
             pool = training_pool(ctx.cfg, store)
-            contamination = contamination_by_benchmark(ctx.cfg, store)
+            # The (source, split) of each training source, as ingested (no second read).
+            contamination = contamination_by_benchmark(ctx.cfg, store,
+                                                       {(r.source, r.split) for r in reports})
         summary = {"pool_size": len(pool), "ingested": sum(r.ingested for r in reports),
                    "quarantined": sum(sum(r.quarantined.values()) for r in reports),
                    "duplicates": sum(r.duplicates for r in reports),
