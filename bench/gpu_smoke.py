@@ -681,7 +681,6 @@ def make_spec(args, workdir: str, model_path: str | None) -> dict:
 
 
 def dry_run(args, parts: list[str]) -> int:
-    from grpo_core.tiny_model import TinyRecipe
 
     print(f"gpu_smoke --dry-run: python {sys.version.split()[0]} ({sys.executable})")
     bad = 0
@@ -728,8 +727,12 @@ def dry_run(args, parts: list[str]) -> int:
         except Exception as exc:  # noqa: BLE001 - listed, counted, reported
             bad += 1
             print(f"inputs: FAILED {type(exc).__name__}: {exc}")
-    cache = Path(args.models_cache)
-    model_dir = cache / f"tiny-arith-{TinyRecipe().key()}"
+    from grpo_core.models import builtin_dir
+
+    model_dir = builtin_dir(args.model, args.models_cache)
+    if model_dir is None:
+        print(f"model {args.model}: a folder or hub id (carry it; the device has no network)")
+        model_dir = Path(args.model)
     built = (model_dir / "builtin.json").is_file()
     rel = model_dir.relative_to(ROOT) if model_dir.is_relative_to(ROOT) else model_dir
     print(f"model {args.model}: {'cached' if built else 'not built yet'} at {model_dir}"

@@ -29,6 +29,7 @@ def bare_trl(model: str, steps: int, out: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from grpo_core.grpo import checkpointing_field
     from grpo_core.models import configure_threads
     from grpo_core.prompts import render_prompt
     from grpo_core.rewards import accuracy, format, tag_count
@@ -44,7 +45,7 @@ def bare_trl(model: str, steps: int, out: str) -> dict:
                       epsilon=0.2, loss_type="grpo", scale_rewards="group", temperature=1.0, top_p=1.0,
                       top_k=0, learning_rate=1e-4, max_completion_length=48, max_steps=steps,
                       save_strategy="no", logging_steps=1, use_cpu=True, bf16=False, report_to=[],
-                      disable_tqdm=True, activation_checkpointing=False, seed=0,
+                      disable_tqdm=True, seed=0, **{checkpointing_field(): False},
                       reward_weights=[1.0, 1.0, 0.5])
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model),
                           reward_funcs=[accuracy, format, tag_count], args=args, train_dataset=ds,

@@ -2,7 +2,7 @@
 
 The same stages, templates, rewards, gradient accumulation, precision rule, stop rule,
 benchmarks and splits, and decontamination as the config; only sizes change
-(`smoke_overrides`): the model becomes `builtin:proxy-qwen2` (a random bf16 Qwen2 with
+(`smoke_overrides`): the model becomes `builtin:proxy-qwen2` (a small warm-started bf16 Qwen2 with
 multi-token tags and ChatML) unless `--model` names one, generation runs on the hf backend
 in one process, each training stage takes 2 optimizer steps, each benchmark 4 problems,
 completions ~16 tokens. It runs in its own workspace (<workdir>/smoke: its own store,
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import math
 import time
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
                     workdir: str | Path | None = None) -> PipelineConfig:
     """cfg shrunk for a CPU smoke run, everything structural kept (see the module doc).
     Raises ConfigError (naming the field) when the shrunk config cannot run."""
-    from grpo_core.grpo import gradient_checkpointing
+    from grpo_core.grpo import checkpointing_field, gradient_checkpointing
     from grpo_core.workspace import Workspace
 
     tree = cfg.model_dump(mode="json")
@@ -68,11 +69,16 @@ def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
     tree["grpo"].update(max_steps=STEPS, save_steps=STEPS, max_completion_length=TOKENS,
                         prompts_per_step=min(g.prompts_per_step, 2),
                         num_generations=min(g.num_generations, 2),
+                        # micro-batching stays when set (passes per step > GA), sized to divide
+                        per_device_micro_batch=(math.gcd(g.per_device_micro_batch,
+                                                         min(g.prompts_per_step, 2)
+                                                         * min(g.num_generations, 2))
+                                                if g.per_device_micro_batch else None),
                         gradient_checkpointing=ckpt, use_vllm=False, vllm_server_launch=False)
     tree["sft"].update(max_steps=STEPS, batch_size=min(cfg.sft.batch_size, 4),
                        max_length=min(cfg.sft.max_length, 1024))
     if cfg.sft.enabled:
-        tree["sft"]["trl"] = {"activation_checkpointing": ckpt, **cfg.sft.trl}
+        tree["sft"]["trl"] = {checkpointing_field(): ckpt, **cfg.sft.trl}
     tree["eval"].update(limit=EVAL_PROBLEMS, samples=EVAL_SAMPLES, max_new_tokens=TOKENS,
                         bootstrap=50, shards=1,
                         primary_metric=_metric_for(cfg.eval.primary_metric, EVAL_SAMPLES))
@@ -201,8 +207,8 @@ def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out
             training.append(row)
     findings = list(out.get("findings", []))
     findings += [f"{t['stage']}: saved weights unchanged; GRPO's update is 0 when every group's "
-                 "rewards are equal (a random proxy earns no reward variance); --model with a "
-                 "model that sometimes solves the problems shows it move"
+                 "rewards are equal (no group's samples disagreed on any reward: a larger G "
+                 "or --model with a model that sometimes solves the problems shows it move)"
                  for t in training if t["stage"].startswith("grpo") and t["param_change_norm"] == 0]
     dtypes = {t["master_dtype"] for t in training}
     return {

@@ -213,12 +213,22 @@ class GRPOConfig(_Section):
     max_steps: int = Field(default=20, ge=1)
     """Optimizer steps per round."""
     prompts_per_step: int = Field(default=4, ge=1)
-    """Prompts per micro-batch, all processes together: each forward/backward takes
-    prompts_per_step x num_generations / train.num_processes completions per process."""
+    """Prompts per accumulation step, all processes together. The batch arithmetic:
+    one optimizer step consumes P = prompts_per_step x gradient_accumulation_steps prompts,
+    C = P x num_generations completions (TRL's generation batch, sampled at once); each
+    process takes C / train.num_processes of them in forward/backward passes of
+    per_device_micro_batch completions. A round whose pool holds fewer than P prompts is
+    refused (TRL would drop the incomplete batch and train 0 steps)."""
     gradient_accumulation_steps: int = Field(default=1, ge=1)
-    """Micro-batches per optimizer step. One optimizer step consumes prompts_per_step x
-    gradient_accumulation_steps prompts (TRL's generation batch); a round whose pool is
-    smaller is refused (TRL would drop the incomplete batch and train 0 steps)."""
+    """Accumulation steps of prompts_per_step prompts per optimizer step (see
+    prompts_per_step). With per_device_micro_batch unset it is also the number of
+    forward/backward passes per optimizer step."""
+    per_device_micro_batch: int | None = Field(default=None, ge=1)
+    """Completions per forward/backward pass per process: what bounds activation memory.
+    None: prompts_per_step x num_generations / train.num_processes (one prompt batch's
+    completions at once). Set, the passes per optimizer step become C / (num_processes x
+    per_device_micro_batch), which must be a whole number (checked at load: exit 2); the
+    optimizer step itself (P prompts, C completions) does not change."""
     gradient_checkpointing: bool | None = None
     """Recompute activations in backward (TRL's activation_checkpointing): less memory,
     ~20% slower. None: on for real models, off for builtin:* ones."""
@@ -264,7 +274,7 @@ class GRPOConfig(_Section):
     TRL_OWNED: ClassVar[dict[str, str]] = {
         "output_dir": "the round's checkpoint folder",
         "num_generations": "grpo.num_generations",
-        "per_device_train_batch_size": "grpo.prompts_per_step",
+        "per_device_train_batch_size": "grpo.per_device_micro_batch",
         "gradient_accumulation_steps": "grpo.gradient_accumulation_steps",
         "steps_per_generation": "grpo.gradient_accumulation_steps",
         "generation_batch_size": "grpo.prompts_per_step",
@@ -505,14 +515,34 @@ def config_from_dict(tree: dict, overrides: list[str] | None = None) -> Pipeline
     return cfg
 
 
+def grpo_micro_batching(cfg: PipelineConfig) -> tuple[int, int]:
+    """(completions per forward/backward per process, forward/backward passes per optimizer
+    step): TRL's per_device_train_batch_size and gradient_accumulation_steps (the arithmetic
+    is in GRPOConfig.prompts_per_step's docstring). Assumes _cross_section_checks passed."""
+    g, n = cfg.grpo, cfg.train.num_processes
+    completions = g.prompts_per_step * g.gradient_accumulation_steps * g.num_generations
+    micro = g.per_device_micro_batch or g.prompts_per_step * g.num_generations // n
+    return micro, completions // (n * micro)
+
+
 def _cross_section_checks(cfg: PipelineConfig) -> None:
     """Rules that span two sections, named by the field a user would change."""
-    n = cfg.train.num_processes
-    batch = cfg.grpo.prompts_per_step * cfg.grpo.num_generations
-    if batch % n:
+    n, g = cfg.train.num_processes, cfg.grpo
+    batch = g.prompts_per_step * g.num_generations
+    if g.per_device_micro_batch is None and batch % n:
         raise ConfigError("train.num_processes",
                           f"{n} processes cannot share a GRPO batch of grpo.prompts_per_step x "
                           f"grpo.num_generations = {batch} completions evenly")
+    if g.per_device_micro_batch is not None:
+        per_step = batch * g.gradient_accumulation_steps
+        if per_step % (n * g.per_device_micro_batch):
+            raise ConfigError(
+                "grpo.per_device_micro_batch",
+                f"{g.per_device_micro_batch} does not divide one optimizer step's completions "
+                f"per process: grpo.prompts_per_step x grpo.gradient_accumulation_steps x "
+                f"grpo.num_generations / train.num_processes = {g.prompts_per_step} x "
+                f"{g.gradient_accumulation_steps} x {g.num_generations} / {n} = "
+                f"{per_step / n:g}")
     if cfg.sft.enabled and cfg.sft.batch_size % n:
         raise ConfigError("train.num_processes",
                           f"{n} processes cannot share sft.batch_size={cfg.sft.batch_size} evenly")

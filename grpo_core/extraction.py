@@ -3,11 +3,14 @@ spelling for MATH's many spellings of a value.
 
 Two extraction modes (`EXTRACTIONS`):
 
-- `strict`: the template's own format: the last `<answer>...</answer>`, else the last
-  `\\boxed{...}`. Training rewards use it: it is what the prompt asks for.
+- `strict`: the template's own format: the first complete `<answer>...</answer>` block,
+  else the last `\\boxed{...}`. Training rewards use it: it is what the prompt asks for.
+  The *first* block, because generation stops at the first `</answer>` (prompts.stop_strings:
+  filter, eval and GRPO rollouts alike); in a text that ran on (another engine, an old
+  completion), what follows it is a turn the model invented, never its answer.
 - `flexible`: the chain the standard evaluators use (lm-evaluation-harness gsm8k
   flexible-extract, the Qwen2.5-Math and Minerva evaluators): the last `\\boxed{}`, else the
-  last `<answer>` tag, else the text after the last "the answer is" / "#### " / "A: " /
+  first `<answer>` block, else the text after the last "the answer is" / "#### " / "A: " /
   "Answer: " marker, else the last number in the text (lm-eval's
   `(-?[$0-9.,]{2,})|(-?[0-9]+)`). `$`, thousands commas and a trailing period are removed
   from a number so found.
@@ -73,14 +76,15 @@ def extract_boxed(text: str) -> str | None:
 
 
 def _answer_tag(completion: str) -> str | None:
-    end = completion.rfind("</answer>")
-    if end == -1:
-        return None
-    start = completion.rfind("<answer>", 0, end)
+    """The first complete `<answer>...</answer>` block's content (None when empty)."""
+    start = completion.find("<answer>")
     if start == -1:
         return None
-    # The first closing tag after that opening one: <answer><answer>5</answer></answer> -> 5
     end = completion.find("</answer>", start)
+    if end == -1:
+        return None
+    # The innermost opening tag before that close: <answer><answer>5</answer></answer> -> 5
+    start = completion.rfind("<answer>", start, end)
     return completion[start + len("<answer>") : end].strip() or None
 
 
@@ -139,8 +143,9 @@ def _last_number(text: str) -> str | None:
 
 
 def extract_answer(completion: str, extraction: str = "strict") -> str | None:
-    """The model's final answer, or None. `strict` (default): the last `<answer>...</answer>`,
-    else the last `\\boxed{...}`. `flexible`: the last `\\boxed{}`, else the `<answer>` tag,
+    """The model's final answer, or None. `strict` (default): the first complete
+    `<answer>...</answer>` block, else the last `\\boxed{...}`. `flexible`: the last
+    `\\boxed{}`, else the first `<answer>` block,
     else the last "the answer is"/"####"/"A:"/"Answer:" marker, else the last number."""
     if extraction not in EXTRACTIONS:
         raise ValueError(f"unknown extraction {extraction!r}; known: {EXTRACTIONS}")

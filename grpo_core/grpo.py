@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_core.config import PipelineConfig
+from grpo_core.config import PipelineConfig, grpo_micro_batching
 from grpo_core.problems import Problem
 from grpo_core.prompts import render_prompt, stop_strings
 from grpo_core.rewards import build_reward_funcs
@@ -43,6 +43,19 @@ def precision_flags(cfg: PipelineConfig) -> dict:
 def gradient_checkpointing(cfg: PipelineConfig, explicit: bool | None = None) -> bool:
     """Explicit setting, else on for real models and off for the built-in tiny ones."""
     return explicit if explicit is not None else not cfg.model.name_or_path.startswith(BUILTIN_PREFIX)
+
+
+def checkpointing_field(args_cls=None) -> str:
+    """TrainingArguments' name for activation checkpointing in the installed transformers:
+    `activation_checkpointing` where it exists (there `gradient_checkpointing` is its
+    deprecated alias and warns), `gradient_checkpointing` before (5.17 has only that)."""
+    import dataclasses
+
+    if args_cls is None:
+        from transformers import TrainingArguments as args_cls
+
+    names = {f.name for f in dataclasses.fields(args_cls)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 def prompts_per_update(cfg: PipelineConfig) -> int:
@@ -82,12 +95,14 @@ def owned_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] |
     the ones TRL derives from these), and grpo.trl refuses them."""
     g = cfg.grpo
     beta = g.beta if g.kl_schedule.kind == "constant" else g.kl_schedule.beta_start
+    micro, passes = grpo_micro_batching(cfg)
     return dict(  # reads as TRL's keyword arguments
         output_dir=output_dir,
         num_generations=g.num_generations,
-        # one micro-batch of prompts_per_step x G completions, split across processes
-        per_device_train_batch_size=g.prompts_per_step * g.num_generations // cfg.train.num_processes,
-        gradient_accumulation_steps=g.gradient_accumulation_steps,
+        # forward/backward passes of per_device_micro_batch completions; one generation
+        # batch (TRL's default steps_per_generation = GA) per optimizer step
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=passes,
         beta=beta,
         epsilon=g.epsilon,
         epsilon_high=g.epsilon_high if g.epsilon_high is not None else g.epsilon,
@@ -114,9 +129,10 @@ def owned_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] |
         vllm_server_host=g.vllm_server_host,
         vllm_server_port=g.vllm_server_port,
         vllm_server_timeout=g.vllm_server_timeout,
-        # TRL's new name; its default (gradient_checkpointing=True) is on for every model
-        activation_checkpointing=gradient_checkpointing(cfg, g.gradient_checkpointing),
         remove_unused_columns=False,
+        # TRL's default (on) would be on for every model: ours is per model, under the
+        # installed transformers' name for it
+        **{checkpointing_field(): gradient_checkpointing(cfg, g.gradient_checkpointing)},
     )
 
 

@@ -182,11 +182,12 @@ def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS) -
                   "zero_stage": stage}
     if arch is None:
         return {**plan, "fits": None, "note": source}
+    from grpo_core.config import grpo_micro_batching
     from grpo_core.grpo import gradient_checkpointing  # light: no torch at import
 
     p = arch.params()
-    micro = g.prompts_per_step * g.num_generations // n  # completions per forward/backward
-    gen_seqs = micro * g.gradient_accumulation_steps  # TRL generates a whole optimizer step
+    micro, passes = grpo_micro_batching(cfg)  # completions per forward/backward, passes per step
+    gen_seqs = micro * passes  # per process: TRL generates a whole optimizer step at once
     seq = prompt_tokens + g.max_completion_length
     ckpt = gradient_checkpointing(cfg, g.gradient_checkpointing)
     shard = lambda nbytes, from_stage: nbytes // n if stage >= from_stage else nbytes
@@ -206,7 +207,7 @@ def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS) -
     vllm_colocate = g.use_vllm and g.vllm_mode == "colocate"
     gen = int(g.vllm_gpu_memory_utilization * gpu_gb * GIB) if vllm_colocate else items["kv_cache"]
     total = states + (train + gen if vllm_colocate else max(train, gen))
-    return {**plan, **asdict(arch), "params": p, "micro_batch": micro,
+    return {**plan, **asdict(arch), "params": p, "micro_batch": micro, "passes_per_step": passes,
             "generation_batch": gen_seqs, "seq_tokens": seq, "prompt_tokens": prompt_tokens,
             "gradient_checkpointing": ckpt, "vllm_colocate_reserved": gen if vllm_colocate else 0,
             "bytes": items, "states_bytes": states, "total_bytes": total,
@@ -226,5 +227,9 @@ def format_plan(plan: dict) -> str:
     lines.append(f"  total {plan['total_gib']} GiB: "
                  f"{'fits' if plan['fits'] else 'does NOT fit'} in {plan['gpu_gb']} GiB "
                  f"(micro-batch {plan['micro_batch']} x {plan['seq_tokens']} tokens, "
+                 f"{plan['passes_per_step']} per optimizer step, "
                  f"checkpointing {'on' if plan['gradient_checkpointing'] else 'off'})")
+    if not plan["fits"]:
+        lines.append("  lower grpo.per_device_micro_batch (activations and logits scale with it), "
+                     "or shard with a ZeRO/FSDP train.accelerate_config")
     return "\n".join(lines)

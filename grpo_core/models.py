@@ -6,11 +6,20 @@ import hashlib
 import os
 from pathlib import Path
 
-from grpo_core.proxy_model import PROXY_NAME, ensure_proxy
-from grpo_core.tiny_model import BUILTIN_PREFIX, ensure_builtin
+from grpo_core.proxy_model import PROXY_NAME, ProxyRecipe, ensure_proxy
+from grpo_core.tiny_model import BUILTIN_PREFIX, TinyRecipe, ensure_builtin
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 _HASH_LIMIT = 256 * 2**20  # hash whole files up to this size; above it, sampled chunks
+
+
+def builtin_dir(name: str, models_cache: str | Path) -> Path | None:
+    """Where the built-in model `name` is cached, built or not; None for a folder or hub id."""
+    if name == BUILTIN_PREFIX + PROXY_NAME:
+        return Path(models_cache) / f"{PROXY_NAME}-{ProxyRecipe().key()}"
+    if name.startswith(BUILTIN_PREFIX):
+        return Path(models_cache) / f"tiny-arith-{TinyRecipe().key()}"
+    return None
 
 
 def resolve_model_path(name_or_path: str, models_cache: str | Path, progress: bool = False) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.grpo import (
+    checkpointing_field,
     gradient_checkpointing,
     load_for_training,
     precision_flags,
@@ -86,7 +87,7 @@ def run_sft(
         warmup_steps=max(1, cfg.sft.max_steps // 20),
         logging_steps=max(1, cfg.sft.max_steps // 50),
         disable_tqdm=True,
-        activation_checkpointing=gradient_checkpointing(cfg),
+        **{checkpointing_field(): gradient_checkpointing(cfg)},
     )
     # ... and what it decides (config.SFTConfig.TRL_OWNED), which sft.trl may not.
     owned = dict(  # reads as TRL's keyword arguments

@@ -52,7 +52,7 @@ def tiny_model_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def proxy_model_path(tmp_path_factory) -> str:
-    """builtin:proxy-qwen2 (random Qwen2, bf16, multi-token tags, ChatML), built once
+    """builtin:proxy-qwen2 (small warm-started Qwen2, bf16, multi-token tags, ChatML), built once
     through resolve_model_path into a session models cache."""
     import torch
 

@@ -46,7 +46,12 @@ def _warm() -> None:
     ("completion", "expected"),
     [
         ("<think>x</think><answer> 42 </answer>", "42"),
-        ("<answer>1</answer> then <answer>2</answer>", "2"),
+        # the first complete block: generation stops at the first </answer>, and what
+        # follows (an invented next turn) is not the model's answer
+        ("<answer>1</answer> then <answer>2</answer>", "1"),
+        ("<answer>7</answer>\nUser: and 3 + 3?\nAssistant: <answer>6</answer>", "7"),
+        ("</answer> stray close <answer>4</answer>", "4"),
+        ("<answer>unclosed <answer>9</answer>", "9"),
         ("<answer><answer>5</answer></answer>", "5"),
         ("<answer>3</answer><answer>", "3"),
         ("<answer>\\boxed{7}</answer>", "\\boxed{7}"),

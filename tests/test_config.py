@@ -59,6 +59,11 @@ BROKEN = [
     ({"rollout": {"backend": "tgi"}}, "rollout.backend"),
     ({"data": {"train": [{"limit": 3}]}}, "data.train.0.source"),
     ({"grpo": {"kl_schedule": {"kind": "exp"}}}, "grpo.kl_schedule.kind"),
+    # 4 prompts x GA 1 x G 8 = 32 completions per optimizer step: 5 does not divide them
+    ({"grpo": {"per_device_micro_batch": 5}}, "grpo.per_device_micro_batch"),
+    ({"grpo": {"per_device_micro_batch": 0}}, "grpo.per_device_micro_batch"),
+    ({"grpo": {"per_device_micro_batch": 16}, "train": {"num_processes": 4}},
+     "grpo.per_device_micro_batch"),
 ]
 
 
@@ -109,6 +114,8 @@ def test_hash_is_stable_and_sensitive():
     ["config", "show", "--set", "grpo.typo=1"],
     ["config", "show", "configs/does-not-exist.yaml"],
     ["config", "show", "--set", "novalue"],
+    ["config", "show", "configs/models/qwen2.5-0.5b-instruct.yaml", "--set",
+     "grpo.per_device_micro_batch=48"],
 ])
 def test_cli_config_errors_exit_2_with_one_line(args, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)

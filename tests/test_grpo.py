@@ -8,6 +8,7 @@ import torch
 
 from grpo_core.config import config_from_dict, load_config
 from grpo_core.grpo import (
+    checkpointing_field,
     kl_beta,
     last_checkpoint,
     prompts_per_update,
@@ -54,8 +55,24 @@ def test_every_knob_reaches_trl(tmp_path):
     assert (args.loss_type, args.temperature, args.num_generations) == ("dr_grpo", 0.9, 4)
     assert (args.scale_rewards, args.num_iterations, args.learning_rate) == ("batch", 2, 1e-6)
     assert args.per_device_train_batch_size == cfg.grpo.prompts_per_step * 4
-    assert args.save_total_limit == 2 and args.activation_checkpointing is False  # builtin model
+    assert args.gradient_accumulation_steps == 1  # per_device_micro_batch unset: one pass
+    assert args.save_total_limit == 2 and getattr(args, checkpointing_field()) is False  # builtin model
     assert (args.bf16 or args.fp16) == torch.cuda.is_available()  # train.precision auto: fp32 on CPU
+
+
+@pytest.mark.parametrize(("micro", "processes", "passes"), [(None, 1, 4), (8, 1, 32), (16, 2, 8)])
+def test_micro_batch_arithmetic_reaches_trl(micro, processes, passes, tmp_path):
+    """The preset's optimizer step (8 prompts x GA 4 x G 8 = 256 completions) is the same
+    whatever the micro-batch; only the passes that carry it change."""
+    over = ["grpo.use_vllm=false", f"train.num_processes={processes}",
+            f"grpo.per_device_micro_batch={'null' if micro is None else micro}"]
+    cfg = load_config(ROOT / "configs/models/qwen2.5-0.5b-instruct.yaml", over)
+    args = trl_grpo_args(cfg, str(tmp_path))
+    assert args.per_device_train_batch_size == (micro or 64 // processes)
+    assert args.gradient_accumulation_steps == passes
+    # TRL derives its generation batch (all processes) from these: one optimizer step
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * processes == 256
+    assert prompts_per_update(cfg) == 32
 
 
 def test_kl_schedules():

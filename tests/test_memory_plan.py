@@ -48,23 +48,30 @@ def test_plan_states_by_hand(preset, name):
     assert b["optimizer_adam"] == 2 * 4 * p  # exp_avg + exp_avg_sq in fp32
     assert b["reference_model"] == 2 * p  # bf16, beta 0.04 > 0
     assert plan["states_bytes"] == 18 * p
-    # micro-batch: 8 prompts x G 8 completions of 256 + 1024 tokens
-    assert plan["micro_batch"] == 64 and plan["seq_tokens"] == 1280
+    # micro-batch: grpo.per_device_micro_batch 8 completions of 256 + 1024 tokens, 32 passes
+    # per optimizer step (8 prompts x GA 4 x G 8 = 256 completions)
+    assert plan["micro_batch"] == 8 and plan["seq_tokens"] == 1280
+    assert plan["passes_per_step"] == 32 and plan["generation_batch"] == 256
     arch = resolve_arch(name)[0]
-    s, bsz, h, a, L = 1280, 64, arch.hidden, arch.heads, arch.layers
+    s, bsz, h, a, L = 1280, 8, arch.hidden, arch.heads, arch.layers
     assert b["activations_no_ckpt"] == L * (s * bsz * h * 34 + 5 * a * s * s * bsz)
     assert b["activations_ckpt"] == 2 * s * bsz * h * L + s * bsz * h * 34 + 5 * a * s * s * bsz
     assert b["activations_ckpt"] < b["activations_no_ckpt"]
     # KV cache: K and V, L layers, 2 kv heads x 64/128 dims, bf16, a whole optimizer step
     # (8 x 8 x GA 4 = 256 sequences) of 1280 tokens
     assert b["kv_cache"] == 2 * L * 2 * (h // a) * 2 * 256 * 1280
-    assert b["logits"] == 4 * 64 * 1024 * 151936
+    assert b["logits"] == 4 * 8 * 1024 * 151936
     # colocated vLLM keeps 0.3 of the GPU; the preset checkpoints activations
     assert plan["gradient_checkpointing"] is True
     reserved = int(0.3 * 80 * GIB)
     assert plan["total_bytes"] == 18 * p + b["activations_ckpt"] + b["logits"] + reserved
     assert plan["fits"] == (plan["total_bytes"] <= 80 * GIB)
+    assert plan["fits"] is True  # as shipped, on an 80 GiB GPU
     assert memory_plan(cfg, gpu_gb=1000)["fits"] is True
+    # one pass of a whole prompt batch (the old default: 64 completions) would not fit
+    whole = load_config(ROOT / f"configs/models/{preset}.yaml", ["grpo.per_device_micro_batch=null"])
+    assert memory_plan(whole, gpu_gb=80)["micro_batch"] == 64
+    assert memory_plan(whole, gpu_gb=80)["fits"] is False
 
 
 def test_zero_sharding_per_gpu():

@@ -1,6 +1,6 @@
 """One stopping rule: filter/eval sampling (hf backend) and GRPO rollouts (TRL) end at the
 template's closing tag </answer>, which is several tokens in a real tokenizer (and in
-builtin:proxy-qwen2's). The proxy's weights are random, so its output is forced: a logits
+builtin:proxy-qwen2's). The proxy's output is near noise, so it is forced: a logits
 processor, put on model.generate, spells a fixed text per row and then junk forever. The
 rule must cut every row, on its own, right after its first </answer>."""
 import pytest

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config import ConfigError, GRPOConfig, SFTConfig, config_from_dict
+from grpo_core.grpo import checkpointing_field
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["fixtures_models"]
@@ -87,12 +88,12 @@ def test_values_reach_the_grpo_config_run_grpo_round_builds(tiny_model_path, tmp
     assert args.lr_scheduler_type == "constant"
     # first-class fields still decide theirs; the defaults hold without an override
     assert args.num_generations == 2 and args.save_total_limit == 2
-    assert args.activation_checkpointing is False  # builtin:* default
+    assert getattr(args, checkpointing_field()) is False  # builtin:* default
     on = config_from_dict({"model": {"name_or_path": "some/hub-model"}})
-    assert owned_args(on, tmp_path)["activation_checkpointing"] is True  # real models: on
+    assert owned_args(on, tmp_path)[checkpointing_field()] is True  # real models: on
     off = config_from_dict({"model": {"name_or_path": "some/hub-model"}},
                            ["grpo.gradient_checkpointing=false"])
-    assert owned_args(off, tmp_path)["activation_checkpointing"] is False
+    assert owned_args(off, tmp_path)[checkpointing_field()] is False
 
 
 def owned_args(cfg, tmp_path):
@@ -124,3 +125,23 @@ def test_cli_exits_2_naming_an_unknown_trl_key(tmp_path):
                           check=False, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "grpo.trl.no_such_field" in proc.stdout + proc.stderr
+
+
+def test_checkpointing_goes_under_the_installed_transformers_name():
+    """transformers 5.17 (the GPU image) has only `gradient_checkpointing`; newer ones add
+    `activation_checkpointing` and warn on the old name: passing a name the installed
+    TrainingArguments lacks is a TypeError (seen on the lent H200)."""
+    @dataclasses.dataclass
+    class Old:
+        gradient_checkpointing: bool = True
+
+    @dataclasses.dataclass
+    class New:
+        gradient_checkpointing: bool = True
+        activation_checkpointing: bool = True
+
+    assert checkpointing_field(Old) == "gradient_checkpointing"
+    assert checkpointing_field(New) == "activation_checkpointing"
+    from transformers import TrainingArguments
+
+    assert checkpointing_field() in {f.name for f in dataclasses.fields(TrainingArguments)}
