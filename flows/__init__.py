@@ -11,6 +11,9 @@ def configure_prefect(workdir: str | os.PathLike | None = None) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # ... but the flows' own lines (the stage start/end lines, findings) at INFO: on the
+    # terminal and in the Prefect run log ("This run didn't generate logs" otherwise).
+    os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     if "PREFECT_HOME" not in os.environ and "prefect" not in sys.modules:

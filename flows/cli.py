@@ -32,7 +32,7 @@ def _mount() -> None:
     from flows import cli_data
 
     app.add_typer(cli_data.app, name="data", help="Ingest and inspect problem sets.")
-    for name in ("flows.cli_stages", "flows.cli_train", "flows.cli_run"):
+    for name in ("flows.cli_stages", "flows.cli_train", "flows.cli_run", "flows.cli_model"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:

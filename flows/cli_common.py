@@ -1,6 +1,7 @@
 """Shared CLI plumbing: config loading with exit code 2 on any config error."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -13,6 +14,40 @@ SET = Annotated[list[str] | None, typer.Option(
     "--set", help="Override a field: --set grpo.beta=0.02 (repeatable).")]
 WORKDIR = Annotated[Path | None, typer.Option(
     "--workdir", help="Workspace folder [default: $GRPO_WORKDIR or ./.grpo].")]
+
+
+# Third-party noise a `grpo run` log should not carry (unless --verbose): set in the
+# environment, so processes launched for training (accelerate) inherit it too.
+QUIET_ENV = {
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights" bars read it
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",  # TRL's dataset map bars
+    "TQDM_DISABLE": "1",  # any other tqdm bar (the pipeline's own bars are rich)
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # "Downloading artifacts"
+    "MLFLOW_LOGGING_LEVEL": "WARNING",  # "Creating initial MLflow database tables..."
+}
+QUIET_WARNINGS = "ignore::FutureWarning,ignore::UserWarning"
+
+
+def quiet_libraries() -> None:
+    """Library warnings and third-party progress bars off, in this process and its children.
+    Called before the libraries are imported (their verbosity is read at import)."""
+    import warnings
+
+    for name, value in QUIET_ENV.items():
+        os.environ.setdefault(name, value)
+    prior = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = f"{prior},{QUIET_WARNINGS}" if prior else QUIET_WARNINGS
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    import sys
+
+    if "transformers" in sys.modules:  # imported already: its env settings were read
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit
+from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit, quiet_libraries
 
 
 def _check_benchmarks_or_exit(configs, ws) -> None:
@@ -35,6 +36,8 @@ def _check_benchmarks_or_exit(configs, ws) -> None:
 
 def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+        verbose: Annotated[bool, typer.Option(
+            "--verbose", help="Keep library warnings and third-party progress bars.")] = False,
         smoke: Annotated[bool, typer.Option(
             "--smoke", help="Run CONFIG's whole DAG on a CPU in minutes: same stages and "
             "rules, builtin:proxy-qwen2, 2 steps per stage, 4 problems per benchmark, in "
@@ -45,9 +48,14 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
             "--gpu-gb", min=1, help="With --smoke: GPU memory (GiB) the plan must fit.")] = 80.0) -> None:
     """Run a config through the pipeline; with no CONFIG, compare R1-Zero and SFT+GRPO on
     the built-in model and synthetic task (offline, minutes on a CPU)."""
+    if not verbose:
+        quiet_libraries()
     from grpo_core.config import ConfigError
     from grpo_core.workspace import Workspace
     from tasks import tracking_store
+
+    # Live bars only on a terminal: a log file gets the stage lines, not bar redraws.
+    quiet = quiet or not sys.stderr.isatty()
 
     # Validate everything before any work (no Prefect/MLflow import, nothing written):
     # one line naming the field, exit 2.

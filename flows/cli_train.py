@@ -13,9 +13,7 @@ OUT = Annotated[Path | None, typer.Option("--out", help="Output folder [default:
 
 
 def _setup(config, overrides, workdir, model):
-    from transformers import AutoTokenizer
-
-    from grpo_core.models import resolve_model_path
+    from grpo_core.models import load_tokenizer, resolve_model_path
     from grpo_core.pool import ingest_sources, training_pool
     from grpo_core.prompts import resolve_template
     from grpo_core.store import Store, StoreError
@@ -30,7 +28,7 @@ def _setup(config, overrides, workdir, model):
             pool = training_pool(cfg, store)
     except StoreError as exc:
         fail(str(exc), 1)
-    template = resolve_template(cfg.model.template, AutoTokenizer.from_pretrained(path))
+    template = resolve_template(cfg.model.template, load_tokenizer(path))
     return cfg, ws, path, pool, template
 
 

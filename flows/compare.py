@@ -19,7 +19,7 @@ from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-export
 from grpo_core.config import PipelineConfig
 from grpo_core.workspace import Workspace
 from tasks import comparison, tracking
-from tasks.comparison import COMPARE_COLUMNS
+from tasks.comparison import COMPARE_COLUMNS, ci_triple, table_row
 
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
 
@@ -39,14 +39,9 @@ def comparison_rows(results: dict[str, dict], metric: str) -> list[dict]:
 
 
 def _row(label: str, bench: str, metric: str, base: dict, now: dict, paired: dict | None) -> dict:
-    delta = (now["mean"] - base["mean"]) if now.get("mean") is not None \
-        and base.get("mean") is not None else None
-    paired = paired or {}
-    return {"recipe": label, "benchmark": bench, "metric": metric,
-            "base": base.get("mean"), "base_lo": base.get("lo"), "base_hi": base.get("hi"),
-            "final": now.get("mean"), "final_lo": now.get("lo"), "final_hi": now.get("hi"),
-            "delta": paired.get("delta", delta), "delta_lo": paired.get("lo"),
-            "delta_hi": paired.get("hi")}
+    """The table row (tasks.comparison.table_row) of CI blocks and a paired delta."""
+    return table_row(label, bench, metric, ci_triple(base), ci_triple(now),
+                     ci_triple(paired, "delta"))
 
 
 def pair_label(a: str, b: str) -> str:

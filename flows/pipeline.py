@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Iterator
 
 from flows import configure_prefect
+from flows.stage_log import run_stage
 
 configure_prefect()  # before prefect is imported
 
@@ -127,8 +128,8 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: list[str], round_no: 
     prefilled by shards when filter.shards > 1), then its training prompts: the
     `training_prompts` choice, and the finding it notes (None when the band was enough)."""
     fresh = _prefill_sharded(ctx, model, problem_ids)
-    kept = stages.difficulty_filter(ctx, model, problem_ids, round_no, fresh)
-    log.info("filter round %d: kept %d of %d", round_no, kept["kept"], kept["considered"])
+    kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
+                     ctx, model, problem_ids, round_no, fresh)
     prompts, note = training_prompts(kept, problem_ids, prompts_per_update(ctx.cfg))
     return prompts, (f"round {round_no}: {note}" if note else None)
 
@@ -149,21 +150,26 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     primary_bench = cfg.eval.benchmarks[:1]  # per-round evals: the first benchmark only
 
     scorer = eval_scorer_for(cfg, ws)
-    data = stages.ingest(ctx)
-    log.info("data: %d problems in the training pool", data["pool_size"])
+    primary = cfg.eval.primary_metric
+
+    def evaluate(model: str, label: str, benchmarks: list[str]) -> dict:
+        return run_stage(log, label, "eval", stages.evaluate, ctx, model, label, benchmarks,
+                         scorer, primary=primary)
+
+    data = run_stage(log, "data", "data", stages.ingest, ctx)
     findings: list[str] = contamination_findings(data.get("contamination") or {})
     for f in findings:
         log.warning(f)
-    model = stages.base_model(ctx)
-    base = stages.evaluate(ctx, model, "eval/base", cfg.eval.benchmarks, scorer)
+    model = run_stage(log, "model", "model", stages.base_model, ctx)
+    base = evaluate(model, "eval/base", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/base", base)
     before = base
 
     if cfg.sft.enabled:
-        sft = stages.sft(ctx, model, data["problem_ids"])
+        sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, data["problem_ids"])
         model = sft["model_dir"]
         findings += [f"sft: {f}" for f in sft.get("findings", [])]
-        before = stages.evaluate(ctx, model, "eval/sft", primary_bench, scorer)
+        before = evaluate(model, "eval/sft", primary_bench)
 
     pool = data["problem_ids"]
     for r in range(1, cfg.grpo.rounds + 1):
@@ -171,14 +177,14 @@ def _stages(ctx: stages.Ctx, log) -> dict:
             pool, note = filter_round(ctx, model, data["problem_ids"], r, log)
             if note:
                 findings.append(note)
-        train = stages.grpo_round(ctx, model, pool, r)
+        train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, model, pool, r)
         model = train["model_dir"]
-        after = stages.evaluate(ctx, model, f"eval/round-{r}", primary_bench, scorer)
+        after = evaluate(model, f"eval/round-{r}", primary_bench)
         findings += scorer_error_findings(f"eval/round-{r}", after)
         findings += health_gate(r, train, before, after, cfg.eval.primary_metric)
         before = after
 
-    final = stages.evaluate(ctx, model, "eval/final", cfg.eval.benchmarks, scorer)
+    final = evaluate(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)
     report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws,
                                       base=base["benchmarks"])

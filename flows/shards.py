@@ -179,13 +179,11 @@ def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Probl
 def _prefill(cfg: PipelineConfig, model_path: str, problems: list[Problem],
              open_store: Callable[[], AbstractContextManager[Any]],
              workdir: str | Path) -> list[str]:
-    from transformers import AutoTokenizer
-
     from grpo_core.difficulty import missing_estimates, sampling_spec
-    from grpo_core.models import model_fingerprint
+    from grpo_core.models import load_tokenizer, model_fingerprint
     from grpo_core.prompts import resolve_template
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)
     template = resolve_template(cfg.model.template, tokenizer)
     fp = model_fingerprint(model_path)
     with open_store() as store:

@@ -32,7 +32,7 @@ from grpo_core.readers import (  # noqa: F401 - BadRow, SourceUnreadable: re-exp
     BadRow,
     Rejection,
     SourceUnreadable,
-    _file_digest,
+    file_digest,
 )
 
 FIELDS = ("problem", "answer", "solution", "id", "level", "subject")
@@ -267,7 +267,7 @@ def file_adapter(path: str | Path, *, split: str | None = None, name: str | None
     cols = _mapping(str(path), present, explicit, base)
     gold = preset.gold if preset and not explicit else "auto"
     return Adapter(source=source, split=split, origin=str(path),
-                   fingerprint=_fp(_file_digest(path), split, cols, gold, limit),
+                   fingerprint=_fp(file_digest(path), split, cols, gold, limit),
                    read=lambda: rows, columns=cols, gold=gold)
 
 

@@ -377,7 +377,7 @@ def check(gold: GoldAnswer | None, predicted: str | None, seconds: float | None 
         return False
     try:
         result = _verify_uncached(gold, pred, seconds or BUDGET_S)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - counted and logged, a False verdict
         raise record_scorer_error(gold.text, pred, exc) from exc
     if result is None:
         _TIMEOUTS.put(key, time.monotonic())
@@ -402,7 +402,7 @@ def is_correct(completion: str, gold: str, *, extraction: str = "strict") -> boo
         raise ValueError(f"unknown extraction {extraction!r}; known: {EXTRACTIONS}")
     try:
         predicted = extract_answer(completion, extraction)
-    except Exception as exc:  # noqa: BLE001 - counted and logged, a False verdict
+    except Exception as exc:  # noqa: BLE001 - recorded as a scorer error, never a verdict
         record_scorer_error(gold, completion, exc)
         return False
     return verify(parse_gold(gold), predicted)

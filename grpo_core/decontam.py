@@ -97,13 +97,3 @@ def find_contaminated(train: Iterable[tuple[Hashable, str]],
             flagged[key] = match[0]
     return flagged
 
-
-def overlap_counts(train: Iterable[str], evals: Iterable[str], n: int = DEFAULT_N,
-                   thresholds: tuple[float, ...] = (0.0, 0.5, 0.8, DEFAULT_MIN_COVERAGE)
-                   ) -> dict[float, int]:
-    """How many training texts reach each coverage threshold (0.0: any shared n-gram)."""
-    index = EvalIndex(n)
-    for text in evals:
-        index.add("eval", text)
-    covs = [m[1] for m in map(index.best_match, train) if m]
-    return {t: sum(c >= t and c > 0 for c in covs) for t in thresholds}

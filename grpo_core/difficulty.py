@@ -225,15 +225,13 @@ def run_filter(model: str, problems: list[Problem], cfg, store=None, progress: b
     """Resolve the model, fingerprint it, and filter; the model is loaded only if some
     estimate is missing from the store. `model` may be `builtin:tiny-arith`. `fresh`:
     problem ids a sharded filter (grpo_core.shards) just stored, reported as estimated."""
-    from transformers import AutoTokenizer
-
-    from grpo_core.models import model_fingerprint, resolve_model_path
+    from grpo_core.models import load_tokenizer, model_fingerprint, resolve_model_path
     from grpo_core.sampling import build_backend
     from grpo_core.workspace import Workspace
 
     cache = models_cache or Workspace.at(cfg.project.workdir).models
     path = resolve_model_path(model, cache, progress=progress)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path, cfg.model.gguf_file)
     make: Callable[[], Any] = lambda: build_backend(path, cfg, progress=progress)[0]
     return filter_problems(make, problems, model_fingerprint(path), cfg, cfg.model.template,
                            tokenizer, con=store, fresh=fresh)

@@ -225,19 +225,6 @@ def score_problems(backend, tokenizer, problems: list[Problem], cfg, template: s
             for p, g, s, pr in zip(problems, greedy, samples, prompts)]
 
 
-def load_tokenizer(path: str, cfg):
-    """The tokenizer build_backend's hf path loads (left padding, a pad token), without
-    the model: for a process that only renders prompts and hashes the protocol."""
-    from transformers import AutoTokenizer
-
-    kw = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(path, **kw)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None = None,
              backend=None, tokenizer=None, progress: bool = False,
              scorer: Callable[..., list[dict]] | None = None) -> EvalResult:
@@ -249,7 +236,7 @@ def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None
     sharded-eval flow's workers, flows/shards.py) instead of `score_problems` here; no
     model is loaded then. The records are aggregated and stored the same way either way.
     """
-    from grpo_core.models import model_fingerprint, resolve_model_path
+    from grpo_core.models import load_tokenizer, model_fingerprint, resolve_model_path
     from grpo_core.workspace import Workspace
 
     t0 = time.perf_counter()
@@ -259,7 +246,7 @@ def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None
         raise SourceError(f"benchmark {benchmark!r} has no problems")
     path = resolve_model_path(model_path, Workspace.at(cfg.project.workdir).models, progress)
     if scorer is not None:
-        tokenizer = tokenizer or load_tokenizer(path, cfg)
+        tokenizer = tokenizer or load_tokenizer(path, cfg.model.gguf_file)
     elif backend is None:
         from grpo_core.sampling import build_backend
 

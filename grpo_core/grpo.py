@@ -450,18 +450,13 @@ def run_grpo_round(
 ) -> RoundResult:
     """Train one round; the model lands in output_dir/final. With resume, continue from
     the last checkpoint in output_dir (a killed round picks up where it stopped)."""
-    from transformers import AutoTokenizer
-
-    from grpo_core.models import configure_threads
+    from grpo_core.models import configure_threads, load_tokenizer
 
     configure_threads()
     check_round_size(len(problems), cfg)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(model_path)  # left padding, pad = eos when it has none
     model, save_dtype = load_for_training(model_path)
     funcs, weights = build_reward_funcs(cfg.rewards)
     args = trl_grpo_args(cfg, str(out), report_to)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from grpo_core.proxy_model import PROXY_NAME, ProxyRecipe, ensure_proxy
-from grpo_core.tiny_model import BUILTIN_PREFIX, TinyRecipe, ensure_builtin
+from grpo_core.tiny_model import BUILTIN_PREFIX, TinyRecipe, ensure_builtin, shipped_tiny
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 _HASH_LIMIT = 256 * 2**20  # hash whole files up to this size; above it, sampled chunks
@@ -18,7 +18,7 @@ def builtin_dir(name: str, models_cache: str | Path) -> Path | None:
     if name == BUILTIN_PREFIX + PROXY_NAME:
         return Path(models_cache) / f"{PROXY_NAME}-{ProxyRecipe().key()}"
     if name.startswith(BUILTIN_PREFIX):
-        return Path(models_cache) / f"tiny-arith-{TinyRecipe().key()}"
+        return shipped_tiny() or Path(models_cache) / f"tiny-arith-{TinyRecipe().key()}"
     return None
 
 
@@ -82,21 +82,35 @@ def configure_threads() -> None:
         torch.set_num_threads(max(1, int(n)))
 
 
+def load_tokenizer(path: str, gguf_file: str | None = None,
+                   padding_side: str | None = "left"):
+    """The tokenizer of a model folder or hub id (read from `gguf_file` in it when given),
+    with a pad token (eos when it has none), padded on `padding_side` (left, as the samplers
+    pad prompts; None keeps the tokenizer's own). The one tokenizer loader of the pipeline;
+    only gguf_to_hf reads a GGUF tokenizer itself, to save it unchanged."""
+    from transformers import AutoTokenizer
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_policy(path: str, dtype: str = "auto", gguf_file: str | None = None):
-    """(model, tokenizer) in eval mode, tokenizer left-padded with a pad token."""
+    """(model, tokenizer) in eval mode, tokenizer as load_tokenizer gives it."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     configure_threads()
     if dtype == "auto":
         torch_dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     else:
         torch_dtype = getattr(torch, dtype)
+    tokenizer = load_tokenizer(path, gguf_file)
     kw = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(path, **kw)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kw)
     if torch.cuda.is_available():
         model = model.to("cuda")

@@ -1,17 +1,14 @@
-"""Pass-rate statistics: difficulty band selection and group-advantage diagnostics.
+"""Pass-rate statistics: confidence intervals, difficulty band selection, histograms.
 
 GRPO learns only from groups whose rewards differ: a prompt the policy always solves, or
 never solves, yields a zero-variance group, zero advantages and no gradient. So prompts
-are kept when their estimated pass rate lies in a band (default [0.3, 0.7]), and the
-fraction of zero-variance groups is watched during training. Pure Python + numpy;
-matplotlib is imported only when a plot is asked for.
+are kept when their estimated pass rate lies in a band (default [0.3, 0.7]). The
+statistics are scipy's (imported on first use, as is matplotlib for a plot).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
@@ -21,24 +18,25 @@ _BAND_TOL = 1e-9
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion.
+    """Wilson score interval for a binomial proportion (scipy's `binomtest(...).proportion_ci`
+    at the two-sided confidence level of `z`).
 
     Used instead of the normal (Wald) interval because pass rates come from k=8 samples
     and sit near 0 or 1, where Wald collapses to a zero-width interval. n=0 gives the
     uninformative (0, 1).
     """
+    from scipy.special import ndtr
+    from scipy.stats import binomtest
+
     if n < 0 or not (0 <= successes <= n):
         raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
     if n == 0:
         return 0.0, 1.0
-    p = successes / n
-    z2 = z * z
-    denom = 1.0 + z2 / n
-    centre = (p + z2 / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    ci = binomtest(successes, n).proportion_ci(confidence_level=float(2 * ndtr(z) - 1),
+                                               method="wilson")
     # The exact bounds at the edges are 0 and 1; pin them so rounding cannot leave 1e-17.
-    lo = 0.0 if successes == 0 else max(0.0, centre - half)
-    hi = 1.0 if successes == n else min(1.0, centre + half)
+    lo = 0.0 if successes == 0 else max(0.0, float(ci.low))
+    hi = 1.0 if successes == n else min(1.0, float(ci.high))
     return lo, hi
 
 
@@ -125,82 +123,20 @@ def plot_histogram(
     return path
 
 
-def _average_ranks(a: np.ndarray) -> np.ndarray:
-    """1-based ranks with ties sharing the mean of the ranks they span."""
-    _, inverse, counts = np.unique(a, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)  # rank of the last member of each tie group
-    return (ends - (counts - 1) / 2.0)[inverse]
-
-
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman rank correlation (average ranks for ties); NaN when either side is constant.
+    """Spearman rank correlation (scipy's, average ranks for ties); NaN when either side is
+    constant or has fewer than two values.
 
     Used to check that the estimated pass rate falls as difficulty level rises; levels
     are heavily tied, hence average ranks rather than ordinal ones.
     """
+    from scipy.stats import spearmanr
+
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"need two 1-D sequences of equal length, got {a.shape} and {b.shape}")
     if np.isnan(a).any() or np.isnan(b).any():
         raise ValueError("spearman does not accept NaN")
-    if a.size < 2:
-        return float("nan")
-    ra, rb = _average_ranks(a), _average_ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denom = math.sqrt(float(ra @ ra) * float(rb @ rb))
-    return float("nan") if denom == 0.0 else float(ra @ rb) / denom
-
-
-def _groups(rewards: Sequence[float], group_size: int) -> np.ndarray:
-    """Rewards as a (groups, group_size) array; completions of one prompt are contiguous."""
-    r = np.asarray(rewards, dtype=float)
-    if group_size < 1 or r.ndim != 1 or r.size % group_size:
-        raise ValueError(f"{r.size} rewards do not split into groups of {group_size}")
-    return r.reshape(-1, group_size)
-
-
-def _flat(groups: np.ndarray, atol: float) -> np.ndarray:
-    """Mask of groups whose rewards are all equal (up to atol)."""
-    return np.ptp(groups, axis=1) <= atol
-
-
-def zero_variance_fraction(rewards: Sequence[float], group_size: int, atol: float = 1e-12) -> float:
-    """Fraction of groups whose rewards are all equal: the share of prompts teaching nothing.
-
-    The collapse signal of the seeds: near 1 means the data left the band (re-filter) or
-    sampling lacks diversity (raise temperature). Mirrors TRL's frac_reward_zero_std.
-    """
-    g = _groups(rewards, group_size)
-    return float(_flat(g, atol).mean()) if g.size else 0.0
-
-
-def group_advantages(
-    rewards: Sequence[float],
-    group_size: int,
-    eps: float = 1e-8,
-    scale: Literal["group", "batch", "none"] = "group",
-    atol: float = 1e-12,
-) -> np.ndarray:
-    """Per-completion advantages A_i = (r_i - mean(r_group)) / (std + eps), for logging.
-
-    `scale` follows TRL's scale_rewards: "group" divides by the group's std (GRPO paper),
-    "batch" by the std of all rewards in the batch, "none" not at all (Dr. GRPO). The std
-    is unbiased (ddof=1) like torch.std, which TRL uses, so logged values match training.
-    Zero-variance groups get exactly 0, not float noise from mean-rounding, because they
-    carry no learning signal. Returns a float array in input order (.tolist() to store).
-    """
-    if scale not in ("group", "batch", "none"):
-        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
-    g = _groups(rewards, group_size)
-    if g.size == 0:
-        return np.zeros(0)
-    centred = g - g.mean(axis=1, keepdims=True)
-    if scale == "group":
-        std = g.std(axis=1, ddof=1, keepdims=True) if group_size > 1 else np.zeros((len(g), 1))
-        adv = centred / (std + eps)
-    elif scale == "batch":
-        adv = centred / ((g.std(ddof=1) if g.size > 1 else 0.0) + eps)
-    else:
-        adv = centred
-    adv[_flat(g, atol)] = 0.0
-    return adv.reshape(-1)
+    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")  # scipy would warn (ConstantInputWarning) and give NaN too
+    return float(spearmanr(a, b).statistic)

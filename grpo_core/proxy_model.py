@@ -106,7 +106,7 @@ def warm_pairs(tok, n: int, seed: int) -> list[tuple[str, str]]:
     return out
 
 
-def warm_start(model, tok, recipe: "ProxyRecipe") -> None:
+def warm_start(model, tok, recipe: ProxyRecipe) -> None:
     """A few seconds of causal-LM steps (fp32, before the cast to bf16) on `warm_pairs`,
     the loss on completion tokens only (learning to copy the prompt would teach nothing)."""
     import torch

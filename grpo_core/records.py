@@ -5,133 +5,32 @@
     eval_results  one row per (eval run, problem): answers, correctness, truncation
     eval_runs     one row per eval run: the protocol (and its hash) and the metrics JSON
 
-Every function takes a duckdb connection or a `Store` (its `.con`). Writes are bulk
-inserts from Arrow, each one transaction. Reads of a table that does not exist yet (a
+Every function takes a duckdb connection or a `Store` (its `.con`). The schemas live in
+grpo_core.db; writes are bulk inserts from Arrow, each one `db.transaction`. Reads of a table that does not exist yet (a
 fresh or read-only store) return nothing rather than fail. `stage_problems` reads the
 problems a stage works on: from the store when ingested there, else from the source.
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 
+from grpo_core.db import (
+    EVAL_RESULT_SCHEMA,
+    PASS_RATE_SCHEMA,
+    ROLLOUT_SCHEMA,
+    arrow_table,
+    connection,
+    dicts,
+    ensure_tables,
+    has_table,
+    now,
+    transaction,
+)
 from grpo_core.problems import Problem
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS pass_rates (
-    model_fingerprint VARCHAR NOT NULL, problem_id VARCHAR NOT NULL,
-    sampling_key VARCHAR NOT NULL, input_hash VARCHAR, source VARCHAR, level INTEGER,
-    k INTEGER, successes INTEGER, pass_rate DOUBLE, wilson_lo DOUBLE, wilson_hi DOUBLE,
-    truncated INTEGER, mean_tokens DOUBLE, sampling VARCHAR, created_at TIMESTAMP,
-    PRIMARY KEY (model_fingerprint, problem_id, sampling_key));
-CREATE TABLE IF NOT EXISTS rollouts (
-    run_id VARCHAR, round INTEGER, step INTEGER, idx INTEGER, problem_id VARCHAR,
-    prompt VARCHAR, completion VARCHAR, answer VARCHAR, rewards VARCHAR, reward DOUBLE,
-    advantage DOUBLE, created_at TIMESTAMP);
-CREATE TABLE IF NOT EXISTS eval_results (
-    run_id VARCHAR NOT NULL, protocol_hash VARCHAR NOT NULL, model_fingerprint VARCHAR,
-    benchmark VARCHAR, problem_id VARCHAR NOT NULL, source VARCHAR, level INTEGER,
-    subject VARCHAR, gold VARCHAR, greedy_answer VARCHAR, greedy_correct BOOLEAN,
-    greedy_truncated BOOLEAN, greedy_well_formatted BOOLEAN, greedy_completion VARCHAR,
-    sample_answers VARCHAR[], sample_correct BOOLEAN[], sample_truncated BOOLEAN[],
-    sample_well_formatted BOOLEAN[], sample_num_tokens INTEGER[],
-    sample_completions VARCHAR[], PRIMARY KEY (run_id, problem_id));
--- Added with the flexible extraction (issue 11); stores made before get them by ALTER.
-ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS greedy_answer_flexible VARCHAR;
-ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS greedy_correct_flexible BOOLEAN;
-ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS sample_answers_flexible VARCHAR[];
-ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS sample_correct_flexible BOOLEAN[];
-ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS scorer_errors INTEGER;
-CREATE TABLE IF NOT EXISTS eval_runs (
-    run_id VARCHAR PRIMARY KEY, protocol_hash VARCHAR NOT NULL, benchmark VARCHAR,
-    model VARCHAR, model_fingerprint VARCHAR, n_problems INTEGER, seed BIGINT,
-    protocol VARCHAR, metrics VARCHAR, seconds DOUBLE, created_at TIMESTAMP);
-"""
-
-PASS_RATE_SCHEMA = pa.schema([
-    ("model_fingerprint", pa.string()), ("problem_id", pa.string()),
-    ("sampling_key", pa.string()), ("input_hash", pa.string()), ("source", pa.string()),
-    ("level", pa.int32()), ("k", pa.int32()), ("successes", pa.int32()),
-    ("pass_rate", pa.float64()), ("wilson_lo", pa.float64()), ("wilson_hi", pa.float64()),
-    ("truncated", pa.int32()), ("mean_tokens", pa.float64()), ("sampling", pa.string())])
-ROLLOUT_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("round", pa.int32()), ("step", pa.int32()), ("idx", pa.int32()),
-    ("problem_id", pa.string()), ("prompt", pa.string()), ("completion", pa.string()),
-    ("answer", pa.string()), ("rewards", pa.string()), ("reward", pa.float64()),
-    ("advantage", pa.float64())])
-EVAL_RESULT_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("protocol_hash", pa.string()),
-    ("model_fingerprint", pa.string()), ("benchmark", pa.string()),
-    ("problem_id", pa.string()), ("source", pa.string()), ("level", pa.int32()),
-    ("subject", pa.string()), ("gold", pa.string()), ("greedy_answer", pa.string()),
-    ("greedy_correct", pa.bool_()), ("greedy_truncated", pa.bool_()),
-    ("greedy_well_formatted", pa.bool_()), ("greedy_completion", pa.string()),
-    ("sample_answers", pa.list_(pa.string())), ("sample_correct", pa.list_(pa.bool_())),
-    ("sample_truncated", pa.list_(pa.bool_())),
-    ("sample_well_formatted", pa.list_(pa.bool_())),
-    ("sample_num_tokens", pa.list_(pa.int32())), ("sample_completions", pa.list_(pa.string())),
-    ("greedy_answer_flexible", pa.string()), ("greedy_correct_flexible", pa.bool_()),
-    ("sample_answers_flexible", pa.list_(pa.string())),
-    ("sample_correct_flexible", pa.list_(pa.bool_())), ("scorer_errors", pa.int32())])
-TABLES = ("pass_rates", "rollouts", "eval_results", "eval_runs")
-
-
-def connection(con_or_store: Any) -> duckdb.DuckDBPyConnection:
-    return getattr(con_or_store, "con", con_or_store)
-
-
-def ensure_tables(con_or_store: Any) -> duckdb.DuckDBPyConnection:
-    """Create the tables if missing (needs a writable connection); returns the connection."""
-    con = connection(con_or_store)
-    con.execute(SCHEMA)
-    return con
-
-
-def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE "
-                            "table_name = ?", [table]).fetchall()[0][0])
-
-
-def _now() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-@contextmanager
-def _transaction(con: duckdb.DuckDBPyConnection, **views: pa.Table) -> Iterator[None]:
-    """All or nothing, with Arrow tables registered as views for the duration."""
-    con.execute("BEGIN TRANSACTION")
-    try:
-        for name, table in views.items():
-            con.register(name, table)
-        yield
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    finally:
-        for name in views:
-            try:
-                con.unregister(name)
-            except duckdb.Error:
-                pass
-
-
-def _arrow(rows: Iterable[dict], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist([{n: r.get(n) for n in schema.names} for r in rows],
-                                schema=schema)
-
-
-def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict]:
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, r)) for r in cur.fetchall()]
-
 
 # ----------------------------------------------------------------------------- pass rates
 
@@ -142,9 +41,9 @@ def write_pass_rates(con_or_store: Any, rows: list[dict]) -> int:
         return 0
     con = ensure_tables(con_or_store)
     cols = ", ".join(PASS_RATE_SCHEMA.names)
-    with _transaction(con, _new_pass_rates=_arrow(rows, PASS_RATE_SCHEMA)):
+    with transaction(con, _new_pass_rates=arrow_table(rows, PASS_RATE_SCHEMA)):
         con.execute(f"INSERT OR REPLACE INTO pass_rates ({cols}, created_at) "
-                    f"SELECT {cols}, ? FROM _new_pass_rates", [_now()])
+                    f"SELECT {cols}, ? FROM _new_pass_rates", [now()])
     return len(rows)
 
 
@@ -153,7 +52,7 @@ def read_pass_rates(con_or_store: Any, model_fingerprint: str | None = None,
                     problem_ids: list[str] | None = None) -> list[dict]:
     """Stored estimates, optionally for one model, one sampling key and some problems."""
     con = connection(con_or_store)
-    if not _has(con, "pass_rates"):
+    if not has_table(con, "pass_rates"):
         return []
     where, params = ["TRUE"], []
     if model_fingerprint is not None:
@@ -168,7 +67,7 @@ def read_pass_rates(con_or_store: Any, model_fingerprint: str | None = None,
         con.register("_want_ids", pa.table({"problem_id": pa.array(problem_ids, pa.string())}))
         where.append("problem_id IN (SELECT problem_id FROM _want_ids)")
     try:
-        return _dicts(con.execute(
+        return dicts(con.execute(
             f"SELECT * FROM pass_rates WHERE {' AND '.join(where)} "
             "ORDER BY model_fingerprint, sampling_key, problem_id", params))
     finally:
@@ -196,11 +95,11 @@ def write_rollout_steps(con_or_store: Any, steps: list[tuple[int, list[dict]]], 
     if not flat:
         return 0
     con = ensure_tables(con_or_store)
-    table = _arrow(flat, ROLLOUT_SCHEMA)
+    table = arrow_table(flat, ROLLOUT_SCHEMA)
     cols = ", ".join(ROLLOUT_SCHEMA.names)
-    with _transaction(con, _new_rollouts=table):
+    with transaction(con, _new_rollouts=table):
         con.execute(f"INSERT INTO rollouts ({cols}, created_at) SELECT {cols}, ? "
-                    "FROM _new_rollouts", [_now()])
+                    "FROM _new_rollouts", [now()])
     return len(flat)
 
 
@@ -229,9 +128,9 @@ def rollout_sink(con_or_store: Any, run_id: str, round: int = 0) -> RolloutBuffe
 
 def read_rollouts(con_or_store: Any, run_id: str | None = None) -> list[dict]:
     con = connection(con_or_store)
-    if not _has(con, "rollouts"):
+    if not has_table(con, "rollouts"):
         return []
-    rows = _dicts(con.execute(
+    rows = dicts(con.execute(
         "SELECT * FROM rollouts WHERE (?::VARCHAR IS NULL OR run_id = ?) "
         "ORDER BY run_id, round, step, idx", [run_id, run_id]))
     for r in rows:
@@ -254,9 +153,9 @@ def write_eval(con_or_store: Any, run: dict, per_problem: list[dict]) -> None:
     con = ensure_tables(con_or_store)
     base = {k: run.get(k) for k in ("run_id", "protocol_hash", "model_fingerprint",
                                     "benchmark")}
-    table = _arrow(({**r, **base} for r in per_problem), EVAL_RESULT_SCHEMA)
+    table = arrow_table(({**r, **base} for r in per_problem), EVAL_RESULT_SCHEMA)
     cols = ", ".join(EVAL_RESULT_SCHEMA.names)
-    with _transaction(con, _new_eval_results=table):
+    with transaction(con, _new_eval_results=table):
         con.execute(f"INSERT INTO eval_results ({cols}) SELECT {cols} FROM _new_eval_results")
         con.execute(
             "INSERT INTO eval_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -264,16 +163,16 @@ def write_eval(con_or_store: Any, run: dict, per_problem: list[dict]) -> None:
              run.get("model_fingerprint"), len(per_problem), run.get("seed"),
              json.dumps(run.get("protocol") or {}, sort_keys=True),
              json.dumps(run.get("metrics") or {}, sort_keys=True), run.get("seconds"),
-             _now()])
+             now()])
 
 
 def read_eval_runs(con_or_store: Any, protocol_hash: str | None = None,
                    benchmark: str | None = None) -> list[dict]:
     """Eval runs, oldest first, with protocol and metrics parsed back from JSON."""
     con = connection(con_or_store)
-    if not _has(con, "eval_runs"):
+    if not has_table(con, "eval_runs"):
         return []
-    rows = _dicts(con.execute(
+    rows = dicts(con.execute(
         "SELECT * FROM eval_runs WHERE (?::VARCHAR IS NULL OR protocol_hash = ?) AND "
         "(?::VARCHAR IS NULL OR benchmark = ?) ORDER BY created_at, run_id",
         [protocol_hash, protocol_hash, benchmark, benchmark]))
@@ -287,9 +186,9 @@ def read_eval_results(con_or_store: Any, run_id: str | None = None,
                       protocol_hash: str | None = None) -> list[dict]:
     """Per-problem rows (the records `metrics.summarise` re-scores)."""
     con = connection(con_or_store)
-    if not _has(con, "eval_results"):
+    if not has_table(con, "eval_results"):
         return []
-    return _dicts(con.execute(
+    return dicts(con.execute(
         "SELECT * FROM eval_results WHERE (?::VARCHAR IS NULL OR run_id = ?) AND "
         "(?::VARCHAR IS NULL OR protocol_hash = ?) ORDER BY run_id, problem_id",
         [run_id, run_id, protocol_hash, protocol_hash]))
@@ -327,7 +226,7 @@ def stage_problems(source: str, split: str | None = None, *, store: Any = None,
         return generate_problems(split or "train", n=limit or 1000, levels=levels, seed=seed)
     from grpo_core.adapters import BadRow, Rejection, resolve_source
     from grpo_core.answers import parse_gold
-    from grpo_core.store import patient_gold_parsing
+    from grpo_core.validation import patient_gold_parsing
 
     adapter = resolve_source(source, split=split, data_dir=data_dir, limit=limit)
     out: list[Problem] = []

@@ -96,8 +96,12 @@ def stop_index(tokenizer, ids: list[int], stops: tuple[str, ...]) -> int | None:
 
 
 def finish(tokenizer, ids: list[int], stop_ids: list[int], stops: tuple[str, ...]) -> Completion:
-    """One generated row as a Completion: cut after the first stop token (what follows is
-    batch padding, or pad == eos), then after the first stop string in the text (a row
+    """The one decoder of a generated row (hf backend, seeded or not) into a Completion.
+
+    Cut after the first stop token: what follows is batch padding, also when the tokenizer
+    pads with its eos (pad == eos), so a padded row loses no token of its own and keeps no
+    padding. A row that ran to a stop string instead has its right padding stripped (pad !=
+    eos: the pad is no stop token). Then cut after the first stop string in the text (a row
     stopped by text can overshoot inside the token that completes it)."""
     for k, t in enumerate(ids):
         if t in stop_ids:
@@ -115,6 +119,13 @@ def finish(tokenizer, ids: list[int], stop_ids: list[int], stops: tuple[str, ...
         end = min(text.find(s) + len(s) for s in stops if s in text)
         text = text[:end]
     return Completion(text=text, num_tokens=len(ids), finish_reason="stop" if stopped else "length")
+
+
+def vllm_completions(outputs) -> list[list[Completion]]:
+    """vLLM RequestOutputs (one per prompt) as Completions: vLLM already cut each at its
+    stop token or string (kept in the text), so only the finish reason is translated."""
+    return [[Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length"
+                        else "stop") for o in out.outputs] for out in outputs]
 
 
 class HFBackend:
@@ -205,19 +216,19 @@ class VLLMBackend:
         self._stop = stop_token_ids(self.tokenizer, stop_strings)
         self.stop_strings = list(stop_strings)  # vLLM matches them on text, any token split
 
-    def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
+    def sampling_params(self, n: int, params: SamplingParams, seed: int):
+        """vLLM's SamplingParams for n samples of one request: stops at eos, the single-token
+        stops and the stop strings (matched on text, any token split), keeping a stop
+        string's text (as the hf path does; vLLM V1 drops a stop token's text)."""
         from vllm import SamplingParams as VSP
 
-        sp = VSP(n=n, temperature=max(params.temperature, 0.0), top_p=params.top_p,
-                 max_tokens=params.max_new_tokens, seed=params.seed, stop_token_ids=self._stop,
-                 stop=self.stop_strings,
-                 include_stop_str_in_output=True)  # keep </answer>, as the hf path does
-        outputs = self.llm.generate(prompts, sp, use_tqdm=False)
-        return [
-            [Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length" else "stop")
-             for o in out.outputs]
-            for out in outputs
-        ]
+        return VSP(n=n, temperature=max(params.temperature, 0.0), top_p=params.top_p,
+                   max_tokens=params.max_new_tokens, seed=seed, stop_token_ids=self._stop,
+                   stop=self.stop_strings, include_stop_str_in_output=True)
+
+    def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
+        sp = self.sampling_params(n, params, params.seed)
+        return vllm_completions(self.llm.generate(prompts, sp, use_tqdm=False))
 
     def shutdown(self) -> None:
         """Stop the engine and free its GPU memory (grpo_core.gpu.stage_memory calls this at a

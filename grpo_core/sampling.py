@@ -26,7 +26,13 @@ import hashlib
 from dataclasses import replace
 
 from grpo_core.progress import Bar
-from grpo_core.rollout import Completion, HFBackend, SamplingParams, VLLMBackend
+from grpo_core.rollout import (
+    Completion,
+    HFBackend,
+    SamplingParams,
+    VLLMBackend,
+    vllm_completions,
+)
 
 SAMPLER_VERSION = "gumbel-row-seed-v2"  # part of cache keys: bump when draws change
 # v2: rows stop at a multi-token closing tag (</answer>) and the text is cut after it
@@ -120,16 +126,8 @@ def _hf_seeded(backend: HFBackend, prompts: list[str], n: int, params: SamplingP
 
 def _vllm_seeded(backend: VLLMBackend, prompts: list[str], n: int, params: SamplingParams,
                  seeds: list[int]) -> list[list[Completion]]:
-    from vllm import SamplingParams as VSP
-
-    sps = [VSP(n=n, temperature=params.temperature, top_p=params.top_p,
-               max_tokens=params.max_new_tokens, seed=s % 2**31, stop_token_ids=backend._stop,
-               stop=backend.stop_strings,  # the closing tag, however many tokens it is
-               include_stop_str_in_output=True)  # vLLM V1 drops a stop token's text
-           for s in seeds]
-    outputs = backend.llm.generate(prompts, sps, use_tqdm=False)
-    return [[Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length"
-                        else "stop") for o in out.outputs] for out in outputs]
+    sps = [backend.sampling_params(n, params, s % 2**31) for s in seeds]
+    return vllm_completions(backend.llm.generate(prompts, sps, use_tqdm=False))
 
 
 def build_backend(model_path: str, cfg, progress: bool = False):

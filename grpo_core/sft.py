@@ -65,10 +65,10 @@ def run_sft(
     extra_callbacks: list | None = None,
 ) -> SFTResult:
     """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final."""
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from grpo_core.models import configure_threads
+    from grpo_core.models import configure_threads, load_tokenizer
 
     configure_threads()
     usable = [p for p in problems if p.solution or p.source.startswith("synthetic")]
@@ -77,9 +77,7 @@ def run_sft(
     if not usable:
         raise ValueError("SFT needs problems with reference solutions; none were found")
     out = Path(output_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(model_path, padding_side=None)  # the tokenizer's own side
     model, save_dtype = load_for_training(model_path)  # fp32 master weights
     # The pipeline's defaults, which sft.trl may override ...
     defaults = dict(  # noqa: C408 - reads as TRL's keyword arguments

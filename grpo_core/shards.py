@@ -32,15 +32,9 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from grpo_core.db import EVAL_RESULT_SCHEMA, PASS_RATE_SCHEMA, ensure_tables, now, transaction
 from grpo_core.problems import Problem
-from grpo_core.records import (
-    EVAL_RESULT_SCHEMA,
-    PASS_RATE_SCHEMA,
-    _now,
-    _transaction,
-    ensure_tables,
-    problem_key,
-)
+from grpo_core.records import problem_key
 
 T = TypeVar("T")
 
@@ -150,15 +144,15 @@ def ingest_shards(con_or_store: Any, paths: list[str | Path]) -> list[str]:
     con = ensure_tables(con_or_store)
     cols = ", ".join(PASS_RATE_SCHEMA.names)
     ids: list[str] = []
-    now = _now()
-    with _transaction(con):
+    created = now()
+    with transaction(con):
         for path in paths:
             # Read inside the transaction, one file at a time: memory stays one shard.
             table = pq.read_table(path).select(PASS_RATE_SCHEMA.names).cast(PASS_RATE_SCHEMA)
             con.register("_shard_pass_rates", table)
             try:
                 con.execute(f"INSERT OR REPLACE INTO pass_rates ({cols}, created_at) "
-                            f"SELECT {cols}, ? FROM _shard_pass_rates", [now])
+                            f"SELECT {cols}, ? FROM _shard_pass_rates", [created])
             finally:
                 con.unregister("_shard_pass_rates")
             ids += table.column("problem_id").to_pylist()

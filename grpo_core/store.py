@@ -6,7 +6,8 @@
 
 Tables: `problems` (the Problem columns + row_index, ingest_id, ingested_at, contaminated,
 contaminated_with), `quarantine` (source, split, row_index, code, reason, raw row as JSON),
-`ingest_log` (source fingerprint and counts). One ingest is one transaction: a failure
+`ingest_log` (source fingerprint and counts); their schema is grpo_core.db's, the row
+checks grpo_core.validation's (re-exported here). One ingest is one transaction: a failure
 leaves the store exactly as it was. Rows are unique per (source, split, fingerprint), so
 re-ingesting a source adds nothing. DuckDB admits one writing process at a time; a second
 one gets `StoreLockedError` (after waiting up to `timeout` seconds).
@@ -18,10 +19,6 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -30,13 +27,22 @@ import pyarrow as pa
 
 from grpo_core import decontam
 from grpo_core.adapters import Adapter, Rejection
+from grpo_core.db import (
+    PROBLEM_SCHEMA,
+    QUARANTINE_SCHEMA,
+    STORE_SQL,
+    STORE_TABLES,
+    now,
+    transaction,
+)
 from grpo_core.problems import Problem
 from grpo_core.validation import (  # noqa: F401 - re-exported: callers import these from store
     GOLD_DEADLINE_S,
     MAX_ANSWER_CHARS,
     MAX_PROBLEM_CHARS,
-    _check_rows,
+    IngestReport,
     check_gold,
+    check_rows,
     check_size,
     check_text,
     patient_gold_parsing,
@@ -44,32 +50,6 @@ from grpo_core.validation import (  # noqa: F401 - re-exported: callers import t
 )
 
 MAX_RAW_CHARS = 65536  # raw rows kept in quarantine are cut here
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS problems (
-    source VARCHAR NOT NULL, split VARCHAR NOT NULL, fingerprint VARCHAR NOT NULL,
-    id VARCHAR, problem VARCHAR NOT NULL, answer VARCHAR NOT NULL, solution VARCHAR,
-    level INTEGER, subject VARCHAR, row_index BIGINT, ingest_id VARCHAR,
-    ingested_at TIMESTAMP, contaminated BOOLEAN NOT NULL DEFAULT FALSE,
-    contaminated_with VARCHAR,
-    PRIMARY KEY (source, split, fingerprint));
-CREATE TABLE IF NOT EXISTS quarantine (
-    source VARCHAR, split VARCHAR, row_index BIGINT, code VARCHAR, reason VARCHAR,
-    raw VARCHAR, source_fingerprint VARCHAR, ingest_id VARCHAR, quarantined_at TIMESTAMP);
-CREATE TABLE IF NOT EXISTS ingest_log (
-    ingest_id VARCHAR PRIMARY KEY, source VARCHAR, split VARCHAR, origin VARCHAR,
-    source_fingerprint VARCHAR, total_rows BIGINT, ingested BIGINT, quarantined BIGINT,
-    duplicates BIGINT, contaminated BIGINT, repaired BIGINT, started_at TIMESTAMP,
-    finished_at TIMESTAMP);
-"""
-_PROBLEM_SCHEMA = pa.schema([
-    ("source", pa.string()), ("split", pa.string()), ("fingerprint", pa.string()),
-    ("id", pa.string()), ("problem", pa.string()), ("answer", pa.string()),
-    ("solution", pa.string()), ("level", pa.int32()), ("subject", pa.string()),
-    ("row_index", pa.int64())])
-_QUARANTINE_SCHEMA = pa.schema([
-    ("source", pa.string()), ("split", pa.string()), ("row_index", pa.int64()),
-    ("code", pa.string()), ("reason", pa.string()), ("raw", pa.string())])
 
 
 class StoreError(RuntimeError):
@@ -88,43 +68,6 @@ def _raw_json(raw: Any) -> str:
         raw = raw.to_row()
     text = json.dumps(raw, ensure_ascii=True, default=repr)
     return text if len(text) <= MAX_RAW_CHARS else text[:MAX_RAW_CHARS] + "...[truncated]"
-
-
-# ----------------------------------------------------------------------------- report
-
-
-@dataclass
-class IngestReport:
-    """Counts of one ingest. Always: total_rows == ingested + quarantined + duplicates."""
-
-    source: str
-    split: str
-    origin: str
-    total_rows: int = 0
-    ingested: int = 0
-    duplicates: int = 0  # same fingerprint as an earlier row of this ingest or the store
-    already_stored: int = 0  # of the duplicates, those already in the store
-    quarantined: dict[str, int] = field(default_factory=dict)  # reason code -> rows
-    contaminated: int = 0  # ingested rows flagged as overlapping an eval set
-    contaminated_with: dict[str, int] = field(default_factory=dict)  # eval set -> rows
-    flagged_existing: int = 0  # earlier training rows flagged by this (eval) source
-    repaired: int = 0  # ingested rows whose mis-escaped LaTeX was repaired
-    first_reasons: list[str] = field(default_factory=list)  # "row 3: code: detail"
-    seconds: float = 0.0
-
-    @property
-    def quarantined_total(self) -> int:
-        return sum(self.quarantined.values())
-
-    @property
-    def all_invalid(self) -> bool:
-        return self.total_rows > 0 and self.quarantined_total == self.total_rows
-
-    def _reject(self, index: int, why: Rejection) -> None:
-        self.quarantined[why.code] = self.quarantined.get(why.code, 0) + 1
-        if len(self.first_reasons) < 5:
-            self.first_reasons.append(f"row {index}: {why}")
-
 
 
 # ----------------------------------------------------------------------------- store
@@ -159,7 +102,7 @@ class Store:
                         " a time; wait for it to finish or use another --db") from None
                 time.sleep(0.2)
         if not read_only:
-            con.execute(SCHEMA)
+            con.execute(STORE_SQL)
         return cls(con, path, read_only)
 
     def close(self) -> None:
@@ -186,7 +129,7 @@ class Store:
         accepted: list[tuple[int, Problem]] = []
         rejected: list[tuple[int, Rejection, Any]] = []
         with patient_gold_parsing():
-            _check_rows(adapter, report, stored, accepted, rejected, max_problem_chars)
+            check_rows(adapter, report, stored, accepted, rejected, max_problem_chars)
         report.ingested = len(accepted)
         if report.total_rows:
             self._write(adapter, report, accepted, rejected, ngram, min_coverage)
@@ -197,37 +140,34 @@ class Store:
 
     def _write(self, adapter: Adapter, report: IngestReport, accepted, rejected,
                ngram: int, min_coverage: float) -> None:
-        now = datetime.now(UTC).replace(tzinfo=None)
+        started = now()
         ingest_id = uuid.uuid4().hex[:12]
         src, split = adapter.source, adapter.split
         rows = [(src, split, p.fingerprint, p.id, p.problem, p.answer, p.solution, p.level,
                  p.subject, i) for i, p in accepted]
         problems = pa.Table.from_pylist(
-            [dict(zip(_PROBLEM_SCHEMA.names, r)) for r in rows], schema=_PROBLEM_SCHEMA)
+            [dict(zip(PROBLEM_SCHEMA.names, r)) for r in rows], schema=PROBLEM_SCHEMA)
         bad = pa.Table.from_pylist(
-            [dict(zip(_QUARANTINE_SCHEMA.names, (src, split, i, w.code, str(w), _raw_json(raw))))
-             for i, w, raw in rejected], schema=_QUARANTINE_SCHEMA)
+            [dict(zip(QUARANTINE_SCHEMA.names, (src, split, i, w.code, str(w), _raw_json(raw))))
+             for i, w, raw in rejected], schema=QUARANTINE_SCHEMA)
         con = self.con
-        with self._transaction():
-            con.register("_new_problems", problems)
+        with transaction(con, _new_problems=problems, _new_quarantine=bad):
             con.execute(
                 "INSERT INTO problems (source, split, fingerprint, id, problem, answer, solution,"
                 " level, subject, row_index, ingest_id, ingested_at) SELECT n.*, ?, ? FROM "
                 "_new_problems n ANTI JOIN problems p USING (source, split, fingerprint)",
-                [ingest_id, now])
-            con.register("_new_quarantine", bad)
+                [ingest_id, started])
             con.execute(
                 "INSERT INTO quarantine SELECT q.*, ?, ?, ? FROM _new_quarantine q WHERE NOT "
                 "EXISTS (SELECT 1 FROM quarantine o WHERE o.source = q.source AND o.split = "
                 "q.split AND o.row_index = q.row_index AND o.source_fingerprint = ?)",
-                [adapter.fingerprint, ingest_id, now, adapter.fingerprint])
+                [adapter.fingerprint, ingest_id, started, adapter.fingerprint])
             self._decontaminate_new(report, ingest_id, ngram, min_coverage)
             con.execute(
                 "INSERT INTO ingest_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [ingest_id, src, split, adapter.origin, adapter.fingerprint, report.total_rows,
                  report.ingested, report.quarantined_total, report.duplicates,
-                 report.contaminated, report.repaired, now,
-                 datetime.now(UTC).replace(tzinfo=None)])
+                 report.contaminated, report.repaired, started, now()])
 
     def _decontaminate_new(self, report: IngestReport, ingest_id: str, n: int,
                            min_coverage: float) -> None:
@@ -260,16 +200,19 @@ class Store:
         table = pa.table({"source": [k[0] for k in flags], "split": [k[1] for k in flags],
                           "fingerprint": [k[2] for k in flags], "label": list(flags.values())})
         self.con.register("_flags", table)
-        self.con.execute(
-            "UPDATE problems SET contaminated = TRUE, contaminated_with = f.label FROM _flags f "
-            "WHERE problems.source = f.source AND problems.split = f.split AND "
-            "problems.fingerprint = f.fingerprint")
+        try:
+            self.con.execute(
+                "UPDATE problems SET contaminated = TRUE, contaminated_with = f.label FROM _flags f "
+                "WHERE problems.source = f.source AND problems.split = f.split AND "
+                "problems.fingerprint = f.fingerprint")
+        finally:
+            self.con.unregister("_flags")
 
     def decontaminate(self, ngram: int = decontam.DEFAULT_N,
                       min_coverage: float = decontam.DEFAULT_MIN_COVERAGE) -> dict[str, int]:
         """Recompute every flag from scratch (e.g. with another n); counts per eval set."""
         evals_sql = decontam.eval_predicate()
-        with self._transaction():
+        with transaction(self.con):
             self.con.execute("UPDATE problems SET contaminated = FALSE, contaminated_with = NULL")
             flags = decontam.find_contaminated(self._texts(f"NOT ({evals_sql})", []),
                                                self._texts(evals_sql, []), n=ngram,
@@ -277,29 +220,12 @@ class Store:
             self._flag(flags)
         return dict(Counter(flags.values()))
 
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """All or nothing; temporary views registered inside are dropped either way."""
-        self.con.execute("BEGIN TRANSACTION")
-        try:
-            yield
-            self.con.execute("COMMIT")
-        except BaseException:
-            self.con.execute("ROLLBACK")
-            raise
-        finally:
-            for view in ("_new_problems", "_new_quarantine", "_flags"):
-                try:
-                    self.con.unregister(view)
-                except duckdb.Error:
-                    pass
-
     # -- reading ------------------------------------------------------------------
 
     def _has_tables(self) -> bool:
         names = {r[0] for r in self.con.execute(
             "SELECT table_name FROM information_schema.tables").fetchall()}
-        return {"problems", "quarantine", "ingest_log"} <= names
+        return set(STORE_TABLES) <= names
 
     def problems(self, source: str | None = None, split: str | None = None,
                  exclude_contaminated: bool = True, limit: int | None = None) -> list[Problem]:

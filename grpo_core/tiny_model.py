@@ -2,9 +2,14 @@
 
 It is pretrained briefly on plain arithmetic text (sums written out, sometimes with a
 \\boxed{} answer, as math web text has) so that it continues text, has never seen the
-<think>/<answer> format, and solves some problems but not most. Built deterministically
-from a seed in about a minute on 2 cores and cached under the workspace, keyed by its
-recipe, so later stages load it from disk.
+<think>/<answer> format, and solves some problems but not most.
+
+Its weights ship with the package (`grpo_core/builtin_models/tiny-arith`, 0.8 MB), and
+`builtin:tiny-arith` loads them: pretraining is deterministic on one machine, but another
+CPU (other float kernels: AVX2 vs AVX-512, MKL vs OpenBLAS, thread count) gives another
+model, and the demo's numbers must not depend on the machine. `grpo model build` rebuilds
+from the recipe (~2 min on 2 cores) and says whether the weights equal the shipped ones;
+a recipe without shipped weights is built and cached under the workspace, keyed by it.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from grpo_core.prompts import CHAT_SYSTEM_PROMPT, R1_ZERO_TEMPLATE
 from grpo_core.synthetic import arithmetic_facts, generate_problems
 
 BUILTIN_PREFIX = "builtin:"
+SHIPPED_DIR = Path(__file__).resolve().parent / "builtin_models" / "tiny-arith"
 REASONING_TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 
 
@@ -214,12 +220,40 @@ def build_tiny_model(out_dir: str | Path, recipe: TinyRecipe = TinyRecipe(), pro
     return out
 
 
+def weights_sha256(model_dir: str | Path) -> str:
+    return hashlib.sha256((Path(model_dir) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def build_record() -> dict:
+    """What a build's bits depend on besides the recipe (stored beside shipped weights)."""
+    import platform
+
+    import torch
+
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "machine": platform.machine(), "threads": torch.get_num_threads()}
+
+
+def shipped_tiny(recipe: TinyRecipe = TinyRecipe()) -> Path | None:
+    """The packaged build of `recipe`, or None (no shipped weights, or another recipe's)."""
+    meta = SHIPPED_DIR / "builtin.json"
+    if not meta.is_file():
+        return None
+    recorded = json.loads(meta.read_text()).get("recipe", {})
+    key = hashlib.sha256(json.dumps(recorded, sort_keys=True).encode()).hexdigest()[:10]
+    return SHIPPED_DIR if key == recipe.key() else None
+
+
 def ensure_builtin(name: str, cache_root: str | Path, progress: bool = False) -> Path:
-    """Path of the cached built-in model `name`, building it once (atomically) if absent."""
+    """Path of the built-in model `name`: the shipped weights when they are this recipe's,
+    else the workspace's cached build (built once, atomically, if absent)."""
     kind = name.removeprefix(BUILTIN_PREFIX)
     if kind != "tiny-arith":
         raise ValueError(f"unknown built-in model {name!r}; known: builtin:tiny-arith")
     recipe = TinyRecipe()
+    shipped = shipped_tiny(recipe)
+    if shipped is not None:
+        return shipped
     final = Path(cache_root) / f"tiny-arith-{recipe.key()}"
     if (final / "builtin.json").is_file():
         return final

@@ -1,20 +1,18 @@
 """Row validation at ingest: repair mis-escaped LaTeX, refuse text that is not clean
 Unicode (NUL, invalid UTF-8, control characters, mojibake), cap sizes, require a gold
-answer that parses, and sort an adapter's rows into accepted, rejected and duplicate.
-grpo_core.store runs this inside one ingest and re-exports the public names."""
+answer that parses, and sort an adapter's rows into accepted, rejected and duplicate,
+counted in an `IngestReport`. grpo_core.store runs this inside one ingest and re-exports
+the public names; this module imports nothing of the store."""
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from grpo_core.adapters import Adapter, BadRow, Rejection
 from grpo_core.problems import Problem
-
-if TYPE_CHECKING:
-    from grpo_core.store import IngestReport
 
 MAX_PROBLEM_CHARS = 20000
 MAX_ANSWER_CHARS = 1000
@@ -117,8 +115,42 @@ def _validate(adapter: Adapter, index: int, raw: Any,
     return check_size(p, max_chars) or check_text(p)
 
 
-def _check_rows(adapter: Adapter, report: IngestReport, stored: set[str], accepted: list,
-                rejected: list, max_chars: int) -> None:
+@dataclass
+class IngestReport:
+    """Counts of one ingest. Always: total_rows == ingested + quarantined + duplicates."""
+
+    source: str
+    split: str
+    origin: str
+    total_rows: int = 0
+    ingested: int = 0
+    duplicates: int = 0  # same fingerprint as an earlier row of this ingest or the store
+    already_stored: int = 0  # of the duplicates, those already in the store
+    quarantined: dict[str, int] = field(default_factory=dict)  # reason code -> rows
+    contaminated: int = 0  # ingested rows flagged as overlapping an eval set
+    contaminated_with: dict[str, int] = field(default_factory=dict)  # eval set -> rows
+    flagged_existing: int = 0  # earlier training rows flagged by this (eval) source
+    repaired: int = 0  # ingested rows whose mis-escaped LaTeX was repaired
+    first_reasons: list[str] = field(default_factory=list)  # "row 3: code: detail"
+    seconds: float = 0.0
+
+    @property
+    def quarantined_total(self) -> int:
+        return sum(self.quarantined.values())
+
+    @property
+    def all_invalid(self) -> bool:
+        return self.total_rows > 0 and self.quarantined_total == self.total_rows
+
+    def reject(self, index: int, why: Rejection) -> None:
+        """Count row `index` as quarantined for `why` (the first five reasons are kept)."""
+        self.quarantined[why.code] = self.quarantined.get(why.code, 0) + 1
+        if len(self.first_reasons) < 5:
+            self.first_reasons.append(f"row {index}: {why}")
+
+
+def check_rows(adapter: Adapter, report: IngestReport, stored: set[str], accepted: list,
+               rejected: list, max_chars: int) -> None:
     """Sort every row into accepted, rejected or duplicate (counted in `report`)."""
     seen: set[str] = set()
     for index, raw in adapter.rows():
@@ -136,5 +168,5 @@ def _check_rows(adapter: Adapter, report: IngestReport, stored: set[str], accept
                 report.repaired += repaired
                 accepted.append((index, p))
                 continue
-        report._reject(index, checked)
+        report.reject(index, checked)
         rejected.append((index, checked, raw.raw if isinstance(raw, BadRow) else raw))

@@ -1,6 +1,6 @@
 """Run artifacts: text/JSON/files, plots, per-problem eval tables and the recipe
-comparison run. Split out of tasks.tracking, which re-exports every name here, so callers
-keep writing `tracking.log_json(...)`."""
+comparison run. tasks.tracking re-exports every name here, so callers keep writing
+`tracking.log_json(...)`."""
 from __future__ import annotations
 
 import contextlib
@@ -14,9 +14,12 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from tasks.mlflow_client import connect, experiment_id, get_client, set_tags
+from tasks.tracking_store import artifact_root, experiment_name, slug, tracking_uri, workdir_of
+
 
 def log_text(run_id: str, text: str, path: str, client: MlflowClient | None = None) -> str:
-    _client(client).log_text(run_id, text, path)
+    get_client(client).log_text(run_id, text, path)
     return path
 
 
@@ -27,7 +30,7 @@ def log_json(run_id: str, obj: Any, path: str, client: MlflowClient | None = Non
 
 def log_file(run_id: str, local_path: str | os.PathLike, artifact_dir: str | None = None,
              client: MlflowClient | None = None) -> str:
-    _client(client).log_artifact(run_id, str(local_path), artifact_dir)
+    get_client(client).log_artifact(run_id, str(local_path), artifact_dir)
     name = Path(local_path).name
     return f"{artifact_dir}/{name}" if artifact_dir else name
 
@@ -35,7 +38,7 @@ def log_file(run_id: str, local_path: str | os.PathLike, artifact_dir: str | Non
 def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = None) -> None:
     """Give `dst_run` the artifacts of `src_run` (a stage served from the cache under a
     new child run still shows its tables and plots there)."""
-    c = _client(client)
+    c = get_client(client)
     with tempfile.TemporaryDirectory() as tmp:
         local = c.download_artifacts(src_run, "", tmp)
         if any(Path(local).iterdir()):
@@ -49,7 +52,7 @@ def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind:
     from tasks.plots import training_curves
 
     with tempfile.TemporaryDirectory() as tmp:
-        png = training_curves(history, Path(tmp) / f"{_slug(kind)}_curves.png", kind=kind)
+        png = training_curves(history, Path(tmp) / f"{slug(kind)}_curves.png", kind=kind)
         return log_file(run_id, png, "plots", client)
 
 
@@ -98,7 +101,7 @@ def log_eval_table(run_id: str, per_problem: Sequence[Mapping[str, Any]], name: 
     log_table alone would append the rows to the existing file."""
     import pandas as pd
 
-    c = _client(client)
+    c = get_client(client)
     path = name if name.endswith((".json", ".parquet")) else f"tables/{name}.json"
     df = pd.DataFrame(eval_table_rows(per_problem[:max_rows] if max_rows else per_problem))
     folder = os.path.dirname(path) or None
@@ -124,7 +127,7 @@ def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | o
     import hashlib
     import io
 
-    workdir = _workdir(workspace, cfg)
+    workdir = workdir_of(workspace, cfg)
     uri = tracking_uri(cfg, workdir)
     c = connect(uri, check=False)
     name = experiment_name(cfg)
@@ -158,18 +161,3 @@ def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | o
     c.set_terminated(run_id, "FINISHED")
     return run_id
 
-
-# The core helpers, imported last: tasks.tracking imports this module at its own end to
-# re-export it, so binding them here only after this module's names exist lets either
-# module be imported first.
-from tasks.tracking import (
-    _client,
-    _slug,
-    _workdir,
-    artifact_root,
-    connect,
-    experiment_id,
-    experiment_name,
-    set_tags,
-    tracking_uri,
-)

@@ -7,10 +7,12 @@ comparison read back out of MLflow.
 - `paired_deltas` turns two record sets into paired deltas with 95% CIs
   (grpo_core.metrics.paired_delta); `delta_metrics` names them as logged on the eval/final
   run (`<bench>/<metric>_delta`, `_delta_ci_lo`, `_delta_ci_hi`, `_delta_n`).
+- `table_row`: the one builder of a comparison row (COMPARE_COLUMNS), used by
+  `compare_table` and by the recipe comparison flow (flows/compare.py).
 - `compare_table`: base vs final metric (with CIs) and the paired delta (with its CI) per
   recipe and benchmark, from the finished parent runs of an experiment.
 
-Split out of tasks.tracking, which re-exports compare_table and COMPARE_COLUMNS."""
+tasks.tracking re-exports compare_table and COMPARE_COLUMNS."""
 from __future__ import annotations
 
 import contextlib
@@ -26,6 +28,7 @@ from grpo_core.models import model_fingerprint, resolve_model_path
 from grpo_core.records import read_eval_results, read_eval_runs
 from grpo_core.store import Store, StoreError
 from grpo_core.workspace import Workspace
+from tasks.mlflow_client import child_runs, get_client, sanitize_key
 
 COMPARE_COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final",
                    "final_lo", "final_hi", "delta", "delta_lo", "delta_hi"]
@@ -135,7 +138,30 @@ def delta_metrics(deltas: Mapping[str, Mapping[str, Mapping]]) -> dict[str, floa
 
 # --------------------------------------------------------------------------- table
 
-def _triple_from(metrics: Mapping[str, float], key: str) -> tuple:
+Triple = tuple[float | None, float | None, float | None]  # (value, lo, hi)
+
+
+def table_row(recipe: str, benchmark: str, metric: str, base: Triple, final: Triple,
+              delta: Triple = (None, None, None)) -> dict:
+    """One comparison row (COMPARE_COLUMNS) from (value, lo, hi) triples. Without a paired
+    delta the delta is final minus base, without a CI (not an unpaired one)."""
+    b, blo, bhi = base
+    f, flo, fhi = final
+    d, dlo, dhi = delta
+    if d is None and f is not None and b is not None:
+        d = f - b
+    return dict(zip(COMPARE_COLUMNS, (recipe, benchmark, metric, b, blo, bhi, f, flo, fhi,
+                                      d, dlo, dhi), strict=True))
+
+
+def ci_triple(block: Mapping | None, value: str = "mean") -> Triple:
+    """(value, lo, hi) of a CI block: {"mean", "lo", "hi"} (a metric's), or with
+    value="delta" a paired delta's {"delta", "lo", "hi"}; Nones for no block."""
+    block = block or {}
+    return block.get(value), block.get("lo"), block.get("hi")
+
+
+def _triple_from(metrics: Mapping[str, float], key: str) -> Triple:
     return metrics.get(key), metrics.get(f"{key}_ci_lo"), metrics.get(f"{key}_ci_hi")
 
 
@@ -146,7 +172,7 @@ def compare_table(uri: str | None, experiment: str, metric: str | None = None,
     with CIs, and the paired delta with its CI when the pipeline logged one (else the
     difference of the means, without a CI). `metric` defaults to each parent's
     eval.primary_metric param."""
-    c = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else _client()
+    c = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else get_client()
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return []
@@ -166,7 +192,7 @@ def compare_table(uri: str | None, experiment: str, metric: str | None = None,
 
 def _recipe_rows(c: MlflowClient, parent, recipe: str, m: str) -> list[dict]:
     mk = sanitize_key(m)
-    kids = {r.info.run_name: r for r in _children(parent.info.run_id, c)}
+    kids = {r.info.run_name: r for r in child_runs(parent.info.run_id, c)}
     final = kids.get("eval/final")
     if final is None:
         return []
@@ -174,20 +200,7 @@ def _recipe_rows(c: MlflowClient, parent, recipe: str, m: str) -> list[dict]:
     fm, bm = final.data.metrics, base.data.metrics if base else {}
     benches = sorted(k[: -len(mk) - 1] for k in fm
                      if k.endswith("/" + mk) and "/" not in k[: -len(mk) - 1])
-    rows = []
-    for bench in benches:
-        f, flo, fhi = _triple_from(fm, f"{bench}/{mk}")
-        b, blo, bhi = _triple_from(bm, f"{bench}/{mk}")
-        d, dlo, dhi = _triple_from(fm, f"{bench}/{mk}_delta")
-        if d is None and f is not None and b is not None:
-            d = f - b
-        rows.append({"recipe": recipe, "benchmark": bench, "metric": m, "base": b,
-                     "base_lo": blo, "base_hi": bhi, "final": f, "final_lo": flo,
-                     "final_hi": fhi, "delta": d, "delta_lo": dlo, "delta_hi": dhi})
-    return rows
+    return [table_row(recipe, bench, m, _triple_from(bm, f"{bench}/{mk}"),
+                      _triple_from(fm, f"{bench}/{mk}"), _triple_from(fm, f"{bench}/{mk}_delta"))
+            for bench in benches]
 
-
-# The core helpers, imported last: tasks.tracking imports this module at its own end to
-# re-export it, so binding them here only after this module's names exist lets either
-# module be imported first.
-from tasks.tracking import _children, _client, sanitize_key

@@ -1,7 +1,6 @@
 """Model registry: register a pipeline's model as a version of <project>-<recipe>, promote
 it to `champion` when it beats the current one (the paired per-problem difference's CI
-above 0), and fetch the champion.
-Split out of tasks.tracking, which re-exports every public name here."""
+above 0), and fetch the champion. tasks.tracking re-exports the public names."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +16,11 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.metrics import paired_delta
+from tasks.mlflow_client import get_client, sanitize_key, set_tags
+from tasks.redaction import redact
+from tasks.tracking_store import read_state, slug, write_state
 
+CHAMPION, CHALLENGER = "champion", "challenger"
 EVAL_RUN_TAG = "grpo.eval_run_id"
 PAIRED_RULE = ("paired: promote when the lower bound of the 95% paired bootstrap CI of "
                "challenger minus champion (per-problem scores, same problems) is > 0")
@@ -28,7 +31,7 @@ UNPAIRED_RULE = ("unpaired (no per-problem records given): promote when the chal
 def model_name(cfg) -> str:
     """Registered model of a config family: <project>-<recipe>. Stable across retraining
     rounds (a new config hash of the same recipe competes for the same champion)."""
-    return _slug(f"{cfg.project.name}-{cfg.project.recipe}")
+    return slug(f"{cfg.project.name}-{cfg.project.recipe}")
 
 
 def register_model(run_id: str, model_dir: str | os.PathLike, name: str,
@@ -42,7 +45,7 @@ def register_model(run_id: str, model_dir: str | os.PathLike, name: str,
     A second call for the same run (a re-run of a finished config) returns the existing
     version instead of copying the weights again.
     """
-    c = _client(client)
+    c = get_client(client)
     _ensure_registered_model(c, name)
     existing = [v for v in c.search_model_versions(f"name = '{name}'") if v.run_id == run_id]
     if existing:
@@ -108,7 +111,8 @@ def _triplet(source: Mapping[str, Any], metric: str) -> tuple[float | None, floa
     return num(block), num(source.get(f"{m}_ci_lo")), num(source.get(f"{m}_ci_hi"))
 
 
-def _fmt_ci(v, lo, hi) -> str:
+def fmt_ci(v, lo, hi) -> str:
+    """A value with its CI, "0.5000 [0.4000, 0.6000]" (no CI when a bound is missing)."""
     ci = f" [{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else ""
     return f"{v:.4f}{ci}"
 
@@ -141,7 +145,7 @@ def promote_if_better(client: MlflowClient | None, name: str, version: str, metr
     the decision as tags on the challenger version (grpo.decision, grpo.decision_reason,
     grpo.decision_rule, grpo.paired_delta[.ci_lo/.ci_hi], ...).
     """
-    c = _client(client)
+    c = get_client(client)
     version = str(version)
     for k, v in _metric_tags(metric, value, ci_lo, ci_hi, protocol_hash, eval_run_id).items():
         c.set_model_version_tag(name, version, k, v)
@@ -149,7 +153,7 @@ def promote_if_better(client: MlflowClient | None, name: str, version: str, metr
     rule, paired = (PAIRED_RULE if records is not None else UNPAIRED_RULE), None
     if champ is None:
         promoted, against = True, ""
-        reason = f"no champion yet; v{version} {metric} {_fmt_ci(value, ci_lo, ci_hi)}"
+        reason = f"no champion yet; v{version} {metric} {fmt_ci(value, ci_lo, ci_hi)}"
     elif str(champ.version) == version:
         promoted, reason, against = True, f"v{version} is already the champion", version
     elif records is not None:
@@ -218,7 +222,7 @@ def _paired_decision(champ, version: str, metric: str, records: Sequence[Mapping
                        f"champion"), None
     promoted = d["lo"] > 0
     return promoted, (f"challenger v{version} - champion v{against} {metric}: paired delta "
-                      f"{_fmt_ci(d['delta'], d['lo'], d['hi'])} over {d['n']} problems, "
+                      f"{fmt_ci(d['delta'], d['lo'], d['hi'])} over {d['n']} problems, "
                       f"CI lower bound {'>' if promoted else '<='} 0"), d
 
 
@@ -240,16 +244,16 @@ def _unpaired_decision(champ, version: str, metric: str, mine: tuple, champion_m
                                        "re-evaluate it and pass champion_metrics")
     bar = chi if chi is not None else cv
     promoted = mine[0] > bar
-    return promoted, (f"challenger v{version} {metric} {_fmt_ci(*mine)} "
+    return promoted, (f"challenger v{version} {metric} {fmt_ci(*mine)} "
                       f"{'>' if promoted else '<='} champion v{against} "
                       f"{'upper CI ' if chi is not None else ''}{bar:.4f} "
-                      f"(champion {_fmt_ci(cv, clo, chi)})")
+                      f"(champion {fmt_ci(cv, clo, chi)})")
 
 
 def decision_record(name: str, version: str, client: MlflowClient | None = None) -> dict:
     """What promote_if_better decided for `version`, read back from its tags: decision,
     reason, rule, compared_with and the paired delta ({"delta", "lo", "hi", "n"}) if any."""
-    tags = _client(client).get_model_version(name, str(version)).tags
+    tags = get_client(client).get_model_version(name, str(version)).tags
     out = {k: tags.get(f"grpo.{t}") for k, t in (
         ("decision", "decision"), ("reason", "decision_reason"), ("rule", "decision_rule"),
         ("compared_with", "compared_with"))}
@@ -269,7 +273,7 @@ def champion_uri(name: str) -> str:
 def champion_version(name: str, client: MlflowClient | None = None):
     """The champion ModelVersion of `name`, or None."""
     try:
-        return _client(client).get_model_version_by_alias(name, CHAMPION)
+        return get_client(client).get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
         return None
 
@@ -278,14 +282,14 @@ def download_champion(name: str, dst: str | os.PathLike, client: MlflowClient | 
     """Download the champion's HF folder into `dst` (skipped when `dst` already holds that
     version) and return the folder to pass to from_pretrained. Raises LookupError when
     `name` has no champion."""
-    c = _client(client)
+    c = get_client(client)
     mv = champion_version(name, c)
     if mv is None:
         raise LookupError(f"registered model {name!r} has no {CHAMPION!r} alias")
     dst = Path(dst)
     marker = dst / ".grpo_model_version.json"
     want = {"name": name, "version": str(mv.version), "run_id": mv.run_id}
-    seen = _read_state(marker)
+    seen = read_state(marker)
     if {k: seen.get(k) for k in want} == want and (dst / seen.get("folder", "")).is_dir():
         return dst / seen["folder"]
     dst.mkdir(parents=True, exist_ok=True)
@@ -296,21 +300,6 @@ def download_champion(name: str, dst: str | os.PathLike, client: MlflowClient | 
         local = Path(mlflow.artifacts.download_artifacts(
             artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(dst),
             tracking_uri=getattr(getattr(c, "_tracking_client", None), "tracking_uri", None)))
-    _write_state(marker, {**want, "folder": os.path.relpath(local, dst)})
+    write_state(marker, {**want, "folder": os.path.relpath(local, dst)})
     return local
 
-
-# The core helpers, imported last: tasks.tracking imports this module at its own end to
-# re-export it, so binding them here only after this module's names exist lets either
-# module be imported first.
-from tasks.tracking import (
-    CHALLENGER,
-    CHAMPION,
-    _client,
-    _read_state,
-    _slug,
-    _write_state,
-    redact,
-    sanitize_key,
-    set_tags,
-)

@@ -389,6 +389,6 @@ def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
 
 
 def _tokenizer(path: str):
-    from transformers import AutoTokenizer
+    from grpo_core.models import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return load_tokenizer(path)

@@ -1,7 +1,12 @@
 """Where the MLflow store is, and whether it answers: no mlflow import, so `grpo run`
-can refuse an unreachable tracking server in a second, before the heavy imports."""
+can refuse an unreachable tracking server in a second, before the heavy imports. Also the
+workspace side of tracking: the workdir of a config, and the small JSON state files
+(<workdir>/runs/<config hash>.json remembers a config's parent run).
+
+A leaf: it imports no other module of `tasks`."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -20,7 +25,8 @@ class TrackingUnreachable(RuntimeError):
     """The tracking store cannot be used; the message names the URI and what to do."""
 
 
-def _workdir(workspace: Workspace | str | os.PathLike | None, cfg=None) -> Path:
+def workdir_of(workspace: Workspace | str | os.PathLike | None, cfg=None) -> Path:
+    """The workdir folder of `workspace` (a Workspace or a path), else of the config."""
     if isinstance(workspace, Workspace):
         return workspace.root
     if workspace is not None:
@@ -37,7 +43,7 @@ def tracking_uri(cfg, workspace: Workspace | str | os.PathLike | None = None) ->
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    return f"sqlite:///{_workdir(workspace, cfg) / 'mlflow.db'}"
+    return f"sqlite:///{workdir_of(workspace, cfg) / 'mlflow.db'}"
 
 
 def experiment_name(cfg) -> str:
@@ -55,14 +61,15 @@ def artifact_root(uri: str, workspace: Workspace | str | os.PathLike | None, nam
     for a tracking server."""
     if is_remote(uri):
         return None
-    return (_workdir(workspace, cfg) / "mlartifacts" / _slug(name)).as_uri()
+    return (workdir_of(workspace, cfg) / "mlartifacts" / slug(name)).as_uri()
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
+    """`text` as a file/registry-safe name (runs of other characters -> "-")."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "default"
 
 
-def _strip_userinfo(uri: str) -> str:
+def strip_userinfo(uri: str) -> str:
     """The URI without user:password@, for messages and for our own health probe."""
     p = urllib.parse.urlparse(uri)
     if p.username is None and p.password is None:
@@ -71,6 +78,27 @@ def _strip_userinfo(uri: str) -> str:
     if p.port:
         host = f"{host}:{p.port}"
     return urllib.parse.urlunparse(p._replace(netloc=host))
+
+
+def parent_state_path(workdir: Path, config_hash: str) -> Path:
+    """Where the parent run of `config_hash` is remembered."""
+    return workdir / "runs" / f"{config_hash}.json"
+
+
+def read_state(path: Path) -> dict:
+    """A JSON state file, {} when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(path: Path, state: dict) -> None:
+    """Write a JSON state file atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
@@ -82,7 +110,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
     it past `timeout` + 1 s. The MLflow client itself retries for minutes, hence this
     check before any work. sqlite: the folder of the database file must be writable.
     """
-    shown = _strip_userinfo(uri)
+    shown = strip_userinfo(uri)
     scheme = urllib.parse.urlparse(uri).scheme
     if scheme in ("http", "https"):
         outcome: dict[str, Any] = {}

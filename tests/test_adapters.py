@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import grpo_core.answers  # noqa: F401 - the adapters extract golds: must import, not skip
 from grpo_core.adapters import (
     PRESETS,
     BadRow,
@@ -17,8 +18,6 @@ from grpo_core.adapters import (
     resolve_source,
 )
 from grpo_core.problems import Problem
-
-pytest.importorskip("grpo_core.answers", reason="grpo_core.answers (gold extraction) not there yet")
 
 ROWS = [{"q": "What is 6*7?", "a": "42", "why": "6*7=42", "lvl": "Level 2", "topic": "arith"},
         {"q": "Half of one?", "a": "\\frac{1}{2}", "why": "", "lvl": 1, "topic": "fractions"}]

@@ -1,4 +1,4 @@
-"""Pass-rate statistics: Wilson interval, band selection, histogram, rank correlation, advantages."""
+"""Pass-rate statistics: Wilson interval, band selection, histogram, rank correlation."""
 from __future__ import annotations
 
 import math
@@ -7,16 +7,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from grpo_core.passrate import (
     classify,
-    group_advantages,
     histogram,
     plot_histogram,
     select_band,
     spearman,
     wilson_interval,
-    zero_variance_fraction,
 )
 
 # ---------------------------------------------------------------- Wilson interval
@@ -138,63 +137,9 @@ def test_spearman_detects_pass_rate_falling_with_level():
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 8)), min_size=2, max_size=40))
 def test_spearman_matches_scipy(pairs):
-    stats = pytest.importorskip("scipy.stats")
     x, y = zip(*pairs)
     ours = spearman(x, y)
     if len(set(x)) < 2 or len(set(y)) < 2:
         assert math.isnan(ours)
     else:
         assert ours == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
-
-
-# ---------------------------------------------------------------- groups and advantages
-
-
-def test_zero_variance_fraction():
-    assert zero_variance_fraction([1, 1, 1, 1, 0, 1, 0, 1], 4) == 0.5
-    assert zero_variance_fraction([0.5] * 8 + [0, 0, 0, 0, 0, 0, 0, 1.5], 8) == 0.5
-    assert zero_variance_fraction([0.1 + 0.2, 0.3], 2) == 1.0  # float noise still counts as flat
-    assert zero_variance_fraction([], 8) == 0.0
-    with pytest.raises(ValueError):
-        zero_variance_fraction([1, 0, 1], 2)
-
-
-def test_group_advantages_known_values():
-    # Group 1: mean 0.5, unbiased std sqrt(1/3) over [1, 0, 1, 0]; group 2 is flat.
-    adv = group_advantages([1, 0, 1, 0, 0.1, 0.1, 0.1, 0.1], 4)
-    s = math.sqrt(1 / 3)
-    assert adv[:4] == pytest.approx([0.5 / s, -0.5 / s, 0.5 / s, -0.5 / s], rel=1e-6)
-    assert adv[4:].tolist() == [0.0, 0.0, 0.0, 0.0]  # exactly zero: nothing to learn
-    assert group_advantages([1, 0], 2, scale="none").tolist() == [0.5, -0.5]
-    batch = group_advantages([1, 0, 1, 1], 2, scale="batch")
-    assert batch.tolist() == pytest.approx([0.5 / 0.5, -0.5 / 0.5, 0.0, 0.0], rel=1e-6)  # std([1,0,1,1], ddof=1) = 0.5
-    assert group_advantages([3.0], 1).tolist() == [0.0]
-    with pytest.raises(ValueError):
-        group_advantages([1, 0], 2, scale="rank")
-    with pytest.raises(ValueError):
-        group_advantages([1, 0, 1], 2)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.integers(2, 8).flatmap(
-        lambda g: st.tuples(st.just(g), st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.5, -0.5]),
-                                                 min_size=g, max_size=8 * g).map(lambda r: r[: len(r) // g * g]))
-    ),
-    st.sampled_from(["group", "batch", "none"]),
-)
-def test_group_advantages_properties(g_rewards, scale):
-    g, rewards = g_rewards
-    adv = group_advantages(rewards, g, scale=scale).reshape(-1, g)
-    groups = np.asarray(rewards, dtype=float).reshape(-1, g)
-    assert np.isfinite(adv).all()
-    assert np.allclose(adv.sum(axis=1), 0.0, atol=1e-6)  # centred within each group
-    flat = np.ptp(groups, axis=1) == 0
-    assert (adv[flat] == 0.0).all()
-    if scale == "group":
-        # Non-flat groups come out with unit (unbiased) std, up to eps.
-        assert np.allclose(adv[~flat].std(axis=1, ddof=1), 1.0, atol=1e-6)
-    # Ordering inside a group is preserved: a better reward never gets a lower advantage.
-    for r, a in zip(groups, adv):
-        order = np.argsort(r, kind="stable")
-        assert (np.diff(a[order]) >= -1e-12).all()

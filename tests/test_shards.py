@@ -14,8 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from grpo_core.config import ConfigError, PipelineConfig
+from grpo_core.db import PASS_RATE_SCHEMA
 from grpo_core.difficulty import run_filter
-from grpo_core.records import PASS_RATE_SCHEMA, problem_key, read_pass_rates, write_pass_rates
+from grpo_core.records import problem_key, read_pass_rates, write_pass_rates
 from grpo_core.shards import (
     finished_shard,
     ingest_shards,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from grpo_core import decontam
+from grpo_core import answers, decontam  # noqa: F401 - answers: the ingest parses golds
 from grpo_core.adapters import resolve_source
 from grpo_core.problems import Problem
 from grpo_core.store import (
@@ -20,8 +20,6 @@ from grpo_core.store import (
     check_text,
     undecodable,
 )
-
-pytest.importorskip("grpo_core.answers", reason="grpo_core.answers (gold parsing) not there yet")
 
 SHARED = [("gsm8k", "train", "gsm8k/train.jsonl"), ("math", "train", "math/train4500.jsonl"),
           ("gsm8k", "test", "gsm8k/test.jsonl"), ("math500", "test", "math500/test.jsonl"),

@@ -133,7 +133,7 @@ def test_check_reachable_unused_port_fails_fast():
 def test_parent_and_children_reused_on_resume(store):
     cfg, wd = store
     parent = _parent(cfg, wd)
-    client = T._client()
+    client = T.get_client()
     run = client.get_run(parent)
     tags = run.data.tags
     assert tags["recipe"] == "r1_zero" and tags["config_hash"] == cfg.hash()
@@ -198,7 +198,7 @@ def test_no_secret_reaches_params_tags_or_artifacts(store, monkeypatch):
     child = T.child_run(parent, "sft")
     T.set_tags(child, {"api_key": SECRET, "note": "fine"})
     T.log_json(child, T.redact({"token": SECRET}), "data/x.json")
-    client = T._client()
+    client = T.get_client()
     for rid in (parent, child):
         run = client.get_run(rid)
         blob = json.dumps([run.data.params, run.data.tags])
@@ -224,14 +224,14 @@ def test_metrics_sanitised_skipped_and_batched(store):
                             "none": None, "inf": math.inf, "np": np.float32(0.25), "flag": True,
                             "text": "skip", "ci": {"mean": 0.4, "lo": 0.3, "hi": 0.5, "n": 20},
                             "nested": {"by_level": {"1": 0.9}}}, step=3)
-    m = T._client().get_run(run).data.metrics
+    m = T.get_client().get_run(run).data.metrics
     assert m == {"pass_at_4": 0.5, "a_b_": 1.0, "x/y": 2.0, "np": 0.25, "flag": 1.0, "ci": 0.4,
                  "ci_ci_lo": 0.3, "ci_ci_hi": 0.5, "ci_n": 20.0, "nested/by_level/1": 0.9}
     assert n == len(m)
     assert T.has_metrics(run)
     many = {f"m/{i}": float(i) for i in range(1500)}  # beyond one log_batch (1000)
     assert T.log_metrics(run, many) == 1500
-    assert len(T._client().get_run(run).data.metrics) == len(m) + 1500
+    assert len(T.get_client().get_run(run).data.metrics) == len(m) + 1500
 
 
 def test_eval_metrics_flatten_for_compare():
@@ -243,20 +243,6 @@ def test_eval_metrics_flatten_for_compare():
     assert flat["gsm8k/greedy_accuracy"] == 0.5 and flat["gsm8k/greedy_accuracy_ci_hi"] == 0.6
     assert flat["gsm8k/pass_at_4_ci_lo"] == 0.6 and flat["gsm8k/k"] == 4
     assert "gsm8k/ks" not in flat
-
-
-def test_history_per_step_and_no_duplicates_on_resume(store):
-    cfg, wd = store
-    run = T.child_run(_parent(cfg, wd), "grpo/round-1")
-    hist = [{"step": s, "reward": 0.1 * s, "reward_std": 0.2, "kl": 0.01 * s,
-             "completions/mean_length": 30 + s, "frac_reward_zero_std": 0.5, "epoch": 0.1}
-            for s in range(1, 6)]
-    assert T.history_to_mlflow(run, hist[:3]) == 18
-    assert T.history_to_mlflow(run, hist) == 12  # steps 4-5 only: 1-3 were logged
-    client = T._client()
-    for key in ("reward", "reward_std", "kl", "completions/mean_length", "frac_reward_zero_std"):
-        steps = sorted(m.step for m in client.get_metric_history(run, key))
-        assert steps == [1, 2, 3, 4, 5], key
 
 
 def test_artifacts_pngs_and_tables_in_store(store):
@@ -276,7 +262,7 @@ def test_artifacts_pngs_and_tables_in_store(store):
     T.log_json(ev, {"a": (1, 2), "p": Path("/x")}, "eval/summary.json")
     T.log_text(ev, "hello", "notes/readme.txt")
 
-    client = T._client()
+    client = T.get_client()
     for rid, path in ((grpo, "plots/grpo_curves.png"), (filt, "plots/passrate_histogram.png")):
         # Files in the local artifact store under the workdir, never ./mlruns.
         local = Path(client.get_run(rid).info.artifact_uri.removeprefix("file://")) / path
@@ -307,7 +293,7 @@ def test_register_and_promote_champion(store):
     cfg, wd = store
     name = "trk-r1_zero"
     p1 = _parent(cfg, wd)
-    c = T._client()
+    c = T.get_client()
     v1 = T.register_model(p1, _fake_model(wd / "m1", "one"), name)
     assert v1 == "1"
     assert str(c.get_model_version_by_alias(name, "challenger").version) == "1"
@@ -376,7 +362,7 @@ def test_finish_pipeline_and_compare_table(store):
         results[recipe] = out
         assert out["promoted"] and out["model_name"] == f"recipes-{recipe}"
         assert "synthetic greedy_accuracy" in out["summary"]
-    client = T._client()
+    client = T.get_client()
     p = client.get_run(results["r1_zero"]["parent_run"])
     assert p.info.status == "FINISHED" and p.data.metrics["final/synthetic/greedy_accuracy"] == 0.5
     assert p.data.tags["findings"] == "collapse at step 3"
@@ -402,16 +388,10 @@ def test_finish_pipeline_and_compare_table(store):
     assert len(table["data"]) == 2
 
 
-def test_stage_run_and_fail_pipeline(store):
+def test_fail_pipeline(store):
     cfg, wd = store
     parent = _parent(cfg, wd)
-    with T.stage_run(parent, "data") as rid:
-        pass
-    c = T._client()
-    assert c.get_run(rid).info.status == "FINISHED"
-    with pytest.raises(RuntimeError), T.stage_run(parent, "sft") as rid2:
-        raise RuntimeError("boom")
-    assert c.get_run(rid2).info.status == "FAILED"
+    c = T.get_client()
     running = T.child_run(parent, "grpo/round-1")
     T.fail_pipeline(parent, "RuntimeError: boom", wd)
     assert c.get_run(parent).info.status == "FAILED"
@@ -438,34 +418,23 @@ def _tiny_trainer(out: Path, report_to, callbacks=()):
     return Trainer(model=model, args=args, train_dataset=data, callbacks=list(callbacks))
 
 
-def test_step_logger_and_transformers_mlflow_callback(store):
-    """Both ways into a child run: our StepLogger callback, and transformers' own
-    MLflowCallback resumed through trl_mlflow_env (it ends the run at train end)."""
+def test_step_logger(store):
+    """Our StepLogger callback streams the trainer's logs into a child run, with no fluent
+    MLflow run left behind."""
     cfg, wd = store
     parent = _parent(cfg, wd)
-    c = T._client()
+    c = T.get_client()
 
     ours = T.child_run(parent, "sft")
     _tiny_trainer(wd / "t1", [], [T.StepLogger(ours, flush_every_s=60)]).train()
     steps = sorted(m.step for m in c.get_metric_history(ours, "loss"))
     assert steps == [1, 2, 3, 4]  # flushed at train end although the interval is 60 s
-
-    theirs = T.child_run(parent, "grpo/round-1")
-    with T.trl_mlflow_env(theirs) as env:
-        assert env["MLFLOW_RUN_ID"] == theirs and env["MLFLOW_MAX_LOG_PARAMS"] == "0"
-        _tiny_trainer(wd / "t2", ["mlflow"]).train()
-    run = c.get_run(theirs)
-    assert sorted(m.step for m in c.get_metric_history(theirs, "loss")) == [1, 2, 3, 4]
-    assert run.info.run_name == "grpo/round-1"  # not renamed by the callback
-    assert run.info.status == "FINISHED"
-    assert run.data.params == {}  # MLFLOW_MAX_LOG_PARAMS=0: the parent holds the config
-    assert "MLFLOW_RUN_ID" not in os.environ
     import mlflow
 
     assert mlflow.active_run() is None
-    # The trainer's runs did not land in another experiment or in ./mlruns.
+    # The trainer's run did not land in another experiment or in ./mlruns.
     assert not (wd.parent / "cwd" / "mlruns").exists()
-    assert {r.info.run_id for r in c.search_runs([run.info.experiment_id])} >= {ours, theirs}
+    assert ours in {r.info.run_id for r in c.search_runs([c.get_run(parent).info.experiment_id])}
 
 
 def test_reward_scorer_errors_reach_the_round_run(store, monkeypatch):
@@ -495,7 +464,7 @@ def test_reward_scorer_errors_reach_the_round_run(store, monkeypatch):
 
     logger = T.StepLogger(run, flush_every_s=60)
     _tiny_trainer(wd / "t3", [], [OneBadReward(), logger]).train()
-    history = T._client().get_metric_history(run, "scorer_errors/accuracy")
+    history = T.get_client().get_metric_history(run, "scorer_errors/accuracy")
     # 1 error from step 2 on; before it 0 (or no point, when no reward error happened yet
     # in this process): counted from the logger's start, not the process's.
     by_step = {m.step: m.value for m in history}
@@ -524,9 +493,10 @@ def test_over_http_against_mlflow_server(tmp_path, template_db, monkeypatch):
         child = T.child_run(parent, "grpo/round-1")
         assert T.child_run(parent, "grpo/round-1") == child
         T.log_metrics(child, {"pass@1": 0.5}, step=1)
-        T.history_to_mlflow(child, [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2}])
+        for step, reward in ((1, 0.1), (2, 0.2)):
+            T.log_metrics(child, {"reward": reward}, step=step)
         T.log_training_curves(child, [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2}])
-        c = T._client()
+        c = T.get_client()
         assert c.get_run(child).data.metrics["pass_at_1"] == 0.5
         assert [m.step for m in c.get_metric_history(child, "reward")] == [1, 2]
         png = next((tmp_path / "server-artifacts").rglob("grpo_curves.png"))

@@ -1,0 +1,281 @@
+"""The MLflow client of this process and what the rest of `tasks` logs through it: params,
+tags, metrics (flattened, sanitised, batched) and the child runs of a parent run.
+
+Everything goes through `MlflowClient` with explicit run ids, never the fluent "active
+run": that one is thread-local, so a Prefect task in a worker thread would not see it.
+The store is chosen once per process by `connect` (which `start_parent_run` calls);
+later calls in any thread of that process use it unless given a client.
+
+Imports only the leaves tasks.tracking_store and tasks.redaction."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import (
+    MAX_ENTITY_KEY_LENGTH,
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAM_VAL_LENGTH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_VAL_LENGTH,
+)
+
+from tasks.redaction import redact
+from tasks.tracking_store import check_reachable
+
+PARENT_RUN_ID_TAG = "mlflow.parentRunId"
+
+_clients: dict[str, MlflowClient] = {}
+_current_uri: str | None = None
+_lock = threading.Lock()
+
+
+# --------------------------------------------------------------------------- client
+
+def connect(uri: str, check: bool = True) -> MlflowClient:
+    """Make `uri` this process's store for every call below that is given no client, and
+    return a client for it.
+
+    MLflow's own global (mlflow.set_tracking_uri) is left alone on purpose: it also
+    exports MLFLOW_TRACKING_URI, which would then win over the workdir default of the next
+    config resolved in this process (a test suite, a comparison of two workdirs).
+    """
+    global _current_uri
+    if check:
+        check_reachable(uri)
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    with _lock:
+        _current_uri = uri
+        if uri not in _clients:
+            _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        return _clients[uri]
+
+
+def current_uri() -> str:
+    """The store `connect` chose, else MLflow's default resolution."""
+    return _current_uri or mlflow.get_tracking_uri()
+
+
+def get_client(client: MlflowClient | None = None) -> MlflowClient:
+    """`client` if given, else this process's client for `current_uri()`."""
+    if client is not None:
+        return client
+    uri = current_uri()
+    with _lock:
+        if uri not in _clients:
+            _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        return _clients[uri]
+
+
+def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = None) -> str:
+    """Get or create the experiment `name` (restoring it if it was deleted)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_root)
+        except MlflowException:  # created meanwhile by another process
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+# --------------------------------------------------------------------------- params and tags
+
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def sanitize_key(name: str) -> str:
+    """A valid MLflow metric/param/tag name: alphanumerics, `_ - . /` and space only
+    ("pass@4" -> "pass_at_4", other characters -> "_"), no empty or dot path segments."""
+    name = _BAD_CHARS.sub("_", str(name).replace("@", "_at_"))
+    parts = [p for p in name.split("/") if p not in ("", ".", "..")]
+    return ("/".join(parts) or "_")[:MAX_ENTITY_KEY_LENGTH]
+
+
+def flatten(tree: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """{"grpo": {"beta": 0.04}} -> {"grpo.beta": 0.04}. Lists of scalars stay one value;
+    lists holding mappings are indexed ("data.train.0.source")."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{sep}{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key, sep))
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, Mapping) for x in v):
+            for i, x in enumerate(v):
+                if isinstance(x, Mapping):
+                    out.update(flatten(x, f"{key}{sep}{i}", sep))
+                else:
+                    out[f"{key}{sep}{i}"] = x
+        else:
+            out[key] = v
+    return out
+
+
+def _param_value(v: Any) -> str:
+    text = json.dumps(v) if isinstance(v, (list, tuple, dict)) else str(v)
+    return text if len(text) <= MAX_PARAM_VAL_LENGTH else text[: MAX_PARAM_VAL_LENGTH - 3] + "..."
+
+
+def config_params(cfg) -> dict[str, str]:
+    """The resolved config as MLflow params: flattened, redacted, stringified."""
+    return {k[:MAX_ENTITY_KEY_LENGTH]: _param_value(v)
+            for k, v in flatten(redact(cfg.model_dump(mode="json"))).items()}
+
+
+def log_params(run_id: str, params: Mapping[str, Any], client: MlflowClient | None = None) -> None:
+    """Nested params flattened ("a.b"), secrets redacted, values cut to MLflow's limit."""
+    c = get_client(client)
+    items = [Param(sanitize_key(k), _param_value(v)) for k, v in flatten(redact(dict(params))).items()]
+    for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, params=items[i: i + MAX_PARAMS_TAGS_PER_BATCH])
+
+
+def set_tags(run_id: str, tags: Mapping[str, Any], client: MlflowClient | None = None) -> None:
+    """Set run tags (secret-named ones redacted, values cut to MLflow's limit)."""
+    c = get_client(client)
+    items = []
+    for k, v in redact(dict(tags)).items():
+        text = v if isinstance(v, str) else json.dumps(v, default=str)
+        items.append(RunTag(sanitize_key(k), text[:MAX_TAG_VAL_LENGTH]))
+    for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, tags=items[i: i + MAX_PARAMS_TAGS_PER_BATCH])
+
+
+# --------------------------------------------------------------------------- metrics
+
+def _number(v: Any) -> float | None:
+    if v is None or isinstance(v, str):
+        return None
+    if isinstance(v, bool):
+        return float(v)
+    if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:  # numpy / torch scalars
+        with contextlib.suppress(Exception):
+            v = v.item()
+    if isinstance(v, (int, float)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    return None
+
+
+def flatten_metrics(metrics: Mapping, prefix: str = "") -> dict[str, float]:
+    """Nested metric dicts to flat numbers. A CI block {"mean", "lo", "hi", "n"} becomes
+    name, name_ci_lo, name_ci_hi, name_n; other nesting joins with "/"; strings, lists,
+    None and NaN are dropped."""
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            if "mean" in v and ("lo" in v or "hi" in v):
+                for sub, suffix in (("mean", ""), ("lo", "_ci_lo"), ("hi", "_ci_hi"), ("n", "_n")):
+                    x = _number(v.get(sub))
+                    if x is not None:
+                        out[key + suffix] = x
+            else:
+                out.update(flatten_metrics(v, key))
+            continue
+        x = _number(v)
+        if x is not None:
+            out[key] = x
+    return out
+
+
+def log_metric_items(run_id: str, items: list[Metric], client: MlflowClient) -> None:
+    """Log ready-made Metric entities in batches of MLflow's maximum."""
+    for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=items[i: i + MAX_METRICS_PER_BATCH])
+
+
+def log_metrics(run_id: str, metrics: Mapping[str, Any], step: int | None = None,
+                client: MlflowClient | None = None, timestamp_ms: int | None = None) -> int:
+    """Log numbers (nested dicts flattened, names sanitised, None/NaN/inf skipped) in
+    batches of MLflow's maximum; returns how many were logged."""
+    flat = flatten_metrics(metrics)
+    if not flat:
+        return 0
+    ts = timestamp_ms or int(time.time() * 1000)
+    items = [Metric(sanitize_key(k), v, ts, step or 0) for k, v in flat.items()]
+    log_metric_items(run_id, items, get_client(client))
+    return len(items)
+
+
+def has_metrics(run_id: str, client: MlflowClient | None = None) -> bool:
+    return bool(get_client(client).get_run(run_id).data.metrics)
+
+
+def eval_metrics(benchmarks: Mapping[str, Any]) -> dict[str, float]:
+    """{bench: {"metrics": {...}}} (stages.evaluate's output) -> "<bench>/<metric>" numbers,
+    e.g. synthetic/greedy_accuracy, synthetic/greedy_accuracy_ci_lo, synthetic/pass_at_4."""
+    out: dict[str, float] = {}
+    for bench, res in benchmarks.items():
+        m = res.get("metrics", res) if isinstance(res, Mapping) else {}
+        out.update({sanitize_key(k): v for k, v in flatten_metrics(m, str(bench)).items()})
+    return out
+
+
+# --------------------------------------------------------------------------- child runs
+
+_experiment_of: dict[str, str] = {}
+
+
+def _experiment_id_of(run_id: str, client: MlflowClient) -> str:
+    if run_id not in _experiment_of:
+        _experiment_of[run_id] = client.get_run(run_id).info.experiment_id
+    return _experiment_of[run_id]
+
+
+def child_runs(parent_id: str, client: MlflowClient, name: str | None = None) -> list:
+    """The child runs of `parent_id` (only those named `name`, if given), oldest first."""
+    flt = f"tags.`{PARENT_RUN_ID_TAG}` = '{parent_id}'"
+    if name is not None:
+        flt += f" and attributes.run_name = '{name}'"
+    return list(client.search_runs([_experiment_id_of(parent_id, client)], flt, max_results=1000,
+                                   order_by=["attributes.start_time ASC"]))
+
+
+def child_run(parent_id: str, name: str, client: MlflowClient | None = None) -> str:
+    """The child run `name` of `parent_id`, created or found again (a resumed stage logs
+    into the run it started). Names: data, filter/round-N, sft, grpo/round-N, eval/...
+    A found run that is not FINISHED (killed, failed) is set back to RUNNING."""
+    if "'" in name:
+        raise ValueError(f"child run name must not contain a quote: {name!r}")
+    c = get_client(client)
+    found = child_runs(parent_id, c, name)
+    if found:
+        run = found[0]
+        if run.info.status != "FINISHED":
+            c.update_run(run.info.run_id, status="RUNNING")
+        return run.info.run_id
+    parent = c.get_run(parent_id)
+    tags = {PARENT_RUN_ID_TAG: parent_id, "grpo.pipeline": "child", "grpo.stage": name}
+    for key in ("recipe", "config_hash", "project"):
+        if key in parent.data.tags:
+            tags[key] = parent.data.tags[key]
+    run = c.create_run(parent.info.experiment_id, run_name=name, tags=tags)
+    _experiment_of[run.info.run_id] = parent.info.experiment_id
+    return run.info.run_id
+
+
+def end_run(run_id: str, status: str = "FINISHED", client: MlflowClient | None = None) -> None:
+    get_client(client).set_terminated(run_id, status)
+
+
+def close_children(parent_id: str, status: str, client: MlflowClient) -> None:
+    """End the still-RUNNING child runs of `parent_id` with `status`."""
+    for run in child_runs(parent_id, client):
+        if run.info.status == "RUNNING":
+            client.set_terminated(run.info.run_id, status)

@@ -1,0 +1,269 @@
+"""MLflow tracking for the pipeline: one parent run per pipeline run, a child run per stage.
+
+Layout in MLflow (experiment = tracking.experiment or project.name):
+
+    parent run  "<recipe>-<config hash>"   tags recipe, config_hash, git_commit,
+                                           prefect_flow_run_id, grpo.pipeline=parent
+      params    the resolved config, flattened ("grpo.beta": 0.04), secrets redacted
+      artifacts config/resolved.yaml, config/environment.json, model/ (registered)
+      children  data, filter/round-N, sft, grpo/round-N, eval/base, eval/round-N, eval/final
+
+Everything goes through the process's MlflowClient (tasks.mlflow_client), with explicit
+run ids; `start_parent_run` chooses the store for the process (`connect`).
+
+Resume: the parent run of a config hash is remembered in <workdir>/runs/<hash>.json and
+reused by every later run of the same config, whatever its status. A killed run thus
+continues under its parent, and a re-run of a finished config (a cache hit) appears as
+the same parent run again rather than as an empty twin. Child runs are found by name
+under their parent, so a resumed stage logs into the run it started.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from grpo_core.workspace import Workspace
+from tasks import comparison
+from tasks.artifacts import log_json, log_text
+from tasks.mlflow_client import (
+    child_run,
+    close_children,
+    config_params,
+    connect,
+    eval_metrics,
+    experiment_id,
+    get_client,
+    log_metrics,
+    log_params,
+    set_tags,
+)
+from tasks.redaction import redact
+from tasks.registry import (
+    EVAL_RUN_TAG,
+    champion_uri,
+    champion_version,
+    decision_record,
+    fmt_ci,
+    model_name,
+    promote_if_better,
+    register_model,
+)
+from tasks.tracking_store import (
+    artifact_root,
+    experiment_name,
+    parent_state_path,
+    read_state,
+    strip_userinfo,
+    tracking_uri,
+    workdir_of,
+    write_state,
+)
+
+_ENV_PREFIXES = ("GRPO_", "MLFLOW_", "HF_", "HUGGING", "TRANSFORMERS_", "PREFECT_", "CUDA_",
+                 "TORCH", "VLLM_", "OMP_", "ACCELERATE_", "TOKENIZERS_")
+_VERSIONED = ("torch", "transformers", "trl", "accelerate", "datasets", "mlflow", "prefect",
+              "duckdb", "math-verify", "vllm")
+
+
+def environment_snapshot() -> dict:
+    """Package versions and the env vars that change behaviour (secrets redacted)."""
+    from importlib import metadata
+
+    versions = {}
+    for pkg in _VERSIONED:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[pkg] = metadata.version(pkg)
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)}
+    import platform
+    import sys
+
+    return redact({"python": sys.version.split()[0], "platform": platform.platform(),
+                   "packages": versions, "env": env})
+
+
+# --------------------------------------------------------------------------- runs
+
+def _usable_run(client: MlflowClient, run_id: str | None, exp_id: str):
+    if not run_id:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:  # another store, or deleted for good
+        return None
+    if run.info.lifecycle_stage != "active" or run.info.experiment_id != exp_id:
+        return None
+    return run
+
+
+def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_run_id: str | None,
+                     workspace: Workspace | str | os.PathLike | None = None,
+                     extra_params: Mapping[str, Any] | None = None) -> str:
+    """The parent run of this config hash, created or reused (see the module docstring).
+
+    A new run gets the flattened, redacted config as params, config/resolved.yaml and
+    config/environment.json; a reused one gets its status set back to RUNNING and its
+    git_commit / prefect_flow_run_id tags moved to this run (grpo.resumes counts reuses).
+    """
+    import yaml
+
+    workdir = workdir_of(workspace, cfg)
+    uri = tracking_uri(cfg, workdir)
+    client = connect(uri)
+    name = experiment_name(cfg)
+    exp_id = experiment_id(client, name, artifact_root(uri, workdir, name))
+    state_file = parent_state_path(workdir, config_hash)
+    state = read_state(state_file)
+    tags = {"recipe": recipe, "config_hash": config_hash, "git_commit": git_commit,
+            "prefect_flow_run_id": flow_run_id or "", "grpo.pipeline": "parent",
+            "project": cfg.project.name}
+    run = _usable_run(client, state.get("run_id"), exp_id)
+    if run is not None:
+        run_id = run.info.run_id
+        resumes = int(run.data.tags.get("grpo.resumes", "0")) + 1
+        client.update_run(run_id, status="RUNNING")
+        set_tags(run_id, {**tags, "grpo.resumes": str(resumes),
+                          "grpo.resumed_from_status": run.info.status}, client)
+    else:
+        run_id = client.create_run(exp_id, run_name=f"{recipe}-{config_hash[:8]}",
+                                   tags={k: str(v) for k, v in tags.items()}).info.run_id
+        log_params(run_id, {**config_params(cfg), **(extra_params or {})}, client)
+        client.log_text(run_id, yaml.safe_dump(redact(cfg.model_dump(mode="json")), sort_keys=False),
+                        "config/resolved.yaml")
+        log_json(run_id, environment_snapshot(), "config/environment.json", client)
+    now = time.time()
+    created = state.get("created", now) if run is not None else now
+    write_state(state_file, {"run_id": run_id, "status": "RUNNING", "experiment": name,
+                              "experiment_id": exp_id, "tracking_uri": strip_userinfo(uri),
+                              "config_hash": config_hash, "recipe": recipe,
+                              "created": created, "updated": now})
+    return run_id
+
+
+def _set_state_status(workspace, parent_id: str, status: str, client: MlflowClient) -> None:
+    with contextlib.suppress(MlflowException):
+        config_hash = client.get_run(parent_id).data.tags.get("config_hash")
+        if config_hash and workspace is not None:
+            path = parent_state_path(workdir_of(workspace), config_hash)
+            state = read_state(path)
+            if state.get("run_id") == parent_id:
+                write_state(path, {**state, "status": status, "updated": time.time()})
+
+
+def fail_pipeline(parent_id: str, error: str, workspace=None,
+                  client: MlflowClient | None = None) -> None:
+    """Mark the parent and its still-running children FAILED, with the error as a tag.
+    A later run of the same config reuses the parent and sets it RUNNING again."""
+    c = get_client(client)
+    set_tags(parent_id, {"grpo.error": error[:2000]}, c)
+    close_children(parent_id, "FAILED", c)
+    c.set_terminated(parent_id, "FAILED")
+    _set_state_status(workspace, parent_id, "FAILED", c)
+
+
+# --------------------------------------------------------------------------- pipeline end
+
+def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Mapping[str, Any],
+                    findings: Sequence[str], workspace: Workspace | str | os.PathLike | None = None,
+                    client: MlflowClient | None = None, *,
+                    champion_records: Sequence[Mapping] | None = None,
+                    base: Mapping[str, Any] | None = None, base_model: str | None = None) -> dict:
+    """Close a pipeline run: final metrics on the parent (prefix final/), findings, the
+    paired deltas of final vs base on the eval/final run, the model registered and
+    promoted on the primary metric of the first benchmark by the paired rule, running
+    children and the parent set FINISHED. Returns what happened, with a one-line summary
+    and the deltas ({bench: {metric: {"delta", "lo", "hi", "n"}}}).
+
+    Per-problem records come from the workspace's store: the final eval's, the base
+    model's (`base`: its stage results, else found by `base_model`, else by the config's
+    model) and the champion's (`champion_records`, as retrain passes them, else read back
+    through the champion version's eval run id tag)."""
+    c = get_client(client)
+    benchmarks = final.get("benchmarks", final)
+    workdir = workspace if workspace is not None else workdir_of(None, cfg)
+    log_metrics(parent_id, {f"final/{k}": v for k, v in eval_metrics(benchmarks).items()}, client=c)
+    set_tags(parent_id, {"findings": " | ".join(findings) or "none"}, c)
+    if findings:
+        log_text(parent_id, "\n".join(f"- {f}" for f in findings) + "\n", "report/findings.md", c)
+    primary = cfg.eval.primary_metric
+    bench = next(iter(cfg.eval.benchmarks), None)
+    res = benchmarks.get(bench, {}) if bench else {}
+    block = (res.get("metrics") or {}).get(primary) or {}
+    name = model_name(cfg) if cfg.tracking.register_model else None
+    champ = champion_version(name, c) if name else None
+    with comparison.records_store(workdir, cfg.data.store_lock_timeout) as store:
+        mine = {b: comparison.stage_records(store, r, str(model_dir)) for b, r in benchmarks.items()}
+        before = comparison.base_records(store, cfg, workdir, benchmarks, base, base_model) \
+            if base is not None or any(mine.values()) else {}
+        if champion_records is None and champ is not None:
+            champion_records = comparison.run_records(store, champ.tags.get(EVAL_RUN_TAG)) or None
+    out: dict[str, Any] = {"parent_run": parent_id, "benchmark": bench, "metric": primary,
+                           "value": block.get("mean"), "ci_lo": block.get("lo"),
+                           "ci_hi": block.get("hi"),
+                           "deltas": _log_deltas(parent_id, cfg, benchmarks, mine, before, c)}
+    headline = (f"{bench} {primary} {fmt_ci(block['mean'], block.get('lo'), block.get('hi'))}"
+                if block.get("mean") is not None else f"{bench} {primary}: n/a")
+    summary = headline
+    if name:
+        out.update(_register_and_promote(parent_id, cfg, model_dir, name, res, mine.get(bench) or [],
+                                         champion_records, c))
+        summary = (f"{headline}; {name} v{out['version']} "
+                   f"{'champion' if out['promoted'] else 'challenger'} ({out['reason']})")
+    out["summary"] = summary
+    close_children(parent_id, "FINISHED", c)
+    c.set_terminated(parent_id, "FINISHED")
+    _set_state_status(workdir, parent_id, "FINISHED", c)
+    return out
+
+
+def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mapping[str, Any],
+                          records: list[dict], champion_records: Sequence[Mapping] | None,
+                          c: MlflowClient) -> dict:
+    """Register the model and decide on it by the paired rule (tasks/registry.py), the
+    decision tagged on the parent too. `records`: the final eval's rows of the first
+    benchmark; its run id is tagged on the version, for the next challenger to pair with."""
+    primary = cfg.eval.primary_metric
+    block = (res.get("metrics") or {}).get(primary) or {}
+    version = register_model(parent_id, model_dir, name,
+                             tags={"recipe": cfg.project.recipe, "config_hash": cfg.hash()}, client=c)
+    out = {"model_name": name, "version": version, "model_uri": f"models:/{name}/{version}",
+           "champion_uri": champion_uri(name)}
+    if block.get("mean") is None:
+        bench = next(iter(cfg.eval.benchmarks), None)
+        promoted, reason, decided = False, f"no {primary} on {bench}; not compared", {}
+    else:
+        promoted, reason = promote_if_better(
+            c, name, version, primary, block["mean"], block.get("lo"), ci_hi=block.get("hi"),
+            protocol_hash=res.get("protocol_hash"), records=records,
+            champion_records=champion_records,
+            eval_run_id=records[0]["run_id"] if records else None,
+            n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
+        decided = decision_record(name, version, c)
+    set_tags(parent_id, {"grpo.promotion": "promoted" if promoted else "rejected",
+                         "grpo.promotion_reason": reason,
+                         "grpo.promotion_rule": decided.get("rule") or "none"}, c)
+    return {**out, "promoted": promoted, "reason": reason, "rule": decided.get("rule"),
+            "paired": decided.get("paired")}
+
+
+def _log_deltas(parent_id: str, cfg, benchmarks: Mapping[str, Any], mine: Mapping[str, list],
+                before: Mapping[str, list], client: MlflowClient) -> dict:
+    """Paired deltas (final minus base) of every pairable metric per benchmark, logged on
+    the eval/final run where `grpo compare` reads them; both sides scored the same
+    problems, so the CI is of the per-problem difference, not of two separate means."""
+    deltas = {}
+    for bench, res in benchmarks.items():
+        names = list((res.get("metrics") or {}) if isinstance(res, Mapping) else [])
+        found = comparison.paired_deltas(mine.get(bench) or [], before.get(bench) or [], names,
+                                         n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
+        if found:
+            deltas[bench] = found
+    if deltas:
+        log_metrics(child_run(parent_id, "eval/final", client), comparison.delta_metrics(deltas),
+                    client=client)
+    return deltas
