@@ -47,12 +47,12 @@ def main() -> None:
 
     from flows.shards import prefill_estimates, workers_share_the_api
     from grpo_core.config import PipelineConfig
-    from grpo_core.difficulty import run_filter
-    from grpo_core.models import resolve_model_path
-    from grpo_core.records import read_pass_rates
-    from grpo_core.shards import usable_cores, worker_threads
-    from grpo_core.store import Store
-    from grpo_core.synthetic import generate_problems
+    from grpo_core.data.records import read_pass_rates
+    from grpo_core.data.store import Store
+    from grpo_core.data.synthetic import generate_problems
+    from grpo_core.eval.difficulty import run_filter
+    from grpo_core.eval.shards import usable_cores, worker_threads
+    from grpo_core.modeling.loading import resolve_model_path
     from grpo_core.workspace import Workspace
 
     cores = usable_cores()

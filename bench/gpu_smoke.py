@@ -13,8 +13,9 @@ others' numbers; --in-process runs them in this process, as the pipeline does):
   grpo_hf    the same GRPO steps with transformers generation: the baseline for (b)
 
 Checks: GRPO at lr 1e-6 must change the weights (fp32 master weights under bf16 autocast on a GPU:
-train.precision auto, grpo_core.grpo.load_for_training); each part's peak GPU memory (and the hf
-part's per stage: generation, filter, eval) comes from grpo_core.gpu.stage_memory.
+train.precision auto, grpo_core.train.grpo.load_for_training); each part's peak GPU memory
+(and the hf part's per stage: generation, filter, eval) comes from
+grpo_core.modeling.gpu.stage_memory.
 Without vLLM (the lent GPU machine: infra/device/README.md) run `--parts hf,grpo_hf`.
 Prints a summary (GPU, torch/vLLM versions, tokens/s vllm vs hf, GRPO step time, eval time) and
 writes it as JSON to --out, else $OUT/gpu_smoke.json when $OUT is set, else into the workdir;
@@ -90,15 +91,15 @@ def part_config(name: str, s: dict):
 
 
 def bench_prompts(s: dict) -> list[str]:
+    from grpo_core.data.synthetic import generate_problems
     from grpo_core.prompts import render_prompt
-    from grpo_core.synthetic import generate_problems
 
     return [render_prompt(p.problem, "r1_zero")
             for p in generate_problems("train", s["prompts"], seed=123)]
 
 
 def filter_pool(s: dict):
-    from grpo_core.synthetic import generate_problems
+    from grpo_core.data.synthetic import generate_problems
 
     return generate_problems("train", s["filter_problems"], levels=[1, 2, 3], seed=0)
 
@@ -107,7 +108,7 @@ def filter_pool(s: dict):
 
 def bench_generation(backend, prompts: list[str], s: dict, repeats: int = 2) -> dict:
     """Plain backend.sample (the rollout interface) on the same requests for both backends."""
-    from grpo_core.rollout import SamplingParams
+    from grpo_core.generation.rollout import SamplingParams
 
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=s["max_new_tokens"])
     backend.sample(prompts[:2], 2, params)  # warm-up: lazy inits, allocator, graphs
@@ -131,7 +132,7 @@ def bench_generation(backend, prompts: list[str], s: dict, repeats: int = 2) -> 
 
 
 def greedy_texts(backend, prompts: list[str], s: dict) -> list[str]:
-    from grpo_core.rollout import SamplingParams
+    from grpo_core.generation.rollout import SamplingParams
 
     out = backend.sample(prompts, 1, SamplingParams(temperature=0.0,
                                                     max_new_tokens=s["max_new_tokens"]))
@@ -139,9 +140,9 @@ def greedy_texts(backend, prompts: list[str], s: dict) -> list[str]:
 
 
 def do_filter(backend, tok, cfg, s: dict, tag: str) -> dict:
-    from grpo_core.difficulty import filter_problems
-    from grpo_core.models import model_fingerprint
-    from grpo_core.store import Store
+    from grpo_core.data.store import Store
+    from grpo_core.eval.difficulty import filter_problems
+    from grpo_core.modeling.loading import model_fingerprint
 
     work = Path(s["workdir"])
     with Store.open(work / f"filter-{tag}.duckdb") as store:
@@ -156,7 +157,7 @@ def do_filter(backend, tok, cfg, s: dict, tag: str) -> dict:
 
 
 def do_eval(backend, tok, cfg, model_path: str) -> dict:
-    from grpo_core.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate
 
     res = evaluate(model_path, "synthetic", cfg, backend=backend, tokenizer=tok)
     m = res.metrics
@@ -253,7 +254,7 @@ def weight_probe():
 
 
 def grpo_problems(s: dict, need: int):
-    from grpo_core.problems import Problem
+    from grpo_core.data.problems import Problem
 
     for tag in ("vllm", "hf"):
         f = Path(s["workdir"]) / f"kept-{tag}.json"
@@ -279,7 +280,7 @@ def _gpu_check(rec: dict) -> None:
 def peak_of(rec: dict, stage: str):
     """Peak GPU memory (GB) of one stage of a part -> rec["gpu_peak_gb_by_stage"][stage].
     A backend built inside would be shut down at its end: build it before."""
-    from grpo_core.gpu import stage_memory
+    from grpo_core.modeling.gpu import stage_memory
 
     with stage_memory(restore_env=False) as mem:
         yield
@@ -287,7 +288,7 @@ def peak_of(rec: dict, stage: str):
 
 
 def part_hf(s: dict, rec: dict) -> None:
-    from grpo_core.sampling import build_backend
+    from grpo_core.generation.sampling import build_backend
 
     _gpu_check(rec)
     cfg = part_config("hf", s)
@@ -308,8 +309,8 @@ def part_hf(s: dict, rec: dict) -> None:
 
 
 def part_vllm(s: dict, rec: dict) -> None:
-    from grpo_core.rollout import VLLMBackend
-    from grpo_core.sampling import build_backend
+    from grpo_core.generation.rollout import VLLMBackend
+    from grpo_core.generation.sampling import build_backend
 
     _gpu_check(rec)
     cfg = part_config("vllm", s)
@@ -342,7 +343,7 @@ def part_vllm(s: dict, rec: dict) -> None:
 
 
 def _grpo(s: dict, rec: dict, use_vllm: bool) -> None:
-    from grpo_core.grpo import run_grpo_round
+    from grpo_core.train.grpo import run_grpo_round
 
     _gpu_check(rec)
     cfg = part_config("grpo_vllm" if use_vllm else "grpo_hf", s)
@@ -418,7 +419,7 @@ def part_grpo_hf(s: dict, rec: dict) -> None:
 
 
 def part_eval_vllm(s: dict, rec: dict) -> None:
-    from grpo_core.sampling import build_backend
+    from grpo_core.generation.sampling import build_backend
 
     _gpu_check(rec)
     cfg = part_config("eval_vllm", s)
@@ -436,7 +437,7 @@ PART_FUNCS = {"hf": part_hf, "vllm": part_vllm, "grpo_vllm": part_grpo_vllm,
 
 
 def run_part(name: str, s: dict) -> dict:
-    from grpo_core.gpu import StageMemory, stage_memory
+    from grpo_core.modeling.gpu import StageMemory, stage_memory
 
     rec: dict = {}
     mem = StageMemory()
@@ -685,9 +686,10 @@ def dry_run(args, parts: list[str]) -> int:
     print(f"gpu_smoke --dry-run: python {sys.version.split()[0]} ({sys.executable})")
     bad = 0
     for mod in ("torch", "transformers", "trl", "datasets", "duckdb", "math_verify", "pydantic",
-                "yaml", "grpo_core.config", "grpo_core.rollout", "grpo_core.sampling",
-                "grpo_core.difficulty", "grpo_core.evaluation", "grpo_core.grpo",
-                "grpo_core.models", "grpo_core.store", "grpo_core.synthetic"):
+                "yaml", "grpo_core.config", "grpo_core.generation.rollout",
+                "grpo_core.generation.sampling", "grpo_core.eval.difficulty",
+                "grpo_core.eval.evaluation", "grpo_core.train.grpo", "grpo_core.modeling.loading",
+                "grpo_core.data.store", "grpo_core.data.synthetic"):
         try:
             importlib.import_module(mod)
             print(f"  import {mod:<22} ok")
@@ -711,7 +713,7 @@ def dry_run(args, parts: list[str]) -> int:
                 line = (f"rollout.backend={cfg.rollout.backend} grpo.use_vllm={cfg.grpo.use_vllm}"
                         f" vllm_mode={cfg.grpo.vllm_mode} model.dtype={cfg.model.dtype}")
                 if name.startswith("grpo"):
-                    from grpo_core.grpo import trl_grpo_args
+                    from grpo_core.train.grpo import trl_grpo_args
 
                     a = trl_grpo_args(cfg, str(Path(tmp) / name))
                     line += (f"; TRL: use_vllm={a.use_vllm} per_device_train_batch_size="
@@ -727,7 +729,7 @@ def dry_run(args, parts: list[str]) -> int:
         except Exception as exc:  # noqa: BLE001 - listed, counted, reported
             bad += 1
             print(f"inputs: FAILED {type(exc).__name__}: {exc}")
-    from grpo_core.models import builtin_dir
+    from grpo_core.modeling.loading import builtin_dir
 
     model_dir = builtin_dir(args.model, args.models_cache)
     if model_dir is None:
@@ -806,7 +808,7 @@ def main() -> int:
     model_path = running = None
     try:
         if not blocked:
-            from grpo_core.models import resolve_model_path
+            from grpo_core.modeling.loading import resolve_model_path
 
             t0 = time.perf_counter()
             model_path = resolve_model_path(args.model, args.models_cache, progress=False)

@@ -29,11 +29,11 @@ def bare_trl(model: str, steps: int, out: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_core.grpo import checkpointing_field
-    from grpo_core.models import configure_threads
+    from grpo_core.data.synthetic import generate_problems
+    from grpo_core.modeling.loading import configure_threads
     from grpo_core.prompts import render_prompt
-    from grpo_core.rewards import accuracy, format, tag_count
-    from grpo_core.synthetic import generate_problems
+    from grpo_core.train.grpo import checkpointing_field
+    from grpo_core.verify.rewards import accuracy, format, tag_count
 
     configure_threads()  # the same torch thread count as the pipeline's stages
     t_start = time.perf_counter()  # after imports: those are start-up cost on both sides
@@ -65,7 +65,7 @@ def main() -> None:
         print(json.dumps(bare_trl(a.model, a.steps, a.bare)))
         return
     os.environ.setdefault("GRPO_TORCH_THREADS", "1")
-    from grpo_core.models import resolve_model_path
+    from grpo_core.modeling.loading import resolve_model_path
 
     model = resolve_model_path(a.model, ROOT / ".grpo" / "models", progress=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,7 @@
 
 For each prompt, a group of G=8 completions `<think>...</think><answer>...</answer>`:
 3 correct answers written different ways and 5 wrong ones. "ours" is
-`grpo_core.rewards.accuracy` on the group (gold parsed once, plain numbers compared
+`grpo_core.verify.rewards.accuracy` on the group (gold parsed once, plain numbers compared
 exactly, verdicts cached, math-verify for the rest); "math-verify" is what a reward
 function does without any of that: `verify(parse(gold), parse(answer))` per completion. Inputs come from ../shared/data when present (GSM8K test, MATH-500), else
 synthetic ones. Each side runs in a fresh process, warmed up on 20 other prompts, then
@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_core import answers
-from grpo_core.rewards import accuracy
+from grpo_core.verify import answers
+from grpo_core.verify.rewards import accuracy
 
 G = 8
 

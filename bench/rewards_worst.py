@@ -6,8 +6,8 @@
 Each completion is scored alone (one call per completion), from the main thread, then from
 a thread pool (there one scorer after another, each with cold answer caches), then from a
 pool of spawned worker processes, and the slowest calls are printed per scorer: each
-reward of grpo_core.rewards.REWARDS plus `evaluation` (grpo_core.evaluation's scoring of a
-sample: extraction, verification, format flag, maj@k's vote_key). The bound to hold is
+reward of grpo_core.verify.rewards.REWARDS plus `evaluation` (grpo_core.eval.evaluation's
+scoring of a sample: extraction, verification, format flag, maj@k's vote_key). The bound to hold is
 1 s per completion; no canary file may appear.
 """
 
@@ -34,7 +34,7 @@ from hostile_corpus import (
     timed_call,
 )
 
-from grpo_core.answers import clear_caches, warm_up
+from grpo_core.verify.answers import clear_caches, warm_up
 
 
 def run_pass(mode: str, jobs: list, canary: str, workers: int) -> list[float]:

@@ -4,7 +4,7 @@
 
 1. Samples per second of the `hf` backend on the same requests (64 prompts x 8 samples,
    T=1.0, rollout.max_new_tokens): batched (batch_size 64) against one sequence at a time
-   (batch_size 1), plus the filter's per-sample-seeded sampler (grpo_core.sampling),
+   (batch_size 1), plus the filter's per-sample-seeded sampler (grpo_core.generation.sampling),
    batched, to show what seeding each row costs.
 2. The difficulty filter's wall time on the same prompts with an empty store (every
    estimate sampled; the model is loaded) against the second call (every estimate read
@@ -23,13 +23,13 @@ from pathlib import Path
 from common import ROOT, load, timed  # noqa: F401 - also puts the repo root on sys.path
 
 from grpo_core.config import PipelineConfig
-from grpo_core.difficulty import run_filter
-from grpo_core.models import configure_threads, load_policy, resolve_model_path
+from grpo_core.data.store import Store
+from grpo_core.data.synthetic import generate_problems
+from grpo_core.eval.difficulty import run_filter
+from grpo_core.generation.rollout import HFBackend, SamplingParams
+from grpo_core.generation.sampling import sample_seeded
+from grpo_core.modeling.loading import configure_threads, load_policy, resolve_model_path
 from grpo_core.prompts import render_prompt, resolve_template
-from grpo_core.rollout import HFBackend, SamplingParams
-from grpo_core.sampling import sample_seeded
-from grpo_core.store import Store
-from grpo_core.synthetic import generate_problems
 
 
 def main() -> None:

@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_core import decontam
-from grpo_core.adapters import PRESETS, SourceError, SourceUnreadable, resolve_source
-from grpo_core.store import MAX_PROBLEM_CHARS, IngestReport, Store, StoreError
+from grpo_core.data import decontam
+from grpo_core.data.adapters import PRESETS, SourceError, SourceUnreadable, resolve_source
+from grpo_core.data.store import MAX_PROBLEM_CHARS, IngestReport, Store, StoreError
 from grpo_core.workspace import Workspace
 
 app = typer.Typer(help="Ingest and inspect problem sets.", no_args_is_help=True,

@@ -26,7 +26,7 @@ def build(
     """Pretrain builtin:tiny-arith from its recipe (~2 min on 2 cores) and say whether the
     weights equal the shipped ones (bit-exact only with the same CPU kernels: see the
     record printed beside each hash)."""
-    from grpo_core.tiny_model import (
+    from grpo_core.modeling.tiny import (
         SHIPPED_DIR,
         TinyRecipe,
         build_record,

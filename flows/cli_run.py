@@ -15,8 +15,8 @@ from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit, quiet_lib
 def _check_benchmarks_or_exit(configs, ws) -> None:
     """Every benchmark's evaluation split must exist (exit 2 naming it, before any work).
     A user's own benchmark is looked up in the workspace store when there is one."""
-    from grpo_core.benchmarks import BenchmarkError, check_benchmarks
-    from grpo_core.store import Store, StoreError
+    from grpo_core.data.benchmarks import BenchmarkError, check_benchmarks
+    from grpo_core.data.store import Store, StoreError
 
     store = None
     if ws.db_path.exists():
@@ -85,8 +85,8 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
     from flows import configure_prefect
 
     configure_prefect(ws.root)
-    from grpo_core.locks import pipeline_lock
-    from grpo_core.store import StoreLockedError
+    from grpo_core.data.locks import pipeline_lock
+    from grpo_core.data.store import StoreLockedError
 
     t0 = time.time()
     try:
@@ -175,7 +175,7 @@ def report(workdir: WORKDIR = None) -> None:
 def doctor(workdir: WORKDIR = None) -> None:
     """Check torch/CUDA/vLLM, MLflow and Prefect reachability, workspace, data dir."""
     from grpo_core.config import PipelineConfig
-    from grpo_core.rollout import vllm_available
+    from grpo_core.generation.rollout import vllm_available
     from grpo_core.workspace import Workspace, resolve_data_dir
     from tasks import tracking
 

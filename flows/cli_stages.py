@@ -68,7 +68,7 @@ def _parse_band(band: str | None) -> list[float] | None:
 
 
 def _open_store(cfg):
-    from grpo_core.store import Store, StoreError
+    from grpo_core.data.store import Store, StoreError
     from grpo_core.workspace import Workspace
 
     try:
@@ -94,8 +94,8 @@ def _prefill_sharded(cfg, problems: list, progress: bool) -> list[str]:
     A pipeline running on this workspace holds it: exit 1 after data.store_lock_timeout."""
     if cfg.filter.shards <= 1:
         return []
-    from grpo_core.models import resolve_model_path
-    from grpo_core.store import StoreLockedError
+    from grpo_core.data.store import StoreLockedError
+    from grpo_core.modeling.loading import resolve_model_path
     from grpo_core.workspace import Workspace
 
     ws = Workspace.at(cfg.project.workdir)
@@ -137,10 +137,10 @@ def filter_cmd(
         "--plot", help="Also write the pass-rate histogram as a PNG here.")] = None,
 ) -> None:
     """Estimate each prompt's pass rate under the model and keep the in-band ones."""
-    from grpo_core.adapters import SourceError, SourceUnreadable
-    from grpo_core.difficulty import run_filter
-    from grpo_core.passrate import plot_histogram
-    from grpo_core.records import stage_problems
+    from grpo_core.data.adapters import SourceError, SourceUnreadable
+    from grpo_core.data.records import stage_problems
+    from grpo_core.eval.difficulty import run_filter
+    from grpo_core.eval.passrate import plot_histogram
 
     cfg = _config(config, overrides, **{
         "model.name_or_path": model, "filter.k": k, "filter.band": _parse_band(band),
@@ -259,10 +259,10 @@ def eval_cmd(
     overrides: SET = None,
 ) -> None:
     """Evaluate a model: greedy accuracy, avg@k, maj@k, pass@k with bootstrap CIs."""
-    from grpo_core.adapters import SourceError, SourceUnreadable
-    from grpo_core.evaluation import evaluate
-    from grpo_core.models import resolve_model_path
-    from grpo_core.sampling import build_backend
+    from grpo_core.data.adapters import SourceError, SourceUnreadable
+    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.generation.sampling import build_backend
+    from grpo_core.modeling.loading import resolve_model_path
     from grpo_core.workspace import Workspace
 
     cfg = _config(config, overrides, **{

@@ -13,10 +13,10 @@ OUT = Annotated[Path | None, typer.Option("--out", help="Output folder [default:
 
 
 def _setup(config, overrides, workdir, model):
-    from grpo_core.models import load_tokenizer, resolve_model_path
-    from grpo_core.pool import ingest_sources, training_pool
+    from grpo_core.data.pool import ingest_sources, training_pool
+    from grpo_core.data.store import Store, StoreError
+    from grpo_core.modeling.loading import load_tokenizer, resolve_model_path
     from grpo_core.prompts import resolve_template
-    from grpo_core.store import Store, StoreError
     from grpo_core.workspace import Workspace
 
     cfg = load_or_exit(config, overrides, workdir)
@@ -35,7 +35,7 @@ def _setup(config, overrides, workdir, model):
 def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model: MODEL = None,
         out: OUT = None) -> None:
     """SFT cold start on the config's training pool (reasoning traces from solutions)."""
-    from grpo_core.sft import run_sft
+    from grpo_core.train.sft import run_sft
 
     cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "sft"
@@ -49,9 +49,9 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
           out: OUT = None, resume: Annotated[bool, typer.Option(
               "--resume", help="Continue from the last checkpoint in --out.")] = False) -> None:
     """One GRPO round on the config's training pool; every completion goes to DuckDB."""
-    from grpo_core.grpo import run_grpo_round
-    from grpo_core.records import rollout_sink
-    from grpo_core.store import Store
+    from grpo_core.data.records import rollout_sink
+    from grpo_core.data.store import Store
+    from grpo_core.train.grpo import run_grpo_round
 
     cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "grpo-round-1"

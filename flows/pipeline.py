@@ -18,9 +18,9 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
-from grpo_core.grpo import prompts_per_update
-from grpo_core.locks import pipeline_lock
-from grpo_core.models import use_hub_token
+from grpo_core.data.locks import pipeline_lock
+from grpo_core.modeling.loading import use_hub_token
+from grpo_core.train.grpo import prompts_per_update
 from grpo_core.workspace import Workspace
 from tasks import stages, tracking
 
@@ -61,7 +61,7 @@ def scorer_error_findings(label: str, evaluated: dict) -> list[str]:
 
 def training_prompts(kept: dict, pool: list[str], need: int) -> tuple[list[str], str | None]:
     """The in-band problems when there are enough for one optimizer step (`need` prompts:
-    grpo_core.grpo.prompts_per_update); else every problem the policy sometimes solves
+    grpo_core.train.grpo.prompts_per_update); else every problem the policy sometimes solves
     (each still has reward variance); else the whole pool. A band that keeps too few
     would otherwise train on nothing. A pool too small for one step is refused."""
     if len(pool) < need:

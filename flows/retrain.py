@@ -18,8 +18,8 @@ from flows.pipeline import (  # first: it configures prefect before import
     parent_run,
 )
 from grpo_core.config import PipelineConfig
-from grpo_core.locks import pipeline_lock
-from grpo_core.models import use_hub_token
+from grpo_core.data.locks import pipeline_lock
+from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace
 from tasks import comparison, stages, tracking
 

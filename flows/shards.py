@@ -7,7 +7,7 @@ processes (or on Ray / Dask), the calling process ingests their Parquet files.
 `prefill_estimates` hands the problems without a stored estimate to
 `filter.shards` workers and writes their rows into the store in one transaction; the
 ordinary filter then finds every estimate stored (`fresh` keeps its counts honest).
-Resumable: the shard files live in <workdir>/shards/filter-<work key> (grpo_core.shards
+Resumable: the shard files live in <workdir>/shards/filter-<work key> (grpo_core.eval.shards
 .work_key: model, sampling, shard count, the ordered todo), so a run killed while shards
 sample reuses the shards that finished and samples only the others; the folder is removed
 once its rows are stored.
@@ -37,9 +37,9 @@ configure_prefect()  # before prefect is imported
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from grpo_core import shards
 from grpo_core.config import ConfigError, PipelineConfig
-from grpo_core.problems import Problem
+from grpo_core.data.problems import Problem
+from grpo_core.eval import shards
 
 EXTRAS = {"ray": ("prefect_ray", "RayTaskRunner"), "dask": ("prefect_dask", "DaskTaskRunner")}
 
@@ -95,7 +95,7 @@ def run_shards(cfg: PipelineConfig, model_path: str, template: str, model_fp: st
     out_dir must be this very work's, see prefill_estimates) with cfg.filter.shard_runner;
     return every shard's Parquet path, in shard order (under out_dir, which Ray / Dask
     workers must see too)."""
-    from grpo_core.difficulty import sampling_key
+    from grpo_core.eval.difficulty import sampling_key
 
     parts = shards.split(problems, cfg.filter.shards)
     key = sampling_key(cfg, template)
@@ -169,7 +169,7 @@ def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Probl
     Holds the workspace store's pipeline lock (re-entrant: the pipeline and retrain hold
     it already; StoreLockedError after data.store_lock_timeout): the shard work folders
     under `workdir` are one run's at a time."""
-    from grpo_core.locks import pipeline_lock
+    from grpo_core.data.locks import pipeline_lock
     from grpo_core.workspace import Workspace
 
     with pipeline_lock(Workspace.at(workdir).db_path, cfg.data.store_lock_timeout):
@@ -179,8 +179,8 @@ def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Probl
 def _prefill(cfg: PipelineConfig, model_path: str, problems: list[Problem],
              open_store: Callable[[], AbstractContextManager[Any]],
              workdir: str | Path) -> list[str]:
-    from grpo_core.difficulty import missing_estimates, sampling_spec
-    from grpo_core.models import load_tokenizer, model_fingerprint
+    from grpo_core.eval.difficulty import missing_estimates, sampling_spec
+    from grpo_core.modeling.loading import load_tokenizer, model_fingerprint
     from grpo_core.prompts import resolve_template
 
     tokenizer = load_tokenizer(model_path)
@@ -213,7 +213,7 @@ def _remove_filter_dirs(root: Path, keep: Path | None) -> None:
     folders. Their files cannot serve this run, and keeping them for a return to those
     exact inputs would let a workdir fill up with shards nobody reads. No age limit is
     needed because nothing else can be using them now: prefill_estimates holds the
-    workspace store's pipeline lock (grpo_core.locks), as the pipeline and retrain do."""
+    workspace store's pipeline lock (grpo_core.data.locks), as the pipeline and retrain do."""
     if not root.is_dir():
         return
     for path in root.glob("filter-*"):

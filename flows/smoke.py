@@ -9,7 +9,7 @@ completions ~16 tokens. It runs in its own workspace (<workdir>/smoke: its own s
 MLflow and checkpoints) and writes <workdir>/reports/smoke.json: the stages and steps run,
 eval splits and problem counts, decontamination counts, the master-weight dtype training
 held, the parameter change of every training stage, and the memory plan of the config's
-real model on a GPU (grpo_core/memory_plan.py).
+real model on a GPU (grpo_core/modeling/memory_plan.py).
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
                     workdir: str | Path | None = None) -> PipelineConfig:
     """cfg shrunk for a CPU smoke run, everything structural kept (see the module doc).
     Raises ConfigError (naming the field) when the shrunk config cannot run."""
-    from grpo_core.grpo import checkpointing_field, gradient_checkpointing
+    from grpo_core.modeling.memory_plan import gradient_checkpointing
+    from grpo_core.train.grpo import checkpointing_field
     from grpo_core.workspace import Workspace
 
     tree = cfg.model_dump(mode="json")
@@ -105,8 +106,8 @@ class Recorder:
 def observe():
     """Wrap tasks.stages' stage functions and load_for_training (module attributes the
     flow looks up at call time) to record them; restored on exit."""
-    import grpo_core.grpo
-    import grpo_core.sft
+    import grpo_core.train.grpo
+    import grpo_core.train.sft
     from tasks import stages
 
     rec = Recorder()
@@ -129,7 +130,7 @@ def observe():
             return out
         return recorded
 
-    for mod in (grpo_core.grpo, grpo_core.sft):
+    for mod in (grpo_core.train.grpo, grpo_core.train.sft):
         saved[(mod, "load_for_training")] = mod.load_for_training
         mod.load_for_training = loader(mod.load_for_training)
     for name in ("ingest", "evaluate", "sft", "grpo_round", "difficulty_filter"):
@@ -168,7 +169,7 @@ def _master_dtype(rec: Recorder, model_path: str) -> tuple[str, str]:
     load_for_training gives for that input now."""
     if model_path in rec.loaded:
         return rec.loaded[model_path], "observed"
-    from grpo_core.grpo import load_for_training
+    from grpo_core.train.grpo import load_for_training
 
     model, _ = load_for_training(model_path)
     return str(next(model.parameters()).dtype).removeprefix("torch."), "load_for_training (stage cached)"
@@ -176,7 +177,7 @@ def _master_dtype(rec: Recorder, model_path: str) -> tuple[str, str]:
 
 def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out: dict,
                  seconds: float, gpu_gb: float) -> dict:
-    from grpo_core.memory_plan import memory_plan
+    from grpo_core.modeling.memory_plan import memory_plan
 
     stages, training, evals = [], [], {}
     contamination = {}
@@ -228,7 +229,7 @@ def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out
 
 
 def format_report(report: dict) -> str:
-    from grpo_core.memory_plan import format_plan
+    from grpo_core.modeling.memory_plan import format_plan
 
     lines = [(f"smoke of {report['config_model']} on {report['smoke_model']} "
               f"in {report['seconds']} s ({report['workspace']})")]

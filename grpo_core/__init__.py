@@ -1,0 +1,33 @@
+"""The pure library: no Prefect, no MLflow.
+
+Modules are layered by concern; imports point one way, down the layers:
+
+- top modules (config, progress, workspace, prompts): the base any layer may import.
+  They import no subpackage. Exception, by design: config's validators import two
+  registries late (inside the validator, not at import time): `data.benchmarks`
+  (is_eval_split) and `verify.rewards` (REWARDS), to refuse bad configs by name.
+- verify/: answer extraction, comparison and rewards.
+- data/: problems, sources, the DuckDB store and its pipeline lock.
+- modeling/: model loading, the built-in tiny and proxy models, memory plans, GPU hygiene.
+- generation/: rollout backends and seeded sampling.
+- eval/: evaluation, pass-rate estimation (difficulty filter), metrics, sharded work.
+- train/: GRPO and SFT rounds.
+
+Each layer may import the top modules and any earlier layer in LAYERS, never a later
+one, at module level or inside functions (tests/test_import_graph.py checks it).
+grpo_core/answers.py and grpo_core/rewards.py are compatibility re-exports of
+verify.answers and verify.rewards for scripts; project code imports the real modules.
+
+Importing this package is cheap: it imports nothing."""
+
+LAYERS = ("verify", "data", "modeling", "generation", "eval", "train")
+"""Subpackages, lowest first: each may import the top modules and the ones before it."""
+
+TOP_MODULES = ("config", "progress", "workspace", "prompts")
+"""The base modules at the top of grpo_core (no subpackage imports, see CONFIG_LATE_IMPORTS)."""
+
+CONFIG_LATE_IMPORTS = ("grpo_core.data.benchmarks", "grpo_core.verify.rewards")
+"""The only subpackage modules a top module imports: config, inside its validators."""
+
+COMPAT_SHIMS = {"answers": "grpo_core.verify.answers", "rewards": "grpo_core.verify.rewards"}
+"""Top-level re-export modules kept for scripts: name -> the module they re-export."""

@@ -95,7 +95,7 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _no_eval_split(self) -> DataConfig:
-        from grpo_core.benchmarks import is_eval_split
+        from grpo_core.data.benchmarks import is_eval_split
 
         for i, src in enumerate(self.train):
             if is_eval_split(src.source, src.split) and not self.allow_eval_split_training:
@@ -164,7 +164,7 @@ class SFTConfig(_Section):
     of TRL_OWNED are set by the pipeline and refused here; everything else overrides the
     pipeline's defaults (cosine schedule, 5% warmup, checkpointing off for builtin:*)."""
 
-    # TRL arguments the pipeline sets itself, and from what (grpo_core/sft.py builds them).
+    # TRL arguments the pipeline sets itself, and from what (grpo_core/train/sft.py builds them).
     TRL_OWNED: ClassVar[dict[str, str]] = {
         "output_dir": "the stage's checkpoint folder",
         "max_steps": "sft.max_steps",
@@ -270,7 +270,7 @@ class GRPOConfig(_Section):
     load time. The keys of TRL_OWNED are set by the pipeline and refused here; everything
     else overrides TRL's default or the pipeline's (top_k 0, no progress bars)."""
 
-    # TRL arguments the pipeline sets itself, and from what (grpo_core/grpo.py builds them).
+    # TRL arguments the pipeline sets itself, and from what (grpo_core/train/grpo.py builds them).
     TRL_OWNED: ClassVar[dict[str, str]] = {
         "output_dir": "the round's checkpoint folder",
         "num_generations": "grpo.num_generations",
@@ -342,7 +342,7 @@ class RepetitionRewardConfig(_Section):
 
 class RewardsConfig(_Section):
     funcs: list[str] = Field(default_factory=lambda: ["accuracy", "format"])
-    """Reward functions by registry name (grpo_core.rewards.REWARDS)."""
+    """Reward functions by registry name (grpo_core.verify.rewards.REWARDS)."""
     weights: list[float] | None = None
     """One weight per function; None means all 1.0."""
     format_reward: float = 0.5
@@ -353,7 +353,7 @@ class RewardsConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> RewardsConfig:
-        from grpo_core.rewards import REWARDS  # late: rewards imports nothing from here
+        from grpo_core.verify.rewards import REWARDS  # late: rewards imports nothing from here
 
         if not self.funcs:
             raise ValueError("funcs: at least one reward function is needed")
@@ -373,7 +373,7 @@ class RewardsConfig(_Section):
 class EvalConfig(_Section):
     benchmarks: list[str] = Field(default_factory=lambda: ["synthetic"])
     """gsm8k, math500, aime24, aime25, amc23, synthetic, or a source ingested with split
-    test/eval; always the evaluation split (grpo_core/benchmarks.py)."""
+    test/eval; always the evaluation split (grpo_core/data/benchmarks.py)."""
     limit: int | None = Field(default=None, ge=1)
     """Evaluate at most this many problems per benchmark (the first N, fixed)."""
     samples: int = Field(default=4, ge=1)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo_core.models import ModelFetchError, fetch_smollm2
+from grpo_core.modeling.loading import ModelFetchError, fetch_smollm2
 
 
 def main(argv: list[str] | None = None) -> int:

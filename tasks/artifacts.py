@@ -59,7 +59,7 @@ def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind:
 def log_passrate_histogram(run_id: str, pass_rates: Sequence[float], band: Sequence[float],
                            k: int | None = None, client: MlflowClient | None = None) -> str:
     """plots/passrate_histogram.png with the kept band shaded."""
-    from grpo_core.passrate import plot_histogram
+    from grpo_core.eval.passrate import plot_histogram
 
     title = f"Estimated pass rate per prompt (k={k})" if k else "Estimated pass rate per prompt"
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,7 @@ comparison read back out of MLflow.
   (`eval_results`): by the result's eval run id, else (results cached before they held
   one) by its protocol hash and the model's fingerprint (the newest such run).
 - `paired_deltas` turns two record sets into paired deltas with 95% CIs
-  (grpo_core.metrics.paired_delta); `delta_metrics` names them as logged on the eval/final
+  (grpo_core.eval.metrics.paired_delta); `delta_metrics` names them as logged on the eval/final
   run (`<bench>/<metric>_delta`, `_delta_ci_lo`, `_delta_ci_hi`, `_delta_n`).
 - `table_row`: the one builder of a comparison row (COMPARE_COLUMNS), used by
   `compare_table` and by the recipe comparison flow (flows/compare.py).
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from grpo_core.metrics import paired_delta, paired_metric
-from grpo_core.models import model_fingerprint, resolve_model_path
-from grpo_core.records import read_eval_results, read_eval_runs
-from grpo_core.store import Store, StoreError
+from grpo_core.data.records import read_eval_results, read_eval_runs
+from grpo_core.data.store import Store, StoreError
+from grpo_core.eval.metrics import paired_delta, paired_metric
+from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
 from tasks.mlflow_client import child_runs, get_client, sanitize_key
 
@@ -111,7 +111,7 @@ def paired_deltas(a: list[dict], b: list[dict], names: Iterable[str],
     than an unpaired one."""
     if not a or not b:
         return {}
-    from grpo_core.evaluation import vote_key  # maj@k votes as the evaluation did
+    from grpo_core.eval.evaluation import vote_key  # maj@k votes as the evaluation did
 
     # Every maj@k of both extractions votes on the same answers again: canonicalise each
     # distinct answer once (math parsing is the slow part).

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
-from grpo_core.problems import Problem
+from grpo_core.data.problems import Problem
 
 ROOT = Path(__file__).resolve().parents[1]
 # CPU ranks on gloo (see the file for why it says MULTI_GPU): CI, laptops.
@@ -150,7 +150,7 @@ def _rank_main(spec_path: str) -> None:
     callbacks = [logger] if logger else []
     try:
         if spec["stage"] == "grpo":
-            from grpo_core.grpo import run_grpo_round
+            from grpo_core.train.grpo import run_grpo_round
 
             # Every rank needs a sink (gathering the rows is collective); rank 0 keeps them.
             sink = _JsonlSink(spec["rollouts_file"]) if rank0 else (lambda step, rows: None)
@@ -160,7 +160,7 @@ def _rank_main(spec_path: str) -> None:
             if rank0:
                 sink.close()
         else:
-            from grpo_core.sft import run_sft
+            from grpo_core.train.sft import run_sft
 
             result = run_sft(spec["model_path"], problems, cfg, spec["output_dir"],
                              spec["template"], extra_callbacks=callbacks)

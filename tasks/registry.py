@@ -15,7 +15,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from grpo_core.metrics import paired_delta
+from grpo_core.eval.metrics import paired_delta
 from tasks.mlflow_client import get_client, sanitize_key, set_tags
 from tasks.redaction import redact
 from tasks.tracking_store import read_state, slug, write_state
@@ -213,7 +213,7 @@ def _paired_decision(champ, version: str, metric: str, records: Sequence[Mapping
     if ours and theirs and ours != theirs:
         return False, _protocol_reason(against, ",".join(sorted(theirs)),
                                        ",".join(sorted(ours)), fix), None
-    from grpo_core.evaluation import vote_key  # maj@k votes as the evaluation did
+    from grpo_core.eval.evaluation import vote_key  # maj@k votes as the evaluation did
 
     try:
         d = paired_delta(list(records), list(champion_records), metric, canon=vote_key, **ci_kw)

@@ -18,10 +18,10 @@ from pathlib import Path
 from prefect import task
 
 from grpo_core.config import PipelineConfig
-from grpo_core.gpu import peak_metrics, stage_memory
-from grpo_core.models import model_fingerprint, resolve_model_path
-from grpo_core.problems import Problem
-from grpo_core.store import Store
+from grpo_core.data.problems import Problem
+from grpo_core.data.store import Store
+from grpo_core.modeling.gpu import peak_metrics, stage_memory
+from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.cache import StageCache, stage_key
@@ -65,14 +65,14 @@ class Ctx:
 def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics=lambda v: {}):
     """Run `compute(child_run_id)` unless the key is done. The child run exists either
     way; on a hit from another pipeline run it gets the stage's numbers, once.
-    `compute` runs inside grpo_core.gpu.stage_memory: peak GPU memory (CUDA only) is kept
+    `compute` runs inside grpo_core.modeling.gpu.stage_memory: peak GPU memory (CUDA only) is kept
     as `gpu_peak_gb` and logged as system/gpu_peak_gb."""
     run = tracking.child_run(ctx.parent_run, child)
     hit = ctx.cache.get(key)
     if hit is None:
         t0 = time.perf_counter()
         # Engines built inside are shut down, CUDA memory freed and the environment restored
-        # when the stage ends (grpo_core.gpu); its peak GPU memory goes to the child run.
+        # when the stage ends (grpo_core.modeling.gpu); its peak GPU memory goes to the child run.
         with stage_memory() as mem:
             value = {**compute(run), "mlflow_run": run}
         value["seconds"] = round(time.perf_counter() - t0, 3)
@@ -113,7 +113,7 @@ def problems_fingerprint(problems: list[Problem]) -> str:
 def data_files(cfg: PipelineConfig) -> dict[str, str | None]:
     """Content digest of each local file the training sources and the benchmarks read
     (preset copies under the data dir, file sources). Hub datasets are keyed by name."""
-    from grpo_core.adapters import PRESETS
+    from grpo_core.data.adapters import PRESETS
     from grpo_core.workspace import resolve_data_dir
 
     root = resolve_data_dir(cfg.data.data_dir)
@@ -169,7 +169,7 @@ def grpo_key(cfg: PipelineConfig, model_fp: str, problems_fp: str, round_no: int
 
 def eval_key(cfg: PipelineConfig, model_fp: str, benchmarks: list[str],
              problem_sets: dict[str, str]) -> str:
-    """`problem_sets`: benchmark -> grpo_core.benchmarks.fingerprint of its problem list.
+    """`problem_sets`: benchmark -> grpo_core.data.benchmarks.fingerprint of its problem list.
     The exact lists are in the key: a changed store (another split, more rows) is a new
     evaluation, never a cached number from the old set."""
     how = cfg.eval.model_dump(mode="json", exclude={"shards", "benchmarks", "primary_metric"})
@@ -183,7 +183,7 @@ def eval_key(cfg: PipelineConfig, model_fp: str, benchmarks: list[str],
 def ingest(ctx: Ctx) -> dict:
     """The evaluation sets, then the training sources (flagged against them), then the
     pool; the data run gets the contamination counts per benchmark."""
-    from grpo_core.pool import (
+    from grpo_core.data.pool import (
         contamination_by_benchmark,
         ingest_eval_sets,
         ingest_sources,
@@ -221,7 +221,7 @@ def _data_metrics(v: dict) -> dict:
 
 
 def pool_problems(ctx: Ctx, ids: list[str]) -> list[Problem]:
-    from grpo_core.pool import training_pool
+    from grpo_core.data.pool import training_pool
 
     with ctx.store() as store:
         by_id = {p.id: p for p in training_pool(ctx.cfg, store)}
@@ -238,8 +238,8 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
                       fresh: list[str] | None = None) -> dict:
     """`fresh`: ids whose estimates sharded workers stored just now (flows/shards.py);
     they count as estimated, not reused."""
-    from grpo_core.difficulty import run_filter
-    from grpo_core.records import problem_key
+    from grpo_core.data.records import problem_key
+    from grpo_core.eval.difficulty import run_filter
 
     problems = pool_problems(ctx, problem_ids)
     # Sharding changes where estimates are computed, not what they are: not in the key.
@@ -268,7 +268,7 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
 @task(name="sft")
 def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
     from grpo_core.prompts import resolve_template
-    from grpo_core.sft import SFTResult, run_sft
+    from grpo_core.train.sft import SFTResult, run_sft
 
     problems = pool_problems(ctx, problem_ids)
     key = sft_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems))
@@ -297,9 +297,9 @@ def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
 
 @task(name="grpo-round")
 def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int) -> dict:
-    from grpo_core.grpo import last_checkpoint, run_grpo_round
+    from grpo_core.data.records import drop_rollouts_from, rollout_sink
     from grpo_core.prompts import resolve_template
-    from grpo_core.records import drop_rollouts_from, rollout_sink
+    from grpo_core.train.grpo import last_checkpoint, run_grpo_round
 
     problems = pool_problems(ctx, problem_ids)
     key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems),
@@ -338,8 +338,8 @@ def _launched_round(ctx: Ctx, run: str, store, sink, model_path: str, problems, 
                     template: str, resume_step: int):
     """The round on train.num_processes ranks (tasks.launch); then its rollouts, all of
     them from the rank-0 file, into DuckDB (re-written whole: idempotent on a re-run)."""
-    from grpo_core.grpo import RoundResult
-    from grpo_core.records import drop_rollouts_from
+    from grpo_core.data.records import drop_rollouts_from
+    from grpo_core.train.grpo import RoundResult
 
     with vllm_server(ctx.cfg, model_path, Path(out) / "vllm-server.log") as gpu_env:
         res = run_launched("grpo", ctx.cfg, model_path, problems, out, template, run,
@@ -356,9 +356,9 @@ def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
              scorer=None) -> dict:
     """`scorer`: scores the problems in workers (flows/shards.py eval_scorer, for
     eval.shards > 1); None scores them here. The rows and metrics are the same."""
-    from grpo_core.benchmarks import benchmark_problems, fingerprint
-    from grpo_core.evaluation import evaluate as run_eval
-    from grpo_core.sampling import build_backend
+    from grpo_core.data.benchmarks import benchmark_problems, fingerprint
+    from grpo_core.eval.evaluation import evaluate as run_eval
+    from grpo_core.generation.sampling import build_backend
 
     with ctx.store() as store:
         problem_sets = {b: fingerprint(benchmark_problems(b, ctx.cfg, store, ctx.cfg.eval.limit))
@@ -389,6 +389,6 @@ def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
 
 
 def _tokenizer(path: str):
-    from grpo_core.models import load_tokenizer
+    from grpo_core.modeling.loading import load_tokenizer
 
     return load_tokenizer(path)

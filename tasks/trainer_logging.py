@@ -45,7 +45,7 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
     if _step_logger_cls is None:
         from transformers import TrainerCallback
 
-        from grpo_core.rewards import scorer_error_counts
+        from grpo_core.verify.rewards import scorer_error_counts
         from tasks.metric_shipper import MetricShipper, unsent_dir
 
         class _StepLogger(TrainerCallback):

@@ -21,8 +21,8 @@ def build_random_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpo_core.synthetic import arithmetic_facts, generate_problems
-    from grpo_core.tiny_model import build_tokenizer
+    from grpo_core.data.synthetic import arithmetic_facts, generate_problems
+    from grpo_core.modeling.tiny import build_tokenizer
 
     torch.manual_seed(seed)
     texts = arithmetic_facts(seed, n_two_digit=50) + [
@@ -56,7 +56,7 @@ def proxy_model_path(tmp_path_factory) -> str:
     through resolve_model_path into a session models cache."""
     import torch
 
-    from grpo_core.models import resolve_model_path
+    from grpo_core.modeling.loading import resolve_model_path
 
     torch.set_num_threads(1)
     return resolve_model_path("builtin:proxy-qwen2", tmp_path_factory.mktemp("proxy-models"))

@@ -264,20 +264,20 @@ EVAL_SCORER = "evaluation"  # the eval path's scoring of one sampled completion
 
 
 def scorer_names() -> list[str]:
-    """Every reward of grpo_core.rewards.REWARDS, then the evaluation scorer."""
-    from grpo_core.rewards import REWARDS
+    """Every reward of grpo_core.verify.rewards.REWARDS, then the evaluation scorer."""
+    from grpo_core.verify.rewards import REWARDS
 
     return [*REWARDS, EVAL_SCORER]
 
 
 def _score_for_eval(completion: str, gold: str) -> None:
-    """Score one completion as grpo_core.evaluation does a sample: `_record` (extraction,
+    """Score one completion as grpo_core.eval.evaluation does a sample: `_record` (extraction,
     verification against the gold, format flag) then the per-problem metrics, whose maj@k
     canonicalises the extracted answer with `vote_key`."""
-    from grpo_core.evaluation import _record, vote_key
-    from grpo_core.metrics import problem_scores
-    from grpo_core.problems import Problem
-    from grpo_core.rollout import Completion
+    from grpo_core.data.problems import Problem
+    from grpo_core.eval.evaluation import _record, vote_key
+    from grpo_core.eval.metrics import problem_scores
+    from grpo_core.generation.rollout import Completion
 
     problem = Problem(source="fuzz", split="test", problem="Question: ...", answer=gold)
     sample = Completion(text=completion, num_tokens=len(completion) // 4, finish_reason="stop")
@@ -291,7 +291,7 @@ def _score_for_eval(completion: str, gold: str) -> None:
 
 def timed_call(name: str, completion, gold: str) -> float:
     """Run scorer `name` on one completion; the seconds it took. Raises on a wrong result."""
-    from grpo_core.rewards import REWARDS
+    from grpo_core.verify.rewards import REWARDS
 
     start = time.perf_counter()
     if name == EVAL_SCORER:
@@ -321,10 +321,10 @@ _WORKER_JOBS: dict[str, list] = {}
 def init_worker() -> None:
     """ProcessPoolExecutor initializer: pay imports and math-verify's first-use costs outside
     any timing, and forget verdicts a forked worker inherited: each one is recomputed here."""
-    import grpo_core.evaluation
-    import grpo_core.metrics
-    import grpo_core.rewards  # noqa: F401 - imported for their import cost
-    from grpo_core import answers
+    import grpo_core.eval.evaluation
+    import grpo_core.eval.metrics
+    import grpo_core.verify.rewards  # noqa: F401 - imported for their import cost
+    from grpo_core.verify import answers
 
     answers.warm_up()
     timed_call(EVAL_SCORER, "<answer>5</answer>", GOLDS[0])  # the eval path's first use

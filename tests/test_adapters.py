@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-import grpo_core.answers  # noqa: F401 - the adapters extract golds: must import, not skip
-from grpo_core.adapters import (
+import grpo_core.verify.answers  # noqa: F401 - the adapters extract golds: must import, not skip
+from grpo_core.data.adapters import (
     PRESETS,
     BadRow,
     Rejection,
@@ -17,7 +17,7 @@ from grpo_core.adapters import (
     parse_columns,
     resolve_source,
 )
-from grpo_core.problems import Problem
+from grpo_core.data.problems import Problem
 
 ROWS = [{"q": "What is 6*7?", "a": "42", "why": "6*7=42", "lvl": "Level 2", "topic": "arith"},
         {"q": "Half of one?", "a": "\\frac{1}{2}", "why": "", "lvl": 1, "topic": "fractions"}]
@@ -259,8 +259,8 @@ def test_limit_and_fingerprint(tmp_path):
 
 
 def test_synthetic_dispatch():
-    if importlib.util.find_spec("grpo_core.synthetic") is None:
-        pytest.skip("grpo_core.synthetic not present")
+    if importlib.util.find_spec("grpo_core.data.synthetic") is None:
+        pytest.skip("grpo_core.data.synthetic not present")
     adapter = resolve_source("synthetic:arith", split="test", limit=5)
     probs = _problems(adapter)
     assert adapter.split == "eval" and len(probs) == 5
@@ -270,9 +270,9 @@ def test_synthetic_dispatch():
 
 
 def test_synthetic_missing_module_is_a_source_error(monkeypatch):
-    import grpo_core
+    import grpo_core.data
 
-    monkeypatch.setitem(sys.modules, "grpo_core.synthetic", None)  # import raises ImportError
-    monkeypatch.delattr(grpo_core, "synthetic", raising=False)
+    monkeypatch.setitem(sys.modules, "grpo_core.data.synthetic", None)  # import raises ImportError
+    monkeypatch.delattr(grpo_core.data, "synthetic", raising=False)
     with pytest.raises(SourceError, match="not available"):
         resolve_source("synthetic:arith")

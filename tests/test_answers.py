@@ -12,8 +12,8 @@ from fractions import Fraction
 
 import pytest
 
-from grpo_core import answers as A
-from grpo_core.answers import (
+from grpo_core.verify import answers as A
+from grpo_core.verify.answers import (
     EXTRACTIONS,
     SCORER_ERRORS,
     ScorerError,
@@ -30,8 +30,8 @@ from grpo_core.answers import (
     parse_gold,
     verify,
 )
-from grpo_core.rewards import accuracy
-from grpo_core.safe_eval import TIMED_OUT, DeadlineExceeded, call_with_deadline, risky_reason
+from grpo_core.verify.rewards import accuracy
+from grpo_core.verify.safe_eval import TIMED_OUT, DeadlineExceeded, call_with_deadline, risky_reason
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -188,7 +188,7 @@ def test_is_correct_gold_forms_and_bad_input() -> None:
 
 
 def test_extractor_version_declared() -> None:
-    from grpo_core.evaluation import extractor_version
+    from grpo_core.eval.evaluation import extractor_version
 
     assert isinstance(A.EXTRACTOR_VERSION, str) and A.EXTRACTOR_VERSION
     assert A.EXTRACTOR_VERSION in extractor_version()
@@ -315,7 +315,7 @@ NOT_EQUIVALENT = [
     ("6 - 5i", "6+5i"),
     ("18", ""),
     ("18", "eighteen"),
-    ("50\\%", "0.5"),  # percent is a unit (see grpo_core/answers.py)
+    ("50\\%", "0.5"),  # percent is a unit (see grpo_core/verify/answers.py)
     ("0.5", "50\\%"),
     ("12", "1 2"),
 ]

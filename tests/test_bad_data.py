@@ -28,8 +28,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from grpo_core.adapters import SourceError, SourceUnreadable, resolve_source
-from grpo_core.store import Store
+from grpo_core.data.adapters import SourceError, SourceUnreadable, resolve_source
+from grpo_core.data.store import Store
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

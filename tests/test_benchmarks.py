@@ -1,4 +1,4 @@
-"""A benchmark is always its evaluation split (grpo_core/benchmarks.py), whatever the
+"""A benchmark is always its evaluation split (grpo_core/data/benchmarks.py), whatever the
 training sources are; every run decontaminates the pool against every eval set.
 
 The pipeline test runs `grpo run` for real (Prefect, MLflow on SQLite, DuckDB, TRL steps
@@ -13,11 +13,16 @@ import pytest
 import yaml
 from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, write_config
 
-from grpo_core.adapters import resolve_source
-from grpo_core.benchmarks import BenchmarkError, benchmark_problems, check_benchmarks, fingerprint
 from grpo_core.config import ConfigError, load_config
-from grpo_core.records import stage_problems
-from grpo_core.store import Store
+from grpo_core.data.adapters import resolve_source
+from grpo_core.data.benchmarks import (
+    BenchmarkError,
+    benchmark_problems,
+    check_benchmarks,
+    fingerprint,
+)
+from grpo_core.data.records import stage_problems
+from grpo_core.data.store import Store
 
 pytest_plugins = ["fixtures_models"]
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from grpo_core.config import config_from_dict
-from grpo_core.problems import Problem
+from grpo_core.data.problems import Problem
 from tasks import cache
 from tasks.stages import (
     data_files,

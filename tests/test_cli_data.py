@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-import grpo_core.answers  # noqa: F401 - the ingest parses golds: must import, not skip
+import grpo_core.verify.answers  # noqa: F401 - the ingest parses golds: must import, not skip
 from flows.cli import app
 
 runner = CliRunner()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 
-from grpo_core import decontam
+from grpo_core.data import decontam
 
 EVAL = ("Every morning Aya goes for a 9-kilometer-long walk and stops at a coffee shop "
         "afterwards. Find the number of minutes the walk takes her.")

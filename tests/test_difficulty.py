@@ -7,20 +7,20 @@ import duckdb
 import pytest
 
 from grpo_core.config import PipelineConfig
-from grpo_core.difficulty import (
+from grpo_core.data.records import read_pass_rates, read_rollouts, rollout_sink
+from grpo_core.data.store import Store
+from grpo_core.data.synthetic import generate_problems
+from grpo_core.eval.difficulty import (
     estimate_pass_rates,
     filter_problems,
     problem_seed,
     run_filter,
     sampling_key,
 )
-from grpo_core.passrate import wilson_interval
+from grpo_core.eval.passrate import wilson_interval
+from grpo_core.generation.rollout import Completion, HFBackend, SamplingParams
+from grpo_core.generation.sampling import sample_seeded
 from grpo_core.prompts import render_prompt
-from grpo_core.records import read_pass_rates, read_rollouts, rollout_sink
-from grpo_core.rollout import Completion, HFBackend, SamplingParams
-from grpo_core.sampling import sample_seeded
-from grpo_core.store import Store
-from grpo_core.synthetic import generate_problems
 
 os.environ.setdefault("GRPO_TORCH_THREADS", "1")
 pytest_plugins = ["fixtures_models"]  # tiny_model_path
@@ -166,7 +166,7 @@ def test_max_problems_subsamples_with_the_seed():
 
 
 def _hf(path, batch_size):
-    from grpo_core.models import load_policy
+    from grpo_core.modeling.loading import load_policy
 
     model, tok = load_policy(path)
     return HFBackend(model, tok, batch_size=batch_size)
@@ -211,7 +211,7 @@ def test_hf_filter_generates_once_then_reuses(tiny_model_path, tmp_path):
 
 
 def test_run_filter_loads_the_model_only_when_needed(tiny_model_path, tmp_path, monkeypatch):
-    from grpo_core import sampling
+    from grpo_core.generation import sampling
 
     problems = _problems(4)
     cfg = _cfg(k=2)
@@ -246,8 +246,8 @@ def test_rollouts_roundtrip():
 def test_builtin_pass_rate_falls_with_level(tmp_path):
     """Acceptance (issue 3): on the trained built-in model the estimated pass rate falls as
     the level rises (negative Spearman correlation between level and pass rate)."""
-    from grpo_core.models import resolve_model_path
-    from grpo_core.passrate import spearman
+    from grpo_core.eval.passrate import spearman
+    from grpo_core.modeling.loading import resolve_model_path
 
     path = resolve_model_path("builtin:tiny-arith", tmp_path / "models")
     problems = _problems(200, seed=1)  # 40 per level: a base model's rates are low

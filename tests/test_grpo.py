@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from grpo_core.config import config_from_dict, load_config
-from grpo_core.grpo import (
+from grpo_core.data.synthetic import generate_problems
+from grpo_core.train.grpo import (
     checkpointing_field,
     kl_beta,
     last_checkpoint,
@@ -15,7 +16,6 @@ from grpo_core.grpo import (
     run_grpo_round,
     trl_grpo_args,
 )
-from grpo_core.synthetic import generate_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def tiny_random_model(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpo_core.tiny_model import build_tokenizer
+    from grpo_core.modeling.tiny import build_tokenizer
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny-random")
@@ -112,7 +112,7 @@ def test_round_records_completions_and_resumes(tiny_random_model, tmp_path):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_bad_reward_stops_round_and_keeps_good_checkpoint(bad, tiny_random_model, tmp_path,
                                                           monkeypatch):
-    from grpo_core import rewards
+    from grpo_core.verify import rewards
 
     calls = {"n": 0}
     real = rewards.REWARDS["format"]
@@ -220,7 +220,7 @@ def test_skip_update_below_skips_the_optimizer_step(tiny_random_model, tmp_path,
     and the optimizer state is unchanged."""
     from safetensors.torch import load_file
 
-    from grpo_core import rewards
+    from grpo_core.verify import rewards
 
     calls = {"n": 0}
 

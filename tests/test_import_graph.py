@@ -6,6 +6,10 @@
   and are no edge; `if TYPE_CHECKING:` blocks never run and are no edge either.
 - No module imports a private (`_name`) name from another project module, wherever the
   import sits: what another module uses is public and named so.
+- grpo_core's subpackages are layered (grpo_core.LAYERS, read from grpo_core/__init__.py
+  with `ast`): no import, wherever it sits, goes from a layer to a later one; the top
+  modules import no subpackage (bar config's declared late imports), and no project module
+  imports the compatibility re-exports (grpo_core/answers.py, grpo_core/rewards.py).
 
 Every .py file under the packages below is read, in subpackages too, so the test keeps
 working when a package is split into folders."""
@@ -200,7 +204,7 @@ def _in_package(module: str, pkg: str) -> bool:
 
 
 def test_modules_found():
-    assert {"tasks.tracking", "flows.pipeline", "grpo_core.store"} <= set(MODULES)
+    assert {"tasks.tracking", "flows.pipeline", "grpo_core.data.store"} <= set(MODULES)
 
 
 def test_graph_sees_submodule_and_relative_imports():
@@ -224,6 +228,101 @@ def test_no_private_name_imported_from_another_module(pkg):
     bad = [f"{MODULES[m].relative_to(ROOT)}:{line}: from {src} import {leaf}"
            for m, line, src, leaf in _private_imports() if _in_package(m, pkg)]
     assert not bad, "private names imported from another module:\n" + "\n".join(bad)
+
+
+def _core_constant(name: str):
+    """A literal assigned at the top of grpo_core/__init__.py (read, not imported)."""
+    for node in ast.parse((ROOT / "grpo_core" / "__init__.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"grpo_core/__init__.py assigns no {name}")
+
+
+LAYERS = _core_constant("LAYERS")
+TOP_MODULES = _core_constant("TOP_MODULES")
+CONFIG_LATE_IMPORTS = _core_constant("CONFIG_LATE_IMPORTS")
+COMPAT_SHIMS = {f"grpo_core.{k}": v for k, v in _core_constant("COMPAT_SHIMS").items()}
+TOP = -1  # the layer of grpo_core's top modules: below every subpackage
+
+
+def _layer(module: str) -> int | None:
+    """Index in LAYERS of a grpo_core module's subpackage; TOP for a top module; None
+    for the package itself and modules outside grpo_core."""
+    parts = module.split(".")
+    if parts[0] != "grpo_core" or len(parts) == 1:
+        return None
+    return LAYERS.index(parts[1]) if parts[1] in LAYERS else TOP
+
+
+def _all_imports() -> Iterator[tuple[str, int, str, bool]]:
+    """(importing module, line, project module imported, at import time?) for every
+    import of every module, module level, inside functions and TYPE_CHECKING blocks."""
+    for name, tree in TREES.items():
+        at_import = {id(n) for n in _import_time_nodes(tree.body)}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target, _ in _targets(name, node):
+                    if target != name:
+                        yield name, node.lineno, target, id(node) in at_import
+
+
+def _where(module: str, line: int) -> str:
+    return f"{MODULES[module].relative_to(ROOT)}:{line}"
+
+
+def test_every_grpo_core_module_has_a_layer():
+    subpackages = {p.name for p in (ROOT / "grpo_core").iterdir()
+                   if (p / "__init__.py").is_file()}
+    assert subpackages == set(LAYERS), "grpo_core subpackages vs grpo_core.LAYERS"
+    tops = {m.split(".")[1] for m in MODULES if _layer(m) == TOP}
+    assert tops == set(TOP_MODULES) | {s.split(".")[1] for s in COMPAT_SHIMS}
+
+
+def test_layers_sees_upward_imports():
+    assert _layer("grpo_core.config") == TOP and _layer("grpo_core") is None
+    assert _layer("grpo_core.verify.answers") < _layer("grpo_core.train.grpo")
+
+
+def test_grpo_core_imports_follow_the_layers():
+    """A layer imports the top modules, itself and earlier layers only; a top module
+    imports no subpackage (config: only CONFIG_LATE_IMPORTS, inside functions); a
+    compatibility re-export imports only the module it re-exports."""
+    bad = []
+    for module, line, target, at_import in _all_imports():
+        src, dst = _layer(module), _layer(target)
+        if src is None or dst is None or dst == TOP and target not in COMPAT_SHIMS:
+            continue
+        if module in COMPAT_SHIMS:
+            ok = target == COMPAT_SHIMS[module]
+        elif target in COMPAT_SHIMS:
+            ok = False  # project code imports the real module
+        elif src == TOP:
+            ok = module == "grpo_core.config" and target in CONFIG_LATE_IMPORTS and not at_import
+        else:
+            ok = dst <= src
+        if not ok:
+            bad.append(f"{_where(module, line)}: {module} ({LAYERS[src] if src >= 0 else 'top'})"
+                       f" imports {target}")
+    assert not bad, f"imports against grpo_core.LAYERS {LAYERS}:\n" + "\n".join(bad)
+
+
+def test_no_project_module_imports_the_compatibility_re_exports():
+    bad = [f"{_where(m, line)}: imports {t}" for m, line, t, _ in _all_imports()
+           if t in COMPAT_SHIMS and m not in COMPAT_SHIMS]
+    assert not bad, "import the real modules (grpo_core.verify.*):\n" + "\n".join(bad)
+
+
+def test_compatibility_re_exports_are_the_real_objects():
+    import grpo_core.answers
+    import grpo_core.rewards
+    import grpo_core.verify.answers
+    import grpo_core.verify.rewards
+
+    assert grpo_core.rewards.REWARDS is grpo_core.verify.rewards.REWARDS
+    assert grpo_core.rewards.build_reward_funcs is grpo_core.verify.rewards.build_reward_funcs
+    for name in grpo_core.verify.answers.__all__:
+        assert getattr(grpo_core.answers, name) is getattr(grpo_core.verify.answers, name)
 
 
 def test_ruff_is_clean_with_the_projects_rules():

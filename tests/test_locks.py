@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-from grpo_core.locks import lock_path, pipeline_lock
-from grpo_core.store import StoreLockedError
+from grpo_core.data.locks import lock_path, pipeline_lock
+from grpo_core.data.store import StoreLockedError
 
 HOLD = """
 import sys, time
-from grpo_core.locks import pipeline_lock
+from grpo_core.data.locks import pipeline_lock
 with pipeline_lock(sys.argv[1], 10):
     print("held", flush=True)
     time.sleep(120)

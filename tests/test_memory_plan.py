@@ -1,8 +1,8 @@
-"""The memory plan's numbers against a hand calculation (grpo_core/memory_plan.py)."""
+"""The memory plan's numbers against a hand calculation (grpo_core/modeling/memory_plan.py)."""
 import pytest
 
 from grpo_core.config import load_config
-from grpo_core.memory_plan import (
+from grpo_core.modeling.memory_plan import (
     GIB,
     KNOWN,
     activation_bytes,
@@ -11,7 +11,7 @@ from grpo_core.memory_plan import (
     resolve_arch,
     zero_stage,
 )
-from grpo_core.proxy_model import ProxyRecipe
+from grpo_core.modeling.proxy import ProxyRecipe
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -117,7 +117,7 @@ def test_count_equals_a_real_models(tmp_path):
     """The parameter formula against torch's count of the proxy (a real Qwen2 class)."""
     from transformers import AutoModelForCausalLM
 
-    from grpo_core.proxy_model import ensure_proxy
+    from grpo_core.modeling.proxy import ensure_proxy
 
     path = ensure_proxy(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(path)

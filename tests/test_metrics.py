@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_core.metrics import (
+from grpo_core.eval.metrics import (
     avg_at_k,
     bootstrap_ci,
     k_grid,

@@ -1,8 +1,8 @@
 """model_fingerprint: a content key, the same for the same weights in any folder."""
 import os
 
-from grpo_core import models
-from grpo_core.models import model_fingerprint
+from grpo_core.modeling import loading as models
+from grpo_core.modeling.loading import model_fingerprint
 
 
 def _folder(path, weights: bytes, args: bytes):

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config import PipelineConfig
-from grpo_core.metrics import summarise
-from grpo_core.models import model_fingerprint
-from grpo_core.records import write_eval
-from grpo_core.store import Store
+from grpo_core.data.records import write_eval
+from grpo_core.data.store import Store
+from grpo_core.eval.metrics import summarise
+from grpo_core.modeling.loading import model_fingerprint
 from grpo_core.workspace import Workspace
 from tasks import comparison
 from tasks import tracking as T
@@ -68,7 +68,7 @@ def _records(correct_counts: list[int]) -> list[dict]:
 
 
 def _evaluate(wd: Path, model: Path, counts: list[int], run_id: str, protocol: str = "P") -> dict:
-    """Store one eval run of `model` (as grpo_core.evaluation does) and return the stage
+    """Store one eval run of `model` (as grpo_core.eval.evaluation does) and return the stage
     result stages.evaluate would hand on for it."""
     records = _records(counts)
     metrics = summarise(records)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from grpo_core.passrate import (
+from grpo_core.eval.passrate import (
     classify,
     histogram,
     plot_histogram,

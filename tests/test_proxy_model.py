@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_core.proxy_model import TAGS
+from grpo_core.modeling.proxy import TAGS
 
 pytest_plugins = ["fixtures_models"]
 
@@ -45,7 +45,7 @@ def test_stored_in_bf16_as_qwen2(proxy_model_path):
 def test_resolved_once_then_reused(tmp_path):
     import time
 
-    from grpo_core.models import resolve_model_path
+    from grpo_core.modeling.loading import resolve_model_path
 
     t0 = time.perf_counter()
     first = resolve_model_path("builtin:proxy-qwen2", tmp_path)
@@ -63,9 +63,9 @@ def test_warm_started_samples_disagree_on_the_format(proxy_model_path):
     GRPO stage has a non-zero advantage to follow (a random model's never do)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpo_core.data.synthetic import generate_problems
     from grpo_core.prompts import ANSWER_CLOSE, render_prompt
-    from grpo_core.rewards import is_well_formatted
-    from grpo_core.synthetic import generate_problems
+    from grpo_core.verify.rewards import is_well_formatted
 
     tok = AutoTokenizer.from_pretrained(proxy_model_path)
     model = AutoModelForCausalLM.from_pretrained(proxy_model_path, dtype=torch.float32)

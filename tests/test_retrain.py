@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pipeline_runs import GRPO, ROOT, mlflow_runs, prefect_flow_runs, run_env, write_config
 
-from grpo_core.locks import lock_path
+from grpo_core.data.locks import lock_path
 from grpo_core.workspace import Workspace
 
 pytest_plugins = ["fixtures_models"]

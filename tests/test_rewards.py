@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_core import answers
 from grpo_core.config import RewardsConfig, config_from_dict
-from grpo_core.rewards import (
+from grpo_core.verify import answers
+from grpo_core.verify.rewards import (
     REWARDS,
     accuracy,
     build_reward_funcs,
@@ -96,7 +96,7 @@ def test_accuracy_scorer_error_is_none_and_counted(no_errors, monkeypatch) -> No
 
 
 def test_reward_bug_is_counted_under_its_name(no_errors, monkeypatch) -> None:
-    import grpo_core.rewards as R
+    import grpo_core.verify.rewards as R
 
     def broken(*args, **kwargs):
         raise RuntimeError("planted")

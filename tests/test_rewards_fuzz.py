@@ -4,9 +4,9 @@ or holds unbounded memory, from the main thread, worker threads or worker proces
 A hand-written corpus of hostile completions (tests/hostile_corpus.py: injection attempts,
 power towers, 10,000-deep nesting, megabyte strings, NUL/RTL/zero-width characters, fake
 and nested tags) plus hypothesis-generated text and LaTeX-ish token soup. "Scorers" are
-every reward of grpo_core.rewards.REWARDS plus the evaluation scorer (grpo_core.evaluation's
-`_record` + maj@k's `vote_key`; see hostile_corpus.timed_call), and `answers.is_correct`
-under each extraction mode.
+every reward of grpo_core.verify.rewards.REWARDS plus the evaluation scorer
+(grpo_core.eval.evaluation's `_record` + maj@k's `vote_key`; see hostile_corpus.timed_call),
+and `answers.is_correct` under each extraction mode.
 The corpus also causes no scorer error (answers.SCORER_ERRORS): hostile input is a wrong
 answer or a refusal, not a failure of the scorer.
 """
@@ -36,8 +36,8 @@ from hostile_corpus import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_core import answers
-from grpo_core.rewards import REWARDS
+from grpo_core.verify import answers
+from grpo_core.verify.rewards import REWARDS
 
 LIMIT_S = 1.0
 SCORERS = scorer_names()  # every reward, then the evaluation scorer
@@ -207,7 +207,7 @@ def test_memory_stays_bounded(canary: Path) -> None:
 def test_capped_word_counts_change_no_reward(canary: Path) -> None:
     """length and repetition stop splitting where their result can no longer change (the
     memory bound above): same rewards as splitting the whole text."""
-    from grpo_core.rewards import MAX_REPETITION_TOKENS, length_penalty, repetition_score
+    from grpo_core.verify.rewards import MAX_REPETITION_TOKENS, length_penalty, repetition_score
 
     texts = [c for _, c in hostile_completions(str(canary))]
     texts += [" ".join(["ab", "cd", "ef"] * k) for k in (0, 1, 266, 267, 268, 533, 534, 20_000)]

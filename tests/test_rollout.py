@@ -8,14 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_core.rollout import (
+from grpo_core.generation.rollout import (
     SamplingParams,
     VLLMBackend,
     finish,
     stop_index,
     vllm_completions,
 )
-from grpo_core.sampling import sample_seeded
+from grpo_core.generation.sampling import sample_seeded
 
 CLOSE = "</a>"
 

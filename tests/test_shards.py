@@ -14,10 +14,12 @@ import pytest
 from pydantic import ValidationError
 
 from grpo_core.config import ConfigError, PipelineConfig
-from grpo_core.db import PASS_RATE_SCHEMA
-from grpo_core.difficulty import run_filter
-from grpo_core.records import problem_key, read_pass_rates, write_pass_rates
-from grpo_core.shards import (
+from grpo_core.data.db import PASS_RATE_SCHEMA
+from grpo_core.data.records import problem_key, read_pass_rates, write_pass_rates
+from grpo_core.data.store import Store
+from grpo_core.data.synthetic import generate_problems
+from grpo_core.eval.difficulty import run_filter
+from grpo_core.eval.shards import (
     finished_shard,
     ingest_shards,
     read_records,
@@ -26,8 +28,6 @@ from grpo_core.shards import (
     worker_threads,
     write_records,
 )
-from grpo_core.store import Store
-from grpo_core.synthetic import generate_problems
 
 pytest_plugins = ["fixtures_models"]
 
@@ -315,7 +315,7 @@ def test_eval_records_refuse_what_parquet_would_drop(tmp_path):
 
 def test_metrics_of_records_read_back_from_shards_are_the_same(tmp_path):
     """The random tiny model below answers nothing right; here the CIs are not all 0."""
-    from grpo_core.evaluation import score
+    from grpo_core.eval.evaluation import score
 
     records = []
     for i in range(12):
@@ -356,8 +356,8 @@ def _exact(value) -> str:
 @pytest.mark.integration
 def test_sharded_eval_gives_the_unsharded_records_and_metrics(shard_flows, tiny_model_path,
                                                               tmp_path):
-    from grpo_core.evaluation import evaluate
-    from grpo_core.records import read_eval_results, read_eval_runs
+    from grpo_core.data.records import read_eval_results, read_eval_runs
+    from grpo_core.eval.evaluation import evaluate
 
     with Store.open(tmp_path / "one.duckdb") as store:
         one = evaluate(tiny_model_path, "synthetic", _eval_cfg(1, tmp_path), store=store,

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from grpo_core.config import config_from_dict
-from grpo_core.rollout import HFBackend, SamplingParams, stop_token_ids, text_stops
-from grpo_core.synthetic import generate_problems
+from grpo_core.data.synthetic import generate_problems
+from grpo_core.generation.rollout import HFBackend, SamplingParams, stop_token_ids, text_stops
 
 pytest_plugins = ["fixtures_models"]
 
@@ -58,7 +58,7 @@ def force_output(model, tok, default: str = FORCED["alpha"]) -> list[int]:
 
 @pytest.fixture
 def proxy_backend(proxy_model_path):
-    from grpo_core.sampling import build_backend
+    from grpo_core.generation.sampling import build_backend
 
     cfg = config_from_dict({"model": {"template": "chat"}, "rollout": {"backend": "hf", "batch_size": 8}})
     backend, tok = build_backend(proxy_model_path, cfg)
@@ -107,7 +107,7 @@ def test_hf_sample_stops_at_multi_token_close_tag(proxy_backend, temperature):
 
 
 def test_seeded_filter_and_eval_sampling_stop_at_close_tag(proxy_backend):
-    from grpo_core.sampling import sample_seeded
+    from grpo_core.generation.sampling import sample_seeded
 
     backend, tok = proxy_backend
     prompts = _prompts(tok)
@@ -117,7 +117,7 @@ def test_seeded_filter_and_eval_sampling_stop_at_close_tag(proxy_backend):
 
 def test_without_the_stop_the_forced_junk_runs_on(proxy_model_path):
     """The control: the forcing does run past </answer>, so the tests above see the rule cut."""
-    from grpo_core.models import load_policy
+    from grpo_core.modeling.loading import load_policy
 
     model, tok = load_policy(proxy_model_path)
     force_output(model, tok)
@@ -131,7 +131,7 @@ def test_grpo_rollouts_stop_at_multi_token_close_tag(proxy_model_path, tmp_path,
     count as terminated (eos appended), not clipped."""
     from transformers import AutoTokenizer
 
-    from grpo_core import grpo
+    from grpo_core.train import grpo
 
     load = grpo.load_for_training
     calls: list[list[int]] = []  # per round: generated steps per generate call

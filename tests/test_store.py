@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from grpo_core import answers, decontam  # noqa: F401 - answers: the ingest parses golds
-from grpo_core.adapters import resolve_source
-from grpo_core.problems import Problem
-from grpo_core.store import (
+from grpo_core.data import decontam
+from grpo_core.data.adapters import resolve_source
+from grpo_core.data.problems import Problem
+from grpo_core.data.store import (
     IngestReport,
     Store,
     StoreError,
@@ -20,6 +20,7 @@ from grpo_core.store import (
     check_text,
     undecodable,
 )
+from grpo_core.verify import answers  # noqa: F401 - the ingest parses golds
 
 SHARED = [("gsm8k", "train", "gsm8k/train.jsonl"), ("math", "train", "math/train4500.jsonl"),
           ("gsm8k", "test", "gsm8k/test.jsonl"), ("math500", "test", "math500/test.jsonl"),

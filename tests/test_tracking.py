@@ -442,7 +442,7 @@ def test_reward_scorer_errors_reach_the_round_run(store, monkeypatch):
     scorer_errors/accuracy = 1 on the round's run (and the reward is None, not 0.0)."""
     from transformers import TrainerCallback
 
-    from grpo_core import answers, rewards
+    from grpo_core.verify import answers, rewards
 
     cfg, wd = store
     run = T.child_run(_parent(cfg, wd), "grpo/round-1")

@@ -11,8 +11,8 @@ from mlflow_server import MlflowServer
 from transformers import TrainerCallback
 
 from grpo_core.config import config_from_dict
-from grpo_core.grpo import run_grpo_round
-from grpo_core.synthetic import generate_problems
+from grpo_core.data.synthetic import generate_problems
+from grpo_core.train.grpo import run_grpo_round
 from tasks import tracking as T
 
 pytest_plugins = ["fixtures_models"]

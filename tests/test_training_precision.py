@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core import rewards
 from grpo_core.config import config_from_dict
-from grpo_core.synthetic import generate_problems
+from grpo_core.data.synthetic import generate_problems
+from grpo_core.verify import rewards
 
 
 def build_bf16_qwen2(out_dir, seed: int = 0):
-    """builtin:proxy-qwen2 (grpo_core/proxy_model.py): a randomly initialised 2-layer,
+    """builtin:proxy-qwen2 (grpo_core/modeling/proxy.py): a randomly initialised 2-layer,
     64-wide Qwen2ForCausalLM with a byte-level BPE tokenizer and a ChatML template, stored
     in bfloat16."""
-    from grpo_core.proxy_model import ProxyRecipe, build_proxy_qwen2
+    from grpo_core.modeling.proxy import ProxyRecipe, build_proxy_qwen2
 
     return str(build_proxy_qwen2(out_dir, ProxyRecipe(seed=seed)))
 
@@ -85,7 +85,7 @@ def test_grpo_step_at_lr_1e6_trains_fp32_master_and_saves_bf16(bf16_model, tmp_p
         return [len(rewards.completion_text(c)) / 50 for c in completions]
 
     monkeypatch.setitem(rewards.REWARDS, "chars", chars)
-    from grpo_core.grpo import run_grpo_round
+    from grpo_core.train.grpo import run_grpo_round
 
     cfg = config_from_dict({
         "grpo": {"max_steps": 1, "prompts_per_step": 2, "num_generations": 4, "learning_rate": 1e-6,
@@ -100,7 +100,7 @@ def test_grpo_step_at_lr_1e6_trains_fp32_master_and_saves_bf16(bf16_model, tmp_p
 
 
 def test_sft_step_at_lr_1e5_trains_fp32_master_and_saves_bf16(bf16_model, tmp_path):
-    from grpo_core.sft import run_sft
+    from grpo_core.train.sft import run_sft
 
     cfg = config_from_dict({"sft": {"max_steps": 1, "batch_size": 2, "learning_rate": 1e-5,
                                     "trl": {"warmup_steps": 0}}})  # step 1 at the full lr
@@ -116,14 +116,14 @@ def test_sft_step_at_lr_1e5_trains_fp32_master_and_saves_bf16(bf16_model, tmp_pa
     ("fp32", (False, False)), ("bf16", (True, False)), ("fp16", (False, True)),
 ])
 def test_precision_sets_trl_autocast_flags(precision, flags):
-    from grpo_core.grpo import precision_flags
+    from grpo_core.train.grpo import precision_flags
 
     got = precision_flags(config_from_dict({"train": {"precision": precision}}))
     assert (got["bf16"], got["fp16"]) == flags
 
 
 def test_auto_precision_is_fp32_on_cpu_and_mixed_on_gpu():
-    from grpo_core.grpo import precision_flags
+    from grpo_core.train.grpo import precision_flags
 
     got = precision_flags(config_from_dict({}))
     if torch.cuda.is_available():

@@ -6,7 +6,7 @@
 
 Run with `pytest -m slow tests/test_training_slow.py` (GRPO_TORCH_THREADS=1 on a shared
 machine). Held-out accuracy is measured on the synthetic eval problems (200; 1200 for
-the small gain from SFT) by grpo_core.evaluation.evaluate: greedy accuracy and avg@8
+the small gain from SFT) by grpo_core.eval.evaluation.evaluate: greedy accuracy and avg@8
 (pass@1 over 8 samples at T=0.6, top_p=0.95, the R1 convention). An improvement is a paired bootstrap 95% CI of the
 per-problem gain that lies above 0; every assertion message carries the numbers.
 """
@@ -17,12 +17,12 @@ import time
 import numpy as np
 import pytest
 
-from grpo_core.answers import extract_answer, is_equivalent
 from grpo_core.config import config_from_dict
-from grpo_core.metrics import bootstrap_ci
-from grpo_core.passrate import spearman
+from grpo_core.data.synthetic import generate_problems
+from grpo_core.eval.metrics import bootstrap_ci
+from grpo_core.eval.passrate import spearman
 from grpo_core.prompts import render_prompt
-from grpo_core.synthetic import generate_problems
+from grpo_core.verify.answers import extract_answer, is_equivalent
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +68,8 @@ def _cfg(grpo: dict | None = None, rewards: list[str] | None = None, band=(0.0, 
 
 
 def _sample(path: str, prompts: list[str], n: int, temperature: float):
-    from grpo_core.models import load_policy
-    from grpo_core.rollout import HFBackend, SamplingParams
+    from grpo_core.generation.rollout import HFBackend, SamplingParams
+    from grpo_core.modeling.loading import load_policy
 
     model, tok = load_policy(path)
     params = SamplingParams(temperature=temperature, max_new_tokens=MAX_NEW)
@@ -78,7 +78,7 @@ def _sample(path: str, prompts: list[str], n: int, temperature: float):
 
 def held_out_eval(path: str, n: int = EVAL_N) -> dict:
     """Greedy and avg@8 on the synthetic eval split, with per-problem scores for pairing."""
-    from grpo_core.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate
 
     cfg = _cfg()
     cfg.eval.limit = n
@@ -107,8 +107,8 @@ def _fmt(ci) -> str:
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory) -> str:
-    from grpo_core.models import configure_threads
-    from grpo_core.tiny_model import ensure_builtin
+    from grpo_core.modeling.loading import configure_threads
+    from grpo_core.modeling.tiny import ensure_builtin
 
     configure_threads()
     t0 = time.time()
@@ -124,7 +124,7 @@ def base_eval(base_model) -> dict:
 
 @pytest.fixture(scope="module")
 def sft_model(base_model, tmp_path_factory) -> str:
-    from grpo_core.sft import run_sft
+    from grpo_core.train.sft import run_sft
 
     cfg = config_from_dict(
         {"sft": {"enabled": True, "max_steps": 300, "batch_size": 16, "learning_rate": 1e-3}})
@@ -135,10 +135,10 @@ def sft_model(base_model, tmp_path_factory) -> str:
 
 def _grpo(start: str, out_dir, cfg, levels=POOL_LEVELS):
     """Filter a fresh pool under the starting policy, then one timed GRPO round."""
-    from grpo_core.difficulty import filter_problems
-    from grpo_core.grpo import run_grpo_round
-    from grpo_core.models import model_fingerprint
-    from grpo_core.sampling import build_backend
+    from grpo_core.eval.difficulty import filter_problems
+    from grpo_core.generation.sampling import build_backend
+    from grpo_core.modeling.loading import model_fingerprint
+    from grpo_core.train.grpo import run_grpo_round
 
     pool = generate_problems("train", POOL_N, levels=levels, seed=1)
     backend, tok = build_backend(start, cfg)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config import ConfigError, GRPOConfig, SFTConfig, config_from_dict
-from grpo_core.grpo import checkpointing_field
+from grpo_core.train.grpo import checkpointing_field
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["fixtures_models"]
@@ -44,7 +44,7 @@ def test_owned_keys_are_what_the_pipeline_sets(tmp_path):
     config, plus the TRL fields derived from those; every one is a real TRL field."""
     import trl
 
-    from grpo_core.grpo import owned_grpo_args
+    from grpo_core.train.grpo import owned_grpo_args
 
     cfg = config_from_dict({})
     derived = {"steps_per_generation", "generation_batch_size", "gradient_checkpointing",
@@ -71,8 +71,8 @@ def _args_spy():
 def test_values_reach_the_grpo_config_run_grpo_round_builds(tiny_model_path, tmp_path):
     from trl import GRPOConfig as TRLGRPOConfig
 
-    from grpo_core.grpo import run_grpo_round
-    from grpo_core.synthetic import generate_problems
+    from grpo_core.data.synthetic import generate_problems
+    from grpo_core.train.grpo import run_grpo_round
 
     cfg = config_from_dict({"grpo": {
         "max_steps": 1, "prompts_per_step": 2, "num_generations": 2, "max_completion_length": 4,
@@ -97,7 +97,7 @@ def test_values_reach_the_grpo_config_run_grpo_round_builds(tiny_model_path, tmp
 
 
 def owned_args(cfg, tmp_path):
-    from grpo_core.grpo import owned_grpo_args
+    from grpo_core.train.grpo import owned_grpo_args
 
     return owned_grpo_args(cfg, str(tmp_path))
 
@@ -105,8 +105,8 @@ def owned_args(cfg, tmp_path):
 def test_sft_values_reach_the_sft_config(tiny_model_path, tmp_path):
     from trl import SFTConfig as TRLSFTConfig
 
-    from grpo_core.sft import run_sft
-    from grpo_core.synthetic import generate_problems
+    from grpo_core.data.synthetic import generate_problems
+    from grpo_core.train.sft import run_sft
 
     cfg = config_from_dict({"sft": {"max_steps": 1, "batch_size": 2,
                                     "trl": {"warmup_steps": 0, "max_grad_norm": 0.5}}})

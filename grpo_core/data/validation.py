@@ -1,0 +1,172 @@
+"""Row validation at ingest: repair mis-escaped LaTeX, refuse text that is not clean
+Unicode (NUL, invalid UTF-8, control characters, mojibake), cap sizes, require a gold
+answer that parses, and sort an adapter's rows into accepted, rejected and duplicate,
+counted in an `IngestReport`. grpo_core.data.store runs this inside one ingest and re-exports
+the public names; this module imports nothing of the store."""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from grpo_core.data.adapters import Adapter, BadRow, Rejection
+from grpo_core.data.problems import Problem
+
+MAX_PROBLEM_CHARS = 20000
+MAX_ANSWER_CHARS = 1000
+_MIS_ESCAPED = {"\x07": "\\a", "\x08": "\\b", "\x0b": "\\v", "\x0c": "\\f"}
+# JSON written with "\frac" unescaped decodes to form feed + "rac" (seen in aime25).
+_REPAIRABLE = re.compile(r"[\x07\x08\x0b\x0c](?=[A-Za-z])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# A UTF-8 lead byte followed by continuation bytes, all read as cp1252/Latin-1: mojibake.
+_MOJIBAKE = re.compile("[\u00c2-\u00f4][\u0080-\u00bf\u0152\u0153\u0160\u0161\u0178\u017d"
+                       "\u017e\u0192\u02c6\u02dc\u2013\u2014\u2018-\u201a\u201c-\u201e"
+                       "\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122]+")
+
+
+def undecodable(text: str) -> str | None:
+    """Why `text` is not clean Unicode text (None if it is)."""
+    if "\x00" in text:
+        return "NUL byte"
+    if m := _SURROGATE.search(text):
+        return f"invalid UTF-8 byte 0x{ord(m.group()) & 0xFF:02X} (mixed encodings?)"
+    if "\ufffd" in text:
+        return "U+FFFD replacement character (decoded lossily upstream)"
+    if m := _CONTROL.search(text):
+        return f"control character U+{ord(m.group()):04X}"
+    for m in _MOJIBAKE.finditer(text):
+        for codec in ("cp1252", "latin-1"):
+            try:
+                fixed = m.group().encode(codec).decode("utf-8")
+            except UnicodeError:
+                continue
+            return f"mojibake {m.group()!r} (UTF-8 read as {codec}; meant {fixed!r})"
+    return None
+
+
+def check_text(p: Problem) -> tuple[Problem, bool] | Rejection:
+    """Repair mis-escaped LaTeX control characters, then refuse any other bad text."""
+    changes = {}
+    for name in ("problem", "answer", "solution"):
+        value = getattr(p, name)
+        fixed = _REPAIRABLE.sub(lambda m: _MIS_ESCAPED[m.group()], value) if value else value
+        if fixed != value:
+            changes[name] = fixed
+    if changes:
+        p = replace(p, **changes, fingerprint="")  # fingerprint recomputed on the fixed text
+    for name in ("problem", "answer", "solution", "subject", "id"):
+        value = getattr(p, name)
+        if value and (why := undecodable(value)):
+            return Rejection("undecodable", f"{name}: {why}")
+    return p, bool(changes)
+
+
+def check_size(p: Problem, max_chars: int) -> Rejection | None:
+    for name, limit in (("problem", max_chars), ("answer", MAX_ANSWER_CHARS),
+                        ("solution", 4 * max_chars)):
+        if len(getattr(p, name)) > limit:
+            return Rejection("too_long", f"{name} is {len(getattr(p, name))} chars (max {limit})")
+    return None
+
+
+GOLD_DEADLINE_S = 2.0  # per gold at ingest; the reward-time deadline is far tighter
+
+
+@contextmanager
+def patient_gold_parsing(seconds: float = GOLD_DEADLINE_S) -> Iterator[None]:
+    """Raise answers' per-gold deadline while ingesting.
+
+    parse_gold returns None both for an unparseable gold and for one that overran its
+    (reward-time, 0.3 s) deadline; on a loaded machine the latter quarantined hundreds of
+    valid MATH rows. Whether a row is valid must not depend on the machine's load.
+    """
+    from grpo_core.verify import answers
+
+    old = getattr(answers, "GOLD_DEADLINE_S", None)
+    if old is not None:
+        answers.GOLD_DEADLINE_S = max(old, seconds)
+    try:
+        yield
+    finally:
+        if old is not None:
+            answers.GOLD_DEADLINE_S = old
+
+
+def check_gold(p: Problem) -> Rejection | None:
+    from grpo_core.verify.answers import parse_gold
+
+    try:
+        ok = parse_gold(p.answer) is not None
+    except Exception:  # noqa: BLE001 - a gold that crashes the parser is unparseable
+        ok = False
+    return None if ok else Rejection("unparseable_answer", f"gold {p.answer[:80]!r} does not parse")
+
+
+def _validate(adapter: Adapter, index: int, raw: Any,
+              max_chars: int) -> tuple[Problem, bool] | Rejection:
+    if isinstance(raw, BadRow):
+        return raw.rejection
+    p = adapter.convert(index, raw)
+    if isinstance(p, Rejection):
+        return p
+    return check_size(p, max_chars) or check_text(p)
+
+
+@dataclass
+class IngestReport:
+    """Counts of one ingest. Always: total_rows == ingested + quarantined + duplicates."""
+
+    source: str
+    split: str
+    origin: str
+    total_rows: int = 0
+    ingested: int = 0
+    duplicates: int = 0  # same fingerprint as an earlier row of this ingest or the store
+    already_stored: int = 0  # of the duplicates, those already in the store
+    quarantined: dict[str, int] = field(default_factory=dict)  # reason code -> rows
+    contaminated: int = 0  # ingested rows flagged as overlapping an eval set
+    contaminated_with: dict[str, int] = field(default_factory=dict)  # eval set -> rows
+    flagged_existing: int = 0  # earlier training rows flagged by this (eval) source
+    repaired: int = 0  # ingested rows whose mis-escaped LaTeX was repaired
+    first_reasons: list[str] = field(default_factory=list)  # "row 3: code: detail"
+    seconds: float = 0.0
+
+    @property
+    def quarantined_total(self) -> int:
+        return sum(self.quarantined.values())
+
+    @property
+    def all_invalid(self) -> bool:
+        return self.total_rows > 0 and self.quarantined_total == self.total_rows
+
+    def reject(self, index: int, why: Rejection) -> None:
+        """Count row `index` as quarantined for `why` (the first five reasons are kept)."""
+        self.quarantined[why.code] = self.quarantined.get(why.code, 0) + 1
+        if len(self.first_reasons) < 5:
+            self.first_reasons.append(f"row {index}: {why}")
+
+
+def check_rows(adapter: Adapter, report: IngestReport, stored: set[str], accepted: list,
+               rejected: list, max_chars: int) -> None:
+    """Sort every row into accepted, rejected or duplicate (counted in `report`)."""
+    seen: set[str] = set()
+    for index, raw in adapter.rows():
+        report.total_rows += 1
+        checked = _validate(adapter, index, raw, max_chars)
+        if not isinstance(checked, Rejection):
+            p, repaired = checked
+            if p.fingerprint in stored or p.fingerprint in seen:
+                report.duplicates += 1
+                report.already_stored += p.fingerprint in stored
+                continue
+            checked = check_gold(p)  # the costly check runs once per distinct row
+            if checked is None:
+                seen.add(p.fingerprint)
+                report.repaired += repaired
+                accepted.append((index, p))
+                continue
+        report.reject(index, checked)
+        rejected.append((index, checked, raw.raw if isinstance(raw, BadRow) else raw))

@@ -1,0 +1,268 @@
+"""One rollout interface for filtering and evaluation:
+
+    backend.sample(prompts, n, params) -> list (per prompt) of list (n) of Completion
+
+`hf` runs transformers `generate` batched across prompts and samples (left padding,
+prompts sorted by length so batches pad little); `vllm` (GPU, optional extra) has the
+same interface. Training generation is TRL's business, not this module's.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Protocol
+
+from grpo_core.progress import Bar
+from grpo_core.prompts import ANSWER_CLOSE
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+@dataclass
+class Completion:
+    text: str
+    num_tokens: int
+    finish_reason: str  # "stop" (eos or a stop string such as </answer>) or "length" (truncated)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+class RolloutBackend(Protocol):
+    def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]: ...
+
+
+def stop_token_ids(tokenizer, stops: tuple[str, ...] = (ANSWER_CLOSE,)) -> list[int]:
+    """eos, plus each stop string that is a single token (a token test is cheaper than
+    decoding; true of builtin:tiny-arith's </answer>, false of every real tokenizer's)."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    for s in stops:
+        tid = tokenizer.convert_tokens_to_ids(s)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid not in ids:
+            ids.append(tid)
+    return ids
+
+
+def text_stops(tokenizer, stops: tuple[str, ...] = (ANSWER_CLOSE,)) -> tuple[str, ...]:
+    """The stop strings that span several tokens: found on decoded text, not by id."""
+    single = set(tokenizer.convert_ids_to_tokens(stop_token_ids(tokenizer, stops)))
+    return tuple(s for s in stops if s not in single)
+
+
+def text_stop_criterion(tokenizer, stops: tuple[str, ...], prompt_len: int):
+    """A StoppingCriteria that ends each row of a batch on its own once its generated text
+    (after `prompt_len`: the prompts hold the tag too) contains a stop string. Only the last
+    few tokens are decoded: a string completed by the newest token lies within them."""
+    import torch
+    from transformers import StoppingCriteria
+
+    window = max(len(s.encode()) for s in stops) + 2  # every token is at least one byte
+
+    class StopOnText(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            start = max(prompt_len, input_ids.shape[1] - window)
+            texts = tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
+            return torch.tensor([any(s in t for s in stops) for t in texts],
+                                dtype=torch.bool, device=input_ids.device)
+
+    return StopOnText()
+
+
+def stop_index(tokenizer, ids: list[int], stops: tuple[str, ...]) -> int | None:
+    """Tokens up to and including the one that completes the first stop string in the
+    decoded `ids`, or None when no stop string occurs (binary search: the test is
+    monotone in the prefix length)."""
+    if not stops or not any(s in tokenizer.decode(ids, skip_special_tokens=True) for s in stops):
+        return None
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in tokenizer.decode(ids[:mid], skip_special_tokens=True) for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def finish(tokenizer, ids: list[int], stop_ids: list[int], stops: tuple[str, ...]) -> Completion:
+    """The one decoder of a generated row (hf backend, seeded or not) into a Completion.
+
+    Cut after the first stop token: what follows is batch padding, also when the tokenizer
+    pads with its eos (pad == eos), so a padded row loses no token of its own and keeps no
+    padding. A row that ran to a stop string instead has its right padding stripped (pad !=
+    eos: the pad is no stop token). Then cut after the first stop string in the text (a row
+    stopped by text can overshoot inside the token that completes it)."""
+    for k, t in enumerate(ids):
+        if t in stop_ids:
+            ids = ids[: k + 1]
+            break
+    else:
+        pad = tokenizer.pad_token_id
+        while ids and ids[-1] == pad:  # right padding of a row ended by a stop string
+            ids = ids[:-1]
+    stopped = bool(ids) and ids[-1] in stop_ids
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    k = stop_index(tokenizer, ids, stops)
+    if k is not None:
+        ids, stopped = ids[:k], True
+        end = min(text.find(s) + len(s) for s in stops if s in text)
+        text = text[:end]
+    return Completion(text=text, num_tokens=len(ids), finish_reason="stop" if stopped else "length")
+
+
+def vllm_completions(outputs) -> list[list[Completion]]:
+    """vLLM RequestOutputs (one per prompt) as Completions: vLLM already cut each at its
+    stop token or string (kept in the text), so only the finish reason is translated."""
+    return [[Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length"
+                        else "stop") for o in out.outputs] for out in outputs]
+
+
+class HFBackend:
+    """transformers generate, batched: (prompt, sample) pairs fill batches of batch_size.
+    Rows stop at eos or at a stop string (the template's closing tag), each on its own."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, progress: bool = False,
+                 stop_strings: tuple[str, ...] = (ANSWER_CLOSE,)):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.progress = progress
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._stop = stop_token_ids(tokenizer, stop_strings)
+        self._text_stops = text_stops(tokenizer, stop_strings)
+
+    def stop_kwargs(self, prompt_len: int) -> dict:
+        """generate() arguments that end a row at eos or a stop string."""
+        from transformers import StoppingCriteriaList
+
+        kw: dict = {"eos_token_id": self._stop, "pad_token_id": self.tokenizer.pad_token_id}
+        if self._text_stops:
+            kw["stopping_criteria"] = StoppingCriteriaList(
+                [text_stop_criterion(self.tokenizer, self._text_stops, prompt_len)])
+        return kw
+
+    def finish(self, ids: list[int]) -> Completion:
+        return finish(self.tokenizer, ids, self._stop, self._text_stops)
+
+    def shutdown(self) -> None:
+        """Drop the model (grpo_core.modeling.gpu.stage_memory calls this at a stage's end, then frees
+        the CUDA cache); the backend cannot sample afterwards."""
+        self.model = None
+
+    def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
+        import torch
+
+        # Greedy decoding gives n identical answers: generate once, copy.
+        reps = 1 if params.greedy else n
+        jobs = [(i, p) for i, p in enumerate(prompts) for _ in range(reps)]
+        lengths = {i: len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for i, p in enumerate(prompts)}
+        jobs.sort(key=lambda job: lengths[job[0]])
+        results: list[list[Completion]] = [[] for _ in prompts]
+        bar = Bar(len(jobs), "sampling", self.progress)
+        self.model.eval()
+        for start in range(0, len(jobs), self.batch_size):
+            batch = jobs[start : start + self.batch_size]
+            enc = self.tokenizer(
+                [p for _, p in batch], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(self.model.device)
+            # Seed per batch start: reproducible whatever ran before in this process.
+            torch.manual_seed(params.seed * 1_000_003 + start)
+            kwargs = {"max_new_tokens": params.max_new_tokens,
+                      **self.stop_kwargs(enc["input_ids"].shape[1])}
+            if params.greedy:
+                kwargs.update(do_sample=False)
+            else:
+                kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
+            with torch.inference_mode():
+                out = self.model.generate(**enc, **kwargs)
+            new = out[:, enc["input_ids"].shape[1] :]
+            for (i, _), ids in zip(batch, new.tolist()):
+                results[i].append(self.finish(ids))
+            bar.advance(len(batch))
+        bar.close()
+        if reps == 1 and n > 1:
+            results = [row * n for row in results]  # each row holds its one greedy completion
+        return results
+
+
+class VLLMBackend:
+    """vLLM offline engine (GPU). Import-guarded: the extra is optional."""
+
+    def __init__(self, model_path: str, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0,
+                 data_parallel_size: int = 1, stop_strings: tuple[str, ...] = (ANSWER_CLOSE,)):
+        if not vllm_available():
+            raise RuntimeError("rollout.backend=vllm needs the gpu extra: pip install -e '.[gpu]'")
+        from vllm import LLM
+
+        extra = {"data_parallel_size": data_parallel_size} if data_parallel_size > 1 else {}
+        self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel_size,
+                       gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed,
+                       **extra)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._stop = stop_token_ids(self.tokenizer, stop_strings)
+        self.stop_strings = list(stop_strings)  # vLLM matches them on text, any token split
+
+    def sampling_params(self, n: int, params: SamplingParams, seed: int):
+        """vLLM's SamplingParams for n samples of one request: stops at eos, the single-token
+        stops and the stop strings (matched on text, any token split), keeping a stop
+        string's text (as the hf path does; vLLM V1 drops a stop token's text)."""
+        from vllm import SamplingParams as VSP
+
+        return VSP(n=n, temperature=max(params.temperature, 0.0), top_p=params.top_p,
+                   max_tokens=params.max_new_tokens, seed=seed, stop_token_ids=self._stop,
+                   stop=self.stop_strings, include_stop_str_in_output=True)
+
+    def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
+        sp = self.sampling_params(n, params, params.seed)
+        return vllm_completions(self.llm.generate(prompts, sp, use_tqdm=False))
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its GPU memory (grpo_core.modeling.gpu.stage_memory calls this at a
+        stage's end). Idempotent; the backend cannot sample afterwards."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        stop = getattr(llm, "shutdown", None)  # LLM.shutdown() in recent vLLM
+        if stop is None:  # older V1: the engine core client
+            stop = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None),
+                           "shutdown", None)
+        if callable(stop):
+            stop()
+        del llm
+        import gc
+
+        gc.collect()
+        try:  # model-parallel groups, the process group, then the CUDA cache
+            from vllm.distributed import cleanup_dist_env_and_memory
+        except ImportError:
+            return
+        cleanup_dist_env_and_memory()
+
+
+def vllm_available() -> bool:
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_backend_name(name: str) -> str:
+    if name == "auto":
+        return "vllm" if vllm_available() else "hf"
+    return name
+

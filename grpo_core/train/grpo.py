@@ -1,0 +1,498 @@
+"""One GRPO round with TRL's GRPOTrainer, plus what TRL lacks: a KL schedule, a collapse
+monitor, a divergence guard, optional skipped updates, and a record of every completion
+with its per-function rewards and advantage."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_core.config import PipelineConfig, grpo_micro_batching
+from grpo_core.data.problems import Problem
+from grpo_core.modeling.memory_plan import gradient_checkpointing
+from grpo_core.prompts import render_prompt, stop_strings
+from grpo_core.verify.rewards import build_reward_funcs
+
+RolloutSink = Callable[[int, list[dict]], None]  # (global step, one dict per completion)
+
+
+@dataclass
+class RoundResult:
+    output_dir: str  # the trained model (tokenizer included)
+    steps: int
+    history: list[dict] = field(default_factory=list)  # TRL's logged metrics per step
+    findings: list[str] = field(default_factory=list)  # rules that fired (collapse, NaN, KL)
+    stopped_early: bool = False
+    train_seconds: float = 0.0  # TRL's train_runtime: the training loop alone
+    nonfinite_rewards: list = field(default_factory=list)  # (reward name, value) seen
+
+
+def precision_flags(cfg: PipelineConfig) -> dict:
+    """TRL/accelerate mixed-precision flags for train.precision. The policy itself is
+    always loaded in float32 (load_for_training): these only add autocast."""
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    mode = cfg.train.precision
+    if mode == "auto":
+        mode = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if on_gpu else "fp32"
+    return {"bf16": mode == "bf16", "fp16": mode == "fp16", "use_cpu": not on_gpu}
+
+
+def checkpointing_field(args_cls=None) -> str:
+    """TrainingArguments' name for activation checkpointing in the installed transformers:
+    `activation_checkpointing` where it exists (there `gradient_checkpointing` is its
+    deprecated alias and warns), `gradient_checkpointing` before (5.17 has only that)."""
+    import dataclasses
+
+    if args_cls is None:
+        from transformers import TrainingArguments as args_cls
+
+    names = {f.name for f in dataclasses.fields(args_cls)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def prompts_per_update(cfg: PipelineConfig) -> int:
+    """Prompts one optimizer step consumes. TRL generates for a whole optimizer step at
+    once (its generation batch: per_device_train_batch_size x processes x accumulation
+    completions = prompts_per_step x GA prompts) and drops an incomplete last batch."""
+    return cfg.grpo.prompts_per_step * cfg.grpo.gradient_accumulation_steps
+
+
+def check_round_size(n_problems: int, cfg: PipelineConfig) -> None:
+    """Refuse a round that cannot fill one optimizer step: it would train 0 steps."""
+    need = prompts_per_update(cfg)
+    if n_problems < need:
+        g = cfg.grpo
+        raise ValueError(
+            f"GRPO round has {n_problems} problems; one optimizer step needs grpo.prompts_per_step "
+            f"x grpo.gradient_accumulation_steps = {g.prompts_per_step} x "
+            f"{g.gradient_accumulation_steps} = {need} (TRL drops an incomplete batch: nothing "
+            "would train). Add problems, widen filter.band, or lower those fields")
+
+
+# Pipeline defaults that grpo.trl may override (TRL's own defaults differ).
+GRPO_TRL_DEFAULTS = {"top_k": 0, "disable_tqdm": True, "dataloader_num_workers": 0}
+
+
+def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None):
+    """Every GRPO knob set explicitly from our config (TRL's defaults differ from the
+    paper), over the pass-through grpo.trl, over GRPO_TRL_DEFAULTS."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(**{**GRPO_TRL_DEFAULTS, **cfg.grpo.trl,
+                         **owned_grpo_args(cfg, output_dir, report_to)})
+
+
+def owned_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None) -> dict:
+    """The TRL arguments the pipeline decides: config.GRPOConfig.TRL_OWNED lists them (plus
+    the ones TRL derives from these), and grpo.trl refuses them."""
+    g = cfg.grpo
+    beta = g.beta if g.kl_schedule.kind == "constant" else g.kl_schedule.beta_start
+    micro, passes = grpo_micro_batching(cfg)
+    return dict(  # reads as TRL's keyword arguments
+        output_dir=output_dir,
+        num_generations=g.num_generations,
+        # forward/backward passes of per_device_micro_batch completions; one generation
+        # batch (TRL's default steps_per_generation = GA) per optimizer step
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=passes,
+        beta=beta,
+        epsilon=g.epsilon,
+        epsilon_high=g.epsilon_high if g.epsilon_high is not None else g.epsilon,
+        loss_type=g.loss_type,
+        scale_rewards=g.scale_rewards,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        learning_rate=g.learning_rate,
+        max_completion_length=g.max_completion_length,
+        num_iterations=g.num_iterations,
+        max_steps=g.max_steps,
+        save_steps=g.save_steps,
+        save_strategy="steps",
+        save_total_limit=g.save_total_limit,
+        logging_steps=g.logging_steps,
+        seed=cfg.project.seed,
+        data_seed=cfg.project.seed,
+        **precision_flags(cfg),
+        report_to=report_to or [],
+        use_vllm=g.use_vllm,
+        vllm_mode=g.vllm_mode,
+        vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        vllm_tensor_parallel_size=g.vllm_tensor_parallel_size,
+        vllm_server_host=g.vllm_server_host,
+        vllm_server_port=g.vllm_server_port,
+        vllm_server_timeout=g.vllm_server_timeout,
+        remove_unused_columns=False,
+        # TRL's default (on) would be on for every model: ours is per model, under the
+        # installed transformers' name for it
+        **{checkpointing_field(): gradient_checkpointing(cfg, g.gradient_checkpointing)},
+    )
+
+
+def trl_stop_kwargs(stops: tuple[str, ...], use_vllm: bool) -> dict:
+    """generation_kwargs that stop TRL's vLLM rollouts at the template's closing tag (vLLM
+    matches text, however many tokens the tag is, and keeps it). The transformers path
+    cannot take a stopping criterion through GenerationConfig: stop_at_text puts it on
+    the policy's generate instead. Either way _generate_single_turn cuts the ids."""
+    return {"stop": list(stops), "include_stop_str_in_output": True} if stops and use_vllm else {}
+
+
+def stop_at_text(model, tokenizer, stops: tuple[str, ...]) -> None:
+    """Make `model.generate` (what TRL calls, unwrapped, for transformers rollouts) end each
+    row once its generated text holds a stop string: the criterion the hf rollout backend
+    uses for filter and eval, so training samples stop where they do."""
+    if not stops:
+        return
+    from transformers import StoppingCriteriaList
+
+    from grpo_core.generation.rollout import text_stop_criterion
+
+    generate = model.generate
+
+    def generate_stopping_at_text(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            crit = text_stop_criterion(tokenizer, stops, ids.shape[1])
+            kwargs["stopping_criteria"] = StoppingCriteriaList(
+                [*(kwargs.get("stopping_criteria") or []), crit])
+        return generate(*args, **kwargs)
+
+    model.generate = generate_stopping_at_text
+
+
+def kl_beta(step: int, total: int, cfg: PipelineConfig) -> float:
+    """beta at a step under the configured schedule (the seeds' 0.1 -> 0.01 decay)."""
+    sched = cfg.grpo.kl_schedule
+    if sched.kind == "constant":
+        return cfg.grpo.beta
+    frac = min(max(step / max(total, 1), 0.0), 1.0)
+    if sched.kind == "linear":
+        return sched.beta_start + (sched.beta_end - sched.beta_start) * frac
+    return sched.beta_end + 0.5 * (sched.beta_start - sched.beta_end) * (1 + math.cos(math.pi * frac))
+
+
+def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list):
+    from transformers import TrainerCallback
+
+    g = cfg.grpo
+
+    class KLSchedule(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if g.kl_schedule.kind != "constant" and trainer_ref:
+                trainer_ref[0].beta = kl_beta(state.global_step, state.max_steps, cfg)
+
+    class Monitor(TrainerCallback):
+        """Collapse monitor and divergence guard, on TRL's logged metrics."""
+
+        def __init__(self):
+            self.collapsed_for = 0
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = dict(logs or {})
+            if "loss" not in logs and "reward" not in logs:
+                return
+            logs["step"] = state.global_step
+            if trainer_ref:
+                logs["beta"] = trainer_ref[0].beta
+            result.history.append(logs)
+            frac = logs.get("frac_reward_zero_std")
+            if frac is not None:
+                self.collapsed_for = self.collapsed_for + 1 if frac > g.collapse_threshold else 0
+                if self.collapsed_for == g.collapse_patience:
+                    result.findings.append(
+                        f"collapse: frac_reward_zero_std > {g.collapse_threshold} for "
+                        f"{g.collapse_patience} steps (step {state.global_step}); re-filter difficulty "
+                        "or raise temperature"
+                    )
+            for key in ("loss", "reward", "grad_norm"):
+                v = logs.get(key)
+                if v is not None and not math.isfinite(v):
+                    self._stop(control, f"divergence: {key} is {v} at step {state.global_step}")
+                    return
+            kl = logs.get("kl")
+            if g.kl_ceiling is not None and kl is not None and kl > g.kl_ceiling:
+                self._stop(control, f"divergence: kl {kl:.4g} above kl_ceiling {g.kl_ceiling} "
+                                    f"at step {state.global_step}")
+
+        def on_step_end(self, args, state, control, **kw):
+            if result.nonfinite_rewards and not result.stopped_early:
+                name, value = result.nonfinite_rewards[0]
+                self._stop(control, f"divergence: reward {name} returned {value} at step "
+                                    f"{state.global_step}")
+
+        def _stop(self, control, finding: str):
+            result.findings.append(finding)
+            result.stopped_early = True
+            control.should_training_stop = True
+            control.should_save = False  # keep the last good checkpoint as the last one
+
+    class FlushRollouts(TrainerCallback):
+        """Sinks that buffer (records.RolloutBuffer) write before each checkpoint and at
+        the end. Before, not after (on_save): a kill between a complete checkpoint and the
+        write would lose the steps since the last write, which the resumed round does not
+        generate again. (Trainer decides to save in on_step_end, then saves.)"""
+
+        def _flush(self):
+            if trainer_ref and hasattr(trainer_ref[0].rollout_sink, "flush"):
+                trainer_ref[0].rollout_sink.flush()
+
+        def on_step_end(self, args, state, control, **kw):
+            if control.should_save:
+                self._flush()
+
+        def on_train_end(self, args, state, control, **kw):
+            self._flush()
+
+    class SkipUpdate(TrainerCallback):
+        """skip_update_below: the optimizer step of a hopeless batch does not happen. With
+        the gradients not synced, accelerate's optimizer (and scaler, and scheduler) skip
+        their step; the Trainer then zeroes the gradients. Weights and Adam's state stay
+        exactly as they were, the KL term and momentum included."""
+
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            trainer = trainer_ref[0] if trainer_ref else None
+            if trainer is not None and trainer.skip_steps_left > 0:
+                trainer.skip_steps_left -= 1
+                trainer.skipped_updates += 1
+                # The Trainer sets it again before each micro-batch.
+                trainer.accelerator.gradient_state._set_sync_gradients(False)
+
+    return [KLSchedule(), Monitor(), FlushRollouts(), SkipUpdate()]
+
+
+def stored_dtype(model_path: str):
+    """The dtype a checkpoint's weights are stored in (config dtype / torch_dtype)."""
+    import torch
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def load_for_training(model_path: str):
+    """(policy in float32, the checkpoint's stored dtype). transformers 5 would load a
+    bf16-stored checkpoint in bf16, where Adam steps of ~1e-6 on weights of ~0.02 round
+    away: the master weights are float32, autocast (train.precision) does the rest."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), stored_dtype(model_path)
+
+
+def saving_in_dtype(trainer_cls):
+    """`trainer_cls` whose save_model writes the weights in `save_dtype` when that is set
+    (the final model; checkpoints stay float32 so a resumed round loses nothing)."""
+    import json
+
+    class SavingInDtype(trainer_cls):
+        save_dtype = None
+
+        def _save(self, output_dir=None, state_dict=None):
+            if self.save_dtype is None:
+                return super()._save(output_dir, state_dict)
+            if state_dict is None:
+                state_dict = self.accelerator.unwrap_model(self.model).state_dict()
+            cast: dict = {}  # by storage: tied weights stay one tensor
+            state_dict = {k: cast.setdefault((v.data_ptr(), v.shape), v.to(self.save_dtype))
+                          if v.is_floating_point() else v for k, v in state_dict.items()}
+            super()._save(output_dir, state_dict)
+            config = Path(output_dir or self.args.output_dir) / "config.json"
+            if self.args.should_save and config.is_file():
+                # save_pretrained records the in-memory (float32) dtype; the file holds save_dtype
+                tree = json.loads(config.read_text())
+                tree["dtype"] = str(self.save_dtype).removeprefix("torch.")
+                config.write_text(json.dumps(tree, indent=2, sort_keys=True) + "\n")
+
+    return SavingInDtype
+
+
+def _trainer_class():
+    from trl import GRPOTrainer
+
+    class RecordingGRPOTrainer(saving_in_dtype(GRPOTrainer)):
+        """Hands every scored completion to a sink; optionally skips hopeless batches."""
+
+        rollout_sink: RolloutSink | None = None
+        stop_strings: tuple[str, ...] = ()  # the template's closing tag
+        skip_update_below: float | None = None
+        skipped_updates: int = 0  # optimizer steps skipped
+        skip_steps_left: int = 0  # optimizer steps still to skip on the current batch
+
+        def _generate_single_turn(self, *args, **kwargs):
+            """Completions end at the first stop string: what follows it is cut (a row of a
+            batch keeps its padding; vLLM may overshoot inside a token) and eos is appended,
+            so TRL scores text ending in </answer> and counts the row as terminated, not
+            clipped (mask_truncated_completions would drop it from the loss)."""
+            from grpo_core.generation.rollout import stop_index
+
+            completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
+            eos = self._tokenizer.eos_token_id
+            if not self.stop_strings or eos is None:
+                return completion_ids, logprobs
+            for i, ids in enumerate(completion_ids):
+                k = stop_index(self._tokenizer, list(ids), self.stop_strings)
+                if k is None:
+                    continue
+                completion_ids[i] = list(ids[:k]) + [eos]
+                if logprobs is not None:  # vLLM: no sampled logprob for the added eos
+                    logprobs[i] = list(logprobs[i][:k]) + [None]
+            return completion_ids, logprobs
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            # TRL's logs hold this step's rows gathered from every process; `out` holds
+            # this process's slice. Record them all, once, on the main process.
+            logs = self._logs
+            n = len(out["advantages"]) * self.accelerator.num_processes
+            rewards = {name: list(vals)[-n:] for name, vals in logs["rewards"].items()}
+            weights = self.reward_weights.tolist()
+            totals = [sum(w * (r[i] if r[i] == r[i] else 0.0) for w, r in zip(weights, rewards.values()))
+                      for i in range(n)]
+            advantages = list(logs["advantages"])[-n:]
+            if self.skip_update_below is not None and totals and max(totals) < self.skip_update_below:
+                # No signal: every optimizer step on this batch is skipped (SkipUpdate).
+                # Every rank sees the same gathered rewards, so every rank skips.
+                out["advantages"] = out["advantages"] * 0.0
+                advantages = [0.0] * n
+                self.skip_steps_left = self.num_iterations
+            if self.rollout_sink is not None:
+                meta = [(x.get("problem_id"), x.get("answer")) for x in inputs]
+                if self.accelerator.num_processes > 1:  # collective: every rank calls it
+                    from accelerate.utils import gather_object
+
+                    meta = gather_object(meta)
+                if self.accelerator.is_main_process:
+                    self.rollout_sink(self.state.global_step,
+                                      _rollout_rows(logs, rewards, totals, advantages, meta, n))
+            return out
+
+    return RecordingGRPOTrainer
+
+
+def _rollout_rows(logs, rewards: dict, totals: list, advantages: list, meta: list,
+                  n: int) -> list[dict]:
+    prompts, completions = list(logs["prompt"])[-n:], list(logs["completion"])[-n:]
+    rows = []
+    for i in range(n):
+        c = completions[i]
+        rows.append({
+            "prompt": prompts[i],
+            "completion": c if isinstance(c, str) else c[-1]["content"],
+            "problem_id": meta[i][0] if i < len(meta) else None,
+            "answer": meta[i][1] if i < len(meta) else None,
+            "rewards": {k: v[i] for k, v in rewards.items()},
+            "reward": totals[i],
+            "advantage": advantages[i] if i < len(advantages) else None,
+        })
+    return rows
+
+
+def _watch_finite(funcs: list, seen: list) -> list:
+    """TRL sums rewards with nansum (a reward's None, "not scored", arrives as NaN), so a
+    reward function returning NaN would vanish from the logged reward; note any non-finite
+    value here, and the Monitor stops the round at the end of that step."""
+    def wrap(fn):
+        def watched(completions, **kw):
+            out = fn(completions, **kw)
+            bad = next((v for v in out if v is not None and not math.isfinite(v)), None)
+            if bad is not None:
+                seen.append((fn.__name__, bad))
+            return out
+        watched.__name__ = fn.__name__  # TRL logs rewards/<__name__>
+        return watched
+    return [wrap(f) for f in funcs]
+
+
+def grpo_dataset(problems: list[Problem], template: str, tokenizer):
+    from datasets import Dataset
+
+    return Dataset.from_list([
+        {"prompt": render_prompt(p.problem, template, tokenizer), "answer": p.answer, "problem_id": p.id}
+        for p in problems
+    ])
+
+
+def quiet_trainer(trainer) -> None:
+    """With disable_tqdm, transformers prints every log dict to stdout (PrinterCallback):
+    the metrics go to MLflow and the history instead."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+
+
+def last_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest *complete* checkpoint: a process killed while saving leaves a folder
+    without trainer_state.json (written last), which must not be resumed from."""
+    ckpts = sorted((p for p in Path(output_dir).glob("checkpoint-*") if (p / "trainer_state.json").is_file()),
+                   key=lambda p: int(p.name.split("-")[1]))
+    return str(ckpts[-1]) if ckpts else None
+
+
+def run_grpo_round(
+    model_path: str,
+    problems: list[Problem],
+    cfg: PipelineConfig,
+    output_dir: str | Path,
+    template: str,
+    rollout_sink: RolloutSink | None = None,
+    resume: bool = False,
+    report_to: list[str] | None = None,
+    extra_callbacks: list | None = None,
+) -> RoundResult:
+    """Train one round; the model lands in output_dir/final. With resume, continue from
+    the last checkpoint in output_dir (a killed round picks up where it stopped)."""
+    from grpo_core.modeling.loading import configure_threads, load_tokenizer
+
+    configure_threads()
+    check_round_size(len(problems), cfg)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(model_path)  # left padding, pad = eos when it has none
+    model, save_dtype = load_for_training(model_path)
+    funcs, weights = build_reward_funcs(cfg.rewards)
+    args = trl_grpo_args(cfg, str(out), report_to)
+    args.reward_weights = weights
+    stops = stop_strings(template)  # as filter and eval stop (sampling.build_backend)
+    args.generation_kwargs = {**trl_stop_kwargs(stops, args.use_vllm), **(args.generation_kwargs or {})}
+    if not args.use_vllm:
+        stop_at_text(model, tokenizer, stops)
+    result = RoundResult(output_dir=str(out / "final"), steps=0)
+    funcs = _watch_finite(funcs, result.nonfinite_rewards)
+    trainer_ref: list = []
+    cls = _trainer_class()
+    trainer = cls(
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=grpo_dataset(problems, template, tokenizer),
+        processing_class=tokenizer,
+        callbacks=_callbacks(cfg, result, trainer_ref) + list(extra_callbacks or []),
+    )
+    trainer_ref.append(trainer)
+    quiet_trainer(trainer)
+    trainer.rollout_sink = rollout_sink
+    trainer.stop_strings = stops
+    trainer.skip_update_below = cfg.grpo.skip_update_below
+    ckpt = last_checkpoint(out) if resume else None
+    train_out = trainer.train(resume_from_checkpoint=ckpt)
+    result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
+    result.steps = trainer.state.global_step
+    if result.steps == 0:  # check_round_size should make this impossible: never save it
+        raise RuntimeError(f"GRPO round trained 0 steps on {len(problems)} problems; not saved")
+    if trainer.skipped_updates:
+        result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward below "
+                               f"{cfg.grpo.skip_update_below}")
+    if result.stopped_early:
+        # Keep the last good checkpoint as the round's model, not the diverged weights.
+        good = last_checkpoint(out)
+        result.output_dir = good or model_path
+    else:
+        trainer.save_dtype = save_dtype  # the input checkpoint's stored dtype
+        trainer.save_model(result.output_dir)  # rank 0 only, under accelerate launch
+        if trainer.is_world_process_zero():
+            tokenizer.save_pretrained(result.output_dir)
+    return result

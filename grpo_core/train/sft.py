@@ -1,0 +1,125 @@
+"""SFT cold start: TRL SFTTrainer on reference solutions written as reasoning traces,
+`<think>steps</think><answer>final</answer>` (the R1 recipe's cold-start data)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_core.config import PipelineConfig
+from grpo_core.data.problems import Problem
+from grpo_core.modeling.memory_plan import gradient_checkpointing
+from grpo_core.prompts import render_prompt
+from grpo_core.train.grpo import (
+    checkpointing_field,
+    load_for_training,
+    precision_flags,
+    quiet_trainer,
+    saving_in_dtype,
+)
+
+_CALCULATOR_NOTE = re.compile(r"<<[^<>]*>>")  # GSM8K's "<<48/2=24>>" annotations
+_FINAL_SENTENCE = re.compile(r"\s*The answer is [^.]*\.\s*$")  # synthetic solutions
+
+
+def reasoning_steps(p: Problem) -> str:
+    """The solution text without its final-answer marker, ready to go inside <think>."""
+    text = p.solution or ""
+    if p.source.startswith("gsm8k"):
+        text = _CALCULATOR_NOTE.sub("", text.rsplit("####", 1)[0])
+    elif p.source.startswith("synthetic"):
+        text = _FINAL_SENTENCE.sub("", text)
+    return " ".join(text.split())
+
+
+def sft_completion(p: Problem, prompt_ends_with_think: bool) -> str:
+    """The target trace; when the prompt already opened <think>, the trace continues it."""
+    body = f"{reasoning_steps(p)}</think><answer>{p.answer}</answer>"
+    return body if prompt_ends_with_think else f"<think>{body}"
+
+
+@dataclass
+class SFTResult:
+    output_dir: str
+    steps: int
+    history: list[dict] = field(default_factory=list)
+
+
+def sft_dataset(problems: list[Problem], template: str, tokenizer):
+    from datasets import Dataset
+
+    rows = []
+    for p in problems:
+        prompt = render_prompt(p.problem, template, tokenizer)
+        rows.append({"prompt": prompt, "completion": sft_completion(p, prompt.rstrip().endswith("<think>"))})
+    return Dataset.from_list(rows)
+
+
+def run_sft(
+    model_path: str,
+    problems: list[Problem],
+    cfg: PipelineConfig,
+    output_dir: str | Path,
+    template: str,
+    report_to: list[str] | None = None,
+    extra_callbacks: list | None = None,
+) -> SFTResult:
+    """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final."""
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from grpo_core.modeling.loading import configure_threads, load_tokenizer
+
+    configure_threads()
+    usable = [p for p in problems if p.solution or p.source.startswith("synthetic")]
+    if cfg.sft.max_examples:
+        usable = usable[: cfg.sft.max_examples]
+    if not usable:
+        raise ValueError("SFT needs problems with reference solutions; none were found")
+    out = Path(output_dir)
+    tokenizer = load_tokenizer(model_path, padding_side=None)  # the tokenizer's own side
+    model, save_dtype = load_for_training(model_path)  # fp32 master weights
+    # The pipeline's defaults, which sft.trl may override ...
+    defaults = dict(  # noqa: C408 - reads as TRL's keyword arguments
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, cfg.sft.max_steps // 20),
+        logging_steps=max(1, cfg.sft.max_steps // 50),
+        disable_tqdm=True,
+        **{checkpointing_field(): gradient_checkpointing(cfg)},
+    )
+    # ... and what it decides (config.SFTConfig.TRL_OWNED), which sft.trl may not.
+    owned = dict(  # reads as TRL's keyword arguments
+        output_dir=str(out),
+        max_steps=cfg.sft.max_steps,
+        learning_rate=cfg.sft.learning_rate,
+        per_device_train_batch_size=cfg.sft.batch_size // cfg.train.num_processes,
+        max_length=cfg.sft.max_length,
+        completion_only_loss=True,
+        save_strategy="no",
+        seed=cfg.project.seed,
+        **precision_flags(cfg),
+        report_to=report_to or [],
+    )
+    args = SFTConfig(**{**defaults, **cfg.sft.trl, **owned})
+    result = SFTResult(output_dir=str(out / "final"), steps=0)
+
+    class History(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                result.history.append({**logs, "step": state.global_step})
+
+    trainer = saving_in_dtype(SFTTrainer)(
+        model=model,
+        args=args,
+        train_dataset=sft_dataset(usable, template, tokenizer),
+        processing_class=tokenizer,
+        callbacks=[History(), *(extra_callbacks or [])],
+    )
+    quiet_trainer(trainer)
+    trainer.train()
+    result.steps = trainer.state.global_step
+    trainer.save_dtype = save_dtype  # the input checkpoint's stored dtype
+    trainer.save_model(result.output_dir)  # rank 0 only, under accelerate launch
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(result.output_dir)
+    return result

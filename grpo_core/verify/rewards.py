@@ -1,0 +1,357 @@
+"""Rule-based rewards for GRPO, in TRL's reward-function shape.
+
+    fn(completions, **kwargs) -> list[float | None]
+
+A completion is a string or a conversational list `[{"role": "assistant", "content": ...}]`.
+TRL passes the dataset's columns as kwargs lists aligned with `completions` (`answer`),
+plus `prompts` and `completion_ids`. Each reward is a named `def`: TRL logs it as
+`rewards/<name>/mean`. No reward raises: a completion that breaks a rule scores 0.0.
+accuracy is None ("not scored": TRL leaves it out of the mean) when the gold is unreadable
+or when the scorer itself failed. A reward's own exception is never silent: it is logged
+and counted (grpo_core.verify.answers.SCORER_ERRORS, label `reward/<name>`; read them with
+`scorer_error_counts()`), and the reward takes its neutral value (accuracy: None).
+Nothing here executes or evaluates model output.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from grpo_core.verify import answers
+from grpo_core.verify.answers import (
+    SCORER_ERRORS,
+    ScorerError,
+    check,
+    count_scorer_errors,
+    extract_answer,
+    normalise_gold,
+    parse_gold,
+    record_scorer_error,
+)
+
+RewardFunc = Callable[..., list]
+
+THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
+# Bounded work on megabyte completions: only this much of the text is examined.
+MAX_REPETITION_TOKENS = 50_000
+MAX_KEYWORD_SCAN = 200_000
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a string, or the content of the last message of a
+    conversational completion (content may be a string or a list of text parts)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, (list, tuple)) and completion:
+        content = completion[-1].get("content", "") if isinstance(completion[-1], dict) else ""
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(
+                p.get("text", "")
+                for p in content
+                if isinstance(p, dict) and isinstance(p.get("text", ""), str)
+            )
+    return ""
+
+
+def _column(kwargs: dict, name: str, n: int) -> list:
+    """A dataset column from TRL's kwargs, as a list of length n (None where missing)."""
+    values = kwargs.get(name)
+    if values is None or isinstance(values, (str, bytes)):
+        return [values] * n
+    values = list(values)
+    return (values + [None] * n)[:n]
+
+
+def _prompt_ends_with_think(prompt: Any) -> bool:
+    return completion_text(prompt).rstrip().endswith(THINK_OPEN)
+
+
+def _think_flags(n: int, kwargs: dict, prompt_ends_with_think: bool | None) -> list[bool]:
+    """Per completion: did the prompt already open the <think> block (R1-Zero template)?"""
+    if prompt_ends_with_think is not None:
+        return [bool(prompt_ends_with_think)] * n
+    return [
+        _prompt_ends_with_think(p) if p is not None else False
+        for p in _column(kwargs, "prompts", n)
+    ]
+
+
+def scorer_error_counts() -> dict[str, int]:
+    """Scorer errors so far by label (`reward/accuracy`, ...), as answers counts them."""
+    return SCORER_ERRORS.counts()
+
+
+def _each(
+    values: Sequence, fn: Callable[..., float | None], default: float | None, name: str
+) -> list:
+    """fn(*args) per completion; an exception (a bug: a reward must never crash training)
+    gives `default`, and is counted and logged under `reward/<name>`."""
+    out = []
+    with count_scorer_errors(f"reward/{name}"):
+        for args in values:
+            try:
+                out.append(fn(*args))
+            except ScorerError:  # already counted where it was raised
+                out.append(default)
+            except Exception as exc:  # noqa: BLE001
+                record_scorer_error(args[1:] if len(args) > 1 else "", args[0], exc)
+                out.append(default)
+    return out
+
+
+# --- accuracy ----------------------------------------------------------------------------
+
+
+def _accuracy_one(completion: Any, gold: Any) -> float | None:
+    start = time.monotonic()
+    gold_text = normalise_gold(gold)  # AMC floats, GSM8K "#### n" solutions, plain strings
+    parsed = parse_gold(gold_text) if gold_text is not None else None
+    if parsed is None:
+        return None
+    # One time budget per completion, shared with the gold's parse when it was not cached.
+    seconds = max(0.05, answers.BUDGET_S - (time.monotonic() - start))
+    # check raises ScorerError on a scorer failure: _each makes it None, never 0.0.
+    return 1.0 if check(parsed, extract_answer(completion_text(completion)), seconds) else 0.0
+
+
+def accuracy(completions: list, answer: list | None = None, **kwargs: Any) -> list[float | None]:
+    """1.0 when the final answer (strict extraction) is equivalent to the gold `answer`,
+    else 0.0; None when the gold cannot be parsed or the scorer failed (counted under
+    `reward/accuracy`). Golds are parsed once and shared across the group."""
+    golds = _column({"answer": answer}, "answer", len(completions))
+    return _each(list(zip(completions, golds)), _accuracy_one, None, "accuracy")
+
+
+# --- format and tags ---------------------------------------------------------------------
+
+
+def is_well_formatted(text: str, prompt_ends_with_think: bool = False) -> bool:
+    """`<think>...</think>` then `<answer>...</answer>`, whitespace around, each tag once,
+    a non-empty answer. With `prompt_ends_with_think` the opening <think> may be missing.
+    Plain string scans: linear time on any input (no backtracking regex)."""
+    s = text.strip()
+    if s.count(THINK_OPEN) == 1 and s.startswith(THINK_OPEN):
+        s = s[len(THINK_OPEN) :]
+    elif not (prompt_ends_with_think and THINK_OPEN not in s):
+        return False
+    if s.count(THINK_CLOSE) != 1 or s.count(ANSWER_OPEN) != 1 or s.count(ANSWER_CLOSE) != 1:
+        return False
+    think_end = s.index(THINK_CLOSE)
+    answer_start = s.index(ANSWER_OPEN)
+    if answer_start < think_end or s[think_end + len(THINK_CLOSE) : answer_start].strip():
+        return False
+    if not s.endswith(ANSWER_CLOSE):
+        return False
+    return bool(s[answer_start + len(ANSWER_OPEN) : -len(ANSWER_CLOSE)].strip())
+
+
+def format(
+    completions: list,
+    format_reward: float = 0.5,
+    prompt_ends_with_think: bool | None = None,
+    **kwargs: Any,
+) -> list[float]:
+    """+format_reward for `<think>...</think><answer>...</answer>`, -format_reward otherwise.
+
+    `prompt_ends_with_think`: None infers it per completion from the `prompts` kwarg
+    (the R1-Zero prompt ends with "<think>", so the completion starts inside the block)."""
+    flags = _think_flags(len(completions), kwargs, prompt_ends_with_think)
+    return _each(
+        list(zip(completions, flags)),
+        lambda c, f: format_reward if is_well_formatted(completion_text(c), f) else -format_reward,
+        -format_reward,
+        "format",
+    )
+
+
+def tag_score(text: str, prompt_ends_with_think: bool = False) -> float:
+    """0.25 per well-placed tag; a tag that appears more than once earns nothing."""
+    count = {t: text.count(t) for t in (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)}
+    pos = {t: text.find(t) for t in count}
+    opened = (
+        text.lstrip().startswith(THINK_OPEN)
+        if count[THINK_OPEN] == 1
+        else (count[THINK_OPEN] == 0 and prompt_ends_with_think)
+    )
+    placed = [
+        opened,
+        count[THINK_CLOSE] == 1 and pos[THINK_CLOSE] > pos[THINK_OPEN],
+        count[ANSWER_OPEN] == 1 and pos[ANSWER_OPEN] > pos[THINK_CLOSE],
+        count[ANSWER_CLOSE] == 1
+        and pos[ANSWER_CLOSE] > pos[ANSWER_OPEN]
+        and text.rstrip().endswith(ANSWER_CLOSE),
+    ]
+    return 0.25 * sum(placed)
+
+
+def tag_count(
+    completions: list, prompt_ends_with_think: bool | None = None, **kwargs: Any
+) -> list[float]:
+    """Partial format credit (0.25 per tag), so a model that never wrote the tags still
+    gets a gradient towards them."""
+    flags = _think_flags(len(completions), kwargs, prompt_ends_with_think)
+    return _each(
+        list(zip(completions, flags)),
+        lambda c, f: tag_score(completion_text(c), f),
+        0.0,
+        "tag_count",
+    )
+
+
+# --- length ------------------------------------------------------------------------------
+
+
+def length_penalty(n_tokens: int, min_tokens: int, max_tokens: int, penalty: float) -> float:
+    """0 inside [min_tokens, max_tokens]; linear to `penalty` at 0 tokens and at twice
+    max_tokens (and beyond)."""
+    if n_tokens < min_tokens:
+        return penalty * (min_tokens - n_tokens) / min_tokens
+    if n_tokens > max_tokens:
+        return penalty * min(1.0, (n_tokens - max_tokens) / max_tokens)
+    return 0.0
+
+
+def length(
+    completions: list,
+    min_tokens: int = 200,
+    max_tokens: int = 800,
+    penalty: float = -0.5,
+    completion_ids: list | None = None,
+    **kwargs: Any,
+) -> list[float]:
+    """Penalise completions shorter than min_tokens or longer than max_tokens. Tokens are
+    TRL's `completion_ids` when given, else whitespace-separated words."""
+    ids = _column({"ids": completion_ids}, "ids", len(completions))
+
+    # The penalty is flat from 2 * max_tokens on: split no further (a full split of a
+    # megabyte of "ab ab ..." is a 20 MB list of words).
+    cap = int(max(min_tokens, 2 * max_tokens)) if max_tokens > 0 else -1
+
+    def one(c: Any, tok: Any) -> float:
+        n = len(tok) if tok is not None else len(completion_text(c).split(None, cap))
+        return length_penalty(n, min_tokens, max_tokens, penalty)
+
+    return _each(list(zip(completions, ids)), one, 0.0, "length")
+
+
+# --- reasoning keywords ------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def _keyword_patterns(keywords: tuple[str, ...]) -> tuple[tuple[str, re.Pattern], ...]:
+    out = []
+    for kw in dict.fromkeys(k.strip().lower() for k in keywords if k and k.strip()):
+        escaped = re.escape(kw)
+        # ASCII words need word boundaries ("so" is not in "also"); CJK markers do not.
+        pattern = rf"(?<![a-z0-9_]){escaped}(?![a-z0-9_])" if kw.isascii() else escaped
+        out.append((kw, re.compile(pattern)))
+    return tuple(out)
+
+
+def keyword_score(text: str, keywords: Sequence[str], per_hit: float, max_reward: float) -> float:
+    """per_hit for each distinct keyword present, capped at max_reward."""
+    lowered = text[:MAX_KEYWORD_SCAN].lower()
+    hits = sum(
+        1
+        for kw, pattern in _keyword_patterns(tuple(keywords))
+        if kw in lowered and pattern.search(lowered)  # `in` is a fast C prefilter
+    )
+    return min(max_reward, per_hit * hits)
+
+
+def reasoning_keywords(
+    completions: list,
+    keywords: Sequence[str] = ("therefore", "so", "thus", "hence", "because", "因此", "所以"),
+    per_hit: float = 0.1,
+    max_reward: float = 0.5,
+    **kwargs: Any,
+) -> list[float]:
+    """Reward reasoning markers ("therefore", "所以", ...): per_hit per distinct marker."""
+    return _each(
+        [(c,) for c in completions],
+        lambda c: keyword_score(completion_text(c), keywords, per_hit, max_reward),
+        0.0,
+        "reasoning_keywords",
+    )
+
+
+# --- repetition --------------------------------------------------------------------------
+
+
+def repetition_score(text: str, ngram: int, max_penalty: float) -> float:
+    """max_penalty * (1 - distinct n-grams / n-grams) over whitespace tokens: 0 when no
+    n-gram repeats, max_penalty as the text becomes one n-gram over and over."""
+    # maxsplit: the words past the cap are never made (the rest stays one string)
+    tokens = text.split(None, MAX_REPETITION_TOKENS)[:MAX_REPETITION_TOKENS]
+    total = len(tokens) - ngram + 1
+    if total <= 1:
+        return 0.0
+    distinct = len(set(zip(*(tokens[i:] for i in range(ngram)))))
+    if distinct == total:
+        return 0.0
+    return max_penalty * (total - distinct) / (total - 1)
+
+
+def repetition(
+    completions: list, ngram: int = 3, max_penalty: float = -0.5, **kwargs: Any
+) -> list[float]:
+    """Penalise repeated n-grams, from 0 (none repeat) down to max_penalty."""
+    return _each(
+        [(c,) for c in completions],
+        lambda c: repetition_score(completion_text(c), ngram, max_penalty),
+        0.0,
+        "repetition",
+    )
+
+
+REWARDS: dict[str, RewardFunc] = {
+    f.__name__: f for f in (accuracy, format, tag_count, length, reasoning_keywords, repetition)
+}
+
+
+def _params(name: str, cfg: Any) -> dict:
+    """The config fields that parametrise registry reward `name`."""
+    if name == "format":
+        return {"format_reward": cfg.format_reward}
+    if name == "length":
+        return {
+            "min_tokens": cfg.length.min_tokens,
+            "max_tokens": cfg.length.max_tokens,
+            "penalty": cfg.length.penalty,
+        }
+    if name == "reasoning_keywords":
+        k = cfg.reasoning_keywords
+        return {"keywords": tuple(k.keywords), "per_hit": k.per_hit, "max_reward": k.max_reward}
+    if name == "repetition":
+        return {"ngram": cfg.repetition.ngram, "max_penalty": cfg.repetition.max_penalty}
+    return {}
+
+
+def bind(fn: RewardFunc, **params: Any) -> RewardFunc:
+    """fn with params fixed, keeping fn's __name__ (TRL's metric key)."""
+    if not params:
+        return fn
+
+    @functools.wraps(fn)
+    def bound(completions: list, **kwargs: Any) -> list:
+        return fn(completions, **{**kwargs, **params})
+
+    return bound
+
+
+def build_reward_funcs(rewards_cfg: Any) -> tuple[list[RewardFunc], list[float]]:
+    """Reward functions and weights from a `grpo_core.config.RewardsConfig`."""
+    funcs = []
+    for name in rewards_cfg.funcs:
+        if name not in REWARDS:
+            raise KeyError(f"unknown reward {name!r}; known: {sorted(REWARDS)}")
+        funcs.append(bind(REWARDS[name], **_params(name, rewards_cfg)))
+    return funcs, rewards_cfg.resolved_weights()
