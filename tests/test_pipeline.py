@@ -5,6 +5,7 @@ environment or the config appear nowhere: not in MLflow (params, tags, metrics,
 artifacts), not in Prefect's database, not in the workspace, not in the output.
 (SIGKILL resume: tests/test_crash_resume.py.)"""
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -36,6 +37,31 @@ def _scan_for_secrets(root, outputs: str) -> list[str]:
     return found
 
 
+STAGES = ["data", "model", "eval/base", "filter/round-1", "grpo/round-1", "eval/round-1",
+          "filter/round-2", "grpo/round-2", "eval/round-2", "eval/final"]
+
+
+def _check_stage_lines(log: str) -> None:
+    """A non-TTY log of `grpo run`: one start and one end line per stage, in order; no
+    library FutureWarning, no third-party progress bar."""
+    assert "FutureWarning" not in log, log[-3000:]
+    assert "it/s]" not in log and "Downloading artifacts" not in log, log[-3000:]
+    lines = log.splitlines()
+    order = []
+    for stage in STAGES:
+        starts = [i for i, line in enumerate(lines) if line.endswith(f" - {stage}: started")]
+        ends = [i for i, line in enumerate(lines)
+                if re.search(rf" - {re.escape(stage)}: (computed|cached) in [0-9.]+ s", line)]
+        assert len(starts) == 1 and len(ends) == 1, (stage, log[-3000:])
+        assert starts[0] < ends[0]
+        order.append(starts[0])
+    assert order == sorted(order)
+    # the key numbers: kept/considered, steps, the primary metric with its CI
+    assert re.search(r"filter/round-1: (computed|cached) in [0-9.]+ s: kept \d+ of \d+", log)
+    assert re.search(r"grpo/round-1: computed in [0-9.]+ s: 3 steps", log)
+    assert re.search(r"eval/base: computed in [0-9.]+ s: synthetic \S+ [0-9.]+ \[", log)
+
+
 def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
     workdir = tmp_path / "ws"
     cfg = _config(tmp_path, tiny_model_path, model={
@@ -48,6 +74,7 @@ def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
     assert "mlflow ui --backend-store-uri" in first.stdout
     leaks = _scan_for_secrets(workdir, first.stdout + first.stderr)
     assert not leaks, leaks
+    _check_stage_lines(first.stdout + first.stderr)
 
     client, runs = _runs(workdir)
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
