@@ -32,7 +32,8 @@ def _mount() -> None:
     from flows import cli_data
 
     app.add_typer(cli_data.app, name="data", help="Ingest and inspect problem sets.")
-    for name in ("flows.cli_stages", "flows.cli_train", "flows.cli_run", "flows.cli_model"):
+    for name in ("flows.cli_stages", "flows.cli_train", "flows.cli_run", "flows.cli_model",
+                 "flows.cli_diagnose"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:

@@ -189,6 +189,39 @@ class KLSchedule(_Section):
     beta_end: float = Field(default=0.01, ge=0)
 
 
+class DiagnosisConfig(_Section):
+    """Thresholds of the rules run over each GRPO round's per-step metrics
+    (grpo_core/train/diagnosis.py; the collapse rules use grpo.collapse_threshold and
+    grpo.collapse_patience). They do not change training, so not the round's cache key."""
+
+    window: int = Field(default=5, ge=2)
+    """Steps: the tail truncation and KL are averaged over, the fewest a trend is fitted on."""
+    constant_patience: int = Field(default=8, ge=1)
+    """Consecutive steps a reward function's std must stay ~0 for reward_fn_constant."""
+    constant_std: float = Field(default=1e-4, ge=0)
+    """A rewards/<fn>/std at or below this counts as zero."""
+    level_margin: float = Field(default=0.05, ge=0, lt=0.5)
+    """Accuracy within this fraction of its range from 0 (or 1) counts as at the floor (ceiling)."""
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    """Floor and ceiling of the total reward, used when no rewards/accuracy/mean is logged."""
+    length_trend: float = Field(default=0.3, gt=0)
+    """Relative change of mean completion length over the round that counts as a trend."""
+    min_change: float = Field(default=0.05, ge=0)
+    """Accuracy (fraction of its range) or shaping-reward change over the round below which it is flat."""
+    truncation_ratio: float = Field(default=0.3, ge=0, le=1)
+    """Mean completions/clipped_ratio over the last `window` steps above which truncation fires."""
+    format_drop: float = Field(default=0.2, gt=0)
+    """Fall of rewards/format/mean over the round (fitted, reward units) that counts as dropping."""
+    kl_floor: float = Field(default=0.1, ge=0)
+    """kl_rising needs the last `window` steps' mean KL above this (and KL still rising)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DiagnosisConfig:
+        if self.reward_range[0] >= self.reward_range[1]:
+            raise ValueError("reward_range: the floor must be below the ceiling")
+        return self
+
+
 class GRPOConfig(_Section):
     rounds: int = Field(default=1, ge=1)
     """Iterative GRPO rounds, re-filtering between them."""
@@ -248,6 +281,8 @@ class GRPOConfig(_Section):
     engine steps inside backward."""
     kl_ceiling: float | None = Field(default=None, gt=0)
     """Stop the round when KL exceeds this (divergence guard)."""
+    diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
+    """Thresholds of the diagnosis rules run after each round (`grpo diagnose`)."""
     use_vllm: bool = False
     """Generate with vLLM inside TRL (GPU)."""
     vllm_mode: Literal["colocate", "server"] = "colocate"

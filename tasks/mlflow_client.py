@@ -279,3 +279,14 @@ def close_children(parent_id: str, status: str, client: MlflowClient) -> None:
     for run in child_runs(parent_id, client):
         if run.info.status == "RUNNING":
             client.set_terminated(run.info.run_id, status)
+
+
+def metric_history(run_id: str, client: MlflowClient | None = None) -> list[dict]:
+    """Every metric of `run_id` as one dict per step, {"step": n, key: value, ...}, by
+    step: the per-step history StepLogger streamed (TRL's keys)."""
+    c = get_client(client)
+    steps: dict[int, dict] = {}
+    for key in c.get_run(run_id).data.metrics:
+        for m in c.get_metric_history(run_id, key):
+            steps.setdefault(m.step, {"step": m.step})[key] = m.value
+    return [steps[s] for s in sorted(steps)]

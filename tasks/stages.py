@@ -92,7 +92,8 @@ def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics
 # else (tests/test_cache_keys.py checks both ways). Left out on purpose: where or how
 # visibly work runs (filter.shards/shard_runner, eval.shards, ports, timeouts, save
 # cadence), what only later decisions read (eval.primary_metric, filter.enabled,
-# filter.refilter_each_round, grpo.rounds), MLflow settings (`tracking`), progress bars.
+# filter.refilter_each_round, grpo.rounds), MLflow settings (`tracking`), progress bars,
+# the diagnosis thresholds (grpo.diagnosis: `grpo diagnose --run` re-reads a cached round).
 
 def _sampling_model(cfg: PipelineConfig) -> dict:
     """The model settings that shape filter/eval samples (weights: the model fingerprint)."""
@@ -161,7 +162,7 @@ def sft_key(cfg: PipelineConfig, model_fp: str, problems_fp: str) -> str:
 def grpo_key(cfg: PipelineConfig, model_fp: str, problems_fp: str, round_no: int) -> str:
     grpo = cfg.grpo.model_dump(mode="json", exclude={
         "rounds", "save_steps", "save_total_limit", "vllm_server_host", "vllm_server_port",
-        "vllm_server_timeout"})
+        "vllm_server_timeout", "diagnosis"})
     return stage_key("grpo", model=model_fp, problems=problems_fp, grpo=grpo,
                      rewards=cfg.rewards.model_dump(mode="json"), template=cfg.model.template,
                      round=round_no, seed=cfg.project.seed, train=_train_setup(cfg))
@@ -324,7 +325,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
                                             resume=True, rollout_sink=sink,
                                             extra_callbacks=[logger])
                 result.findings += [f for f in [logger.finding()] if f]
-        findings = result.findings
+        findings = result.findings + diagnose_round(run, result.history, ctx.cfg)
         tracking.log_training_curves(run, result.history, "grpo")
         tracking.set_tags(run, {"findings": " | ".join(findings) or "none"})
         return {"model_dir": result.output_dir, "steps": result.steps, "findings": findings,
@@ -332,6 +333,18 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
 
     return _cached(ctx, key, f"grpo/round-{round_no}", compute, paths=lambda v: [v["model_dir"]],
                    metrics=lambda v: {"grpo/steps": v["steps"], "grpo/findings": len(v["findings"])})
+
+
+def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig) -> list[str]:
+    """The diagnosis rules over a round's history (grpo_core.train.diagnosis): all findings
+    as diagnosis.json and their codes as the `diagnosis` tag of `run`; returns the warn
+    findings' lines, for the stage's findings (the report). Stops are in-round findings."""
+    from grpo_core.train.diagnosis import codes_tag, diagnose
+
+    found = diagnose(history, cfg.grpo)
+    tracking.log_json(run, [f.as_dict() for f in found], "diagnosis.json")
+    tracking.set_tags(run, {"diagnosis": codes_tag(found)})
+    return [f.line() for f in found if f.severity == "warn"]
 
 
 def _launched_round(ctx: Ctx, run: str, store, sink, model_path: str, problems, out: Path,

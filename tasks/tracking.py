@@ -32,6 +32,7 @@ from tasks.mlflow_client import (  # noqa: F401 - re-exported
     get_client,
     has_metrics,
     log_metrics,
+    metric_history,
     sanitize_key,
     set_tags,
 )

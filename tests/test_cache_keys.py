@@ -107,6 +107,7 @@ CASES = [
     ("grpo.save_total_limit=4", set()),
     ("grpo.vllm_server_port=8123", set()),
     ("grpo.vllm_server_timeout=10", set()),
+    ("grpo.diagnosis.window=8", set()),  # thresholds of findings, not of training
     ("rewards.format_reward=0.25", {"grpo"}),
     ("rewards.funcs=[accuracy]", {"grpo"}),
     # how training runs

@@ -12,6 +12,7 @@ from grpo_core.config import PipelineConfig, grpo_micro_batching
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.memory_plan import gradient_checkpointing
 from grpo_core.prompts import render_prompt, stop_strings
+from grpo_core.train.diagnosis import RoundMonitor, is_step_log
 from grpo_core.verify.rewards import build_reward_funcs
 
 RolloutSink = Callable[[int, list[dict]], None]  # (global step, one dict per completion)
@@ -184,43 +185,29 @@ def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list):
                 trainer_ref[0].beta = kl_beta(state.global_step, state.max_steps, cfg)
 
     class Monitor(TrainerCallback):
-        """Collapse monitor and divergence guard, on TRL's logged metrics."""
+        """The in-round rules (grpo_core.train.diagnosis.RoundMonitor: collapse note,
+        divergence guard) on TRL's logged metrics, which it records as the history."""
 
         def __init__(self):
-            self.collapsed_for = 0
+            self.rules = RoundMonitor(g)
 
         def on_log(self, args, state, control, logs=None, **kw):
             logs = dict(logs or {})
-            if "loss" not in logs and "reward" not in logs:
+            if not is_step_log(logs):
                 return
             logs["step"] = state.global_step
             if trainer_ref:
                 logs["beta"] = trainer_ref[0].beta
             result.history.append(logs)
-            frac = logs.get("frac_reward_zero_std")
-            if frac is not None:
-                self.collapsed_for = self.collapsed_for + 1 if frac > g.collapse_threshold else 0
-                if self.collapsed_for == g.collapse_patience:
-                    result.findings.append(
-                        f"collapse: frac_reward_zero_std > {g.collapse_threshold} for "
-                        f"{g.collapse_patience} steps (step {state.global_step}); re-filter difficulty "
-                        "or raise temperature"
-                    )
-            for key in ("loss", "reward", "grad_norm"):
-                v = logs.get(key)
-                if v is not None and not math.isfinite(v):
-                    self._stop(control, f"divergence: {key} is {v} at step {state.global_step}")
-                    return
-            kl = logs.get("kl")
-            if g.kl_ceiling is not None and kl is not None and kl > g.kl_ceiling:
-                self._stop(control, f"divergence: kl {kl:.4g} above kl_ceiling {g.kl_ceiling} "
-                                    f"at step {state.global_step}")
+            notes, stop = self.rules.observe(logs, state.global_step)
+            result.findings.extend(notes)
+            if stop:
+                self._stop(control, stop)
 
         def on_step_end(self, args, state, control, **kw):
             if result.nonfinite_rewards and not result.stopped_early:
                 name, value = result.nonfinite_rewards[0]
-                self._stop(control, f"divergence: reward {name} returned {value} at step "
-                                    f"{state.global_step}")
+                self._stop(control, RoundMonitor.reward_stop(name, value, state.global_step))
 
         def _stop(self, control, finding: str):
             result.findings.append(finding)

@@ -1,0 +1,389 @@
+"""Diagnosis rules over a GRPO round's per-step metrics: the one home of every rule.
+
+The input is the history TRL logs, one dict per logged step with TRL's keys (`step`,
+`reward`, `reward_std`, `frac_reward_zero_std`, `completions/mean_length`,
+`completions/clipped_ratio`, `kl`, `entropy`, `loss`, `rewards/<fn>/mean`,
+`rewards/<fn>/std`, ...); any key may be missing, and a rule whose keys are missing stays
+silent. Two uses:
+
+- `RoundMonitor`: the in-round rules, fed one step at a time by the GRPO Monitor callback
+  (grpo_core/train/grpo.py): the collapse note, and the non-finite and KL-ceiling stops.
+- `diagnose(history, grpo)`: every rule over a finished round, as `Finding`s (a stable
+  `code`, a `severity` info|warn|stop, the `steps`, the `evidence` and the `action`). The
+  GRPO stage logs them as diagnosis.json; `grpo diagnose` prints them.
+
+Thresholds are config fields: `grpo.diagnosis` (DiagnosisConfig), plus the collapse and
+KL-ceiling fields of `grpo` the in-round rules use. Trends are the change of a
+least-squares line fitted over the round's steps (robust to one noisy step)."""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from grpo_core.config import GRPOConfig
+
+SEVERITIES = ("info", "warn", "stop")
+
+ACTIONS = {
+    "reward_collapse_zero": "too hard: re-filter (filter.refilter_each_round), lower filter.band, "
+                            "or SFT first (sft.enabled)",
+    "reward_collapse_one": "too easy: re-filter (filter.refilter_each_round) or raise filter.band",
+    "no_diversity": "completions of a prompt agree: raise grpo.temperature or grpo.num_generations",
+    "reward_fn_constant": "this reward teaches nothing (saturated or never hit): change its weight "
+                          "(rewards.weights) or drop it; for a format never hit, SFT first",
+    "length_shrinking": "check the length reward's sign and weight (rewards.length, "
+                        "rewards.weights) and grpo.loss_type (grpo's per-sequence mean favours short)",
+    "length_exploding": "check the length reward's sign and weight (rewards.length, "
+                        "rewards.weights); add an overlong penalty",
+    "truncation": "raise grpo.max_completion_length, set grpo.trl.mask_truncated_completions: "
+                  "true, or add an overlong penalty (rewards.length)",
+    "format_dropping": "raise the format reward's weight (rewards.weights)",
+    "kl_rising": "the policy drifts from the reference: lower grpo.learning_rate, raise grpo.beta "
+                 "(or a grpo.kl_schedule), or set grpo.kl_ceiling",
+    "reward_hacking_suspect": "a shaping reward rises while accuracy falls: lower its weight or "
+                              "drop it, and read the completions",
+    "nonfinite": "the round stopped at the last good checkpoint: lower grpo.learning_rate, set "
+                 "grpo.trl.max_grad_norm, check the reward functions",
+    "kl_ceiling": "the round stopped at the last good checkpoint: lower grpo.learning_rate or "
+                  "raise grpo.beta",
+}
+"""code -> the fix, one per rule (the README's "When things go wrong" lists the codes)."""
+
+ACCURACY = "rewards/accuracy/mean"
+FINITE_KEYS = ("loss", "reward", "grad_norm")  # the in-round divergence guard's keys
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str  # info | warn | stop
+    steps: list[int]
+    evidence: dict
+    summary: str = field(default="", compare=False)  # the evidence in words, for line()
+
+    @property
+    def action(self) -> str:
+        return ACTIONS[self.code]
+
+    def as_dict(self) -> dict:
+        return {"code": self.code, "severity": self.severity, "steps": list(self.steps),
+                "evidence": dict(self.evidence), "action": self.action}
+
+    def line(self) -> str:
+        return f"{self.code} [{self.severity}] steps {step_ranges(self.steps)}: {self.summary} -> {self.action}"
+
+
+def step_ranges(steps: Sequence[int]) -> str:
+    """[1, 2, 3, 7, 9, 10] -> "1-3, 7, 9-10"."""
+    parts: list[str] = []
+    for s in sorted(set(steps)):
+        if parts and s == parts[-1][1] + 1:
+            parts[-1][1] = s
+        else:
+            parts.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts) or "-"
+
+
+def is_step_log(logs: Mapping) -> bool:
+    """A per-step training log (not the end-of-training summary, not a stage metric)."""
+    return "loss" in logs or "reward" in logs
+
+
+def parse_history(lines: Iterable[str]) -> list[dict]:
+    """JSON lines of per-step metric dicts (blank lines skipped). A line that is not a JSON
+    object raises ValueError naming its line number."""
+    rows = []
+    for n, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"line {n}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"line {n}: expected a JSON object of metrics, got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------ in-round rules
+
+class RoundMonitor:
+    """The in-round rules on each logged step: a collapse note when frac_reward_zero_std
+    stays above grpo.collapse_threshold for grpo.collapse_patience steps; a stop on a
+    non-finite loss, reward or grad norm, on KL above grpo.kl_ceiling, and on a reward
+    function returning NaN/inf."""
+
+    def __init__(self, grpo: GRPOConfig):
+        self.g = grpo
+        self.collapsed_for = 0
+
+    def observe(self, logs: Mapping, step: int) -> tuple[list[str], str | None]:
+        """(notes, stop reason or None) for one step's logs."""
+        g, notes = self.g, []
+        frac = logs.get("frac_reward_zero_std")
+        if frac is not None:
+            self.collapsed_for = self.collapsed_for + 1 if frac > g.collapse_threshold else 0
+            if self.collapsed_for == g.collapse_patience:
+                notes.append(f"collapse: frac_reward_zero_std > {g.collapse_threshold} for "
+                             f"{g.collapse_patience} steps (step {step}); re-filter difficulty "
+                             "or raise temperature")
+        for key in FINITE_KEYS:
+            v = logs.get(key)
+            if v is not None and not math.isfinite(v):
+                return notes, f"divergence: {key} is {v} at step {step}"
+        kl = logs.get("kl")
+        if g.kl_ceiling is not None and kl is not None and kl > g.kl_ceiling:
+            return notes, f"divergence: kl {kl:.4g} above kl_ceiling {g.kl_ceiling} at step {step}"
+        return notes, None
+
+    @staticmethod
+    def reward_stop(name: str, value: float, step: int) -> str:
+        """The stop reason for a reward function that returned NaN/inf during `step`."""
+        return f"divergence: reward {name} returned {value} at step {step}"
+
+
+# ------------------------------------------------------------------------ after the round
+
+def _num(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def _finite(v) -> float | None:
+    x = _num(v)
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _series(rows: list[tuple[int, Mapping]], key: str) -> list[tuple[int, float]]:
+    """(step, value) of the steps where `key` is a finite number."""
+    return [(s, x) for s, r in rows if (x := _finite(r.get(key))) is not None]
+
+
+def _fit_change(points: Sequence[tuple[int, float]]) -> float:
+    """The change across the points' steps of their least-squares line (0 for < 2 steps)."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope * (xs[-1] - xs[0])
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _runs(points: Sequence[tuple[int, float]], pred) -> list[list[tuple[int, float]]]:
+    """Maximal runs of consecutive logged points satisfying pred(value)."""
+    runs: list[list[tuple[int, float]]] = [[]]
+    for p in points:
+        if pred(p[1]):
+            runs[-1].append(p)
+        elif runs[-1]:
+            runs.append([])
+    return [r for r in runs if r]
+
+
+def _r(x: float) -> float:
+    return round(x, 4)
+
+
+class _Round:
+    """One round's rows and the accuracy measure the rules share."""
+
+    def __init__(self, history: Iterable[Mapping], grpo: GRPOConfig):
+        self.g, self.d = grpo, grpo.diagnosis
+        self.rows = [(int(_num(r.get("step")) or i), r) for i, r in enumerate(history, 1)]
+        self.fns = sorted({k.split("/")[1] for _, r in self.rows for k in r
+                           if k.startswith("rewards/") and k.count("/") == 2})
+        if any(ACCURACY in r for _, r in self.rows):
+            self.acc_key, self.acc_lo, self.acc_hi = ACCURACY, 0.0, 1.0
+        else:
+            self.acc_key, (self.acc_lo, self.acc_hi) = "reward", self.d.reward_range
+        self.acc = _series(self.rows, self.acc_key)
+
+    def level(self, value: float) -> float:
+        """An accuracy (or reward) as a fraction of its range: 0 at the floor, 1 at the ceiling."""
+        return (value - self.acc_lo) / (self.acc_hi - self.acc_lo)
+
+    def acc_change(self) -> float:
+        return _fit_change(self.acc) / (self.acc_hi - self.acc_lo)
+
+
+def _nonfinite(rd: _Round) -> list[Finding]:
+    keys = FINITE_KEYS + ("kl",) + tuple(f"rewards/{f}/mean" for f in rd.fns)
+    bad = {s: [k for k in keys if (x := _num(r.get(k))) is not None and not math.isfinite(x)]
+           for s, r in rd.rows}
+    bad = {s: ks for s, ks in bad.items() if ks}
+    if not bad:
+        return []
+    first = min(bad)
+    return [Finding("nonfinite", "stop", sorted(bad), {"first_step": first, "keys": bad[first]},
+                    f"{', '.join(bad[first])} not finite at step {first}")]
+
+
+def _kl_ceiling(rd: _Round) -> list[Finding]:
+    ceiling = rd.g.kl_ceiling
+    over = [(s, x) for s, x in _series(rd.rows, "kl") if ceiling is not None and x > ceiling]
+    if not over:
+        return []
+    top = max(x for _, x in over)
+    return [Finding("kl_ceiling", "stop", [s for s, _ in over], {"kl": _r(top), "kl_ceiling": ceiling},
+                    f"kl {top:.4g} > grpo.kl_ceiling {ceiling}")]
+
+
+def _collapse(rd: _Round) -> list[Finding]:
+    """Runs of grpo.collapse_patience+ steps with frac_reward_zero_std above
+    grpo.collapse_threshold, named by where accuracy sits over the run."""
+    g, margin = rd.g, rd.d.level_margin
+    out = []
+    frac = _series(rd.rows, "frac_reward_zero_std")
+    for run in _runs(frac, lambda v: v > g.collapse_threshold):
+        if len(run) < g.collapse_patience:
+            continue
+        steps = [s for s, _ in run]
+        accs = [x for s, x in rd.acc if s in set(steps)]
+        if not accs:
+            continue
+        acc = _mean(accs)
+        level = rd.level(acc)
+        code = ("reward_collapse_zero" if level <= margin else
+                "reward_collapse_one" if level >= 1 - margin else "no_diversity")
+        mean_frac = _mean(x for _, x in run)
+        name = rd.acc_key.removeprefix("rewards/").removesuffix("/mean")
+        out.append(Finding(code, "warn", steps,
+                           {"frac_reward_zero_std": _r(mean_frac), "threshold": g.collapse_threshold,
+                            rd.acc_key: _r(acc), "steps": len(steps)},
+                           f"frac_reward_zero_std {mean_frac:.2f} > {g.collapse_threshold} for "
+                           f"{len(steps)} steps, {name} {acc:.3g}"))
+    return out
+
+
+def _reward_fn_constant(rd: _Round) -> list[Finding]:
+    """A reward function's std ~0 for constant_patience steps; not within a collapse
+    (there every function is constant, and the collapse finding says why)."""
+    d, out = rd.d, []
+    collapsed = {s for f in _collapse(rd) for s in f.steps}
+    for fn in rd.fns:
+        stds = _series(rd.rows, f"rewards/{fn}/std")
+        runs = [r for r in _runs(stds, lambda v: abs(v) <= d.constant_std) if len(r) >= d.constant_patience]
+        if not runs:
+            continue
+        run = max(runs, key=len)
+        steps = [s for s, _ in run]
+        if set(steps) <= collapsed:
+            continue
+        means = [x for s, x in _series(rd.rows, f"rewards/{fn}/mean") if s in set(steps)]
+        value = _mean(means) if means else None
+        out.append(Finding("reward_fn_constant", "warn", steps,
+                           {"reward": fn, "std_max": _r(max(abs(v) for _, v in run)),
+                            "mean": None if value is None else _r(value), "steps": len(steps)},
+                           f"rewards/{fn}/std <= {d.constant_std} for {len(steps)} steps"
+                           + ("" if value is None else f" (mean {value:.3g})")))
+    return out
+
+
+def _length(rd: _Round) -> list[Finding]:
+    d = rd.d
+    lengths = _series(rd.rows, "completions/mean_length")
+    level = _mean(x for _, x in lengths)
+    if len(lengths) < d.window or level <= 0:
+        return []
+    rel = _fit_change(lengths) / level
+    acc = rd.acc_change()
+    if acc > d.min_change or abs(rel) < d.length_trend:
+        return []
+    code = "length_shrinking" if rel < 0 else "length_exploding"
+    return [Finding(code, "warn", [s for s, _ in lengths],
+                    {"length_change": _r(rel), "threshold": d.length_trend,
+                     "length_first": _r(lengths[0][1]), "length_last": _r(lengths[-1][1]),
+                     "accuracy_change": _r(acc)},
+                    f"mean length {rel:+.0%} over the round (|change| >= {d.length_trend:.0%}) "
+                    f"while {rd.acc_key} changed {acc:+.3f}")]
+
+
+def _truncation(rd: _Round) -> list[Finding]:
+    d = rd.d
+    clipped = _series(rd.rows, "completions/clipped_ratio")
+    tail = clipped[-d.window:]
+    ratio = _mean(x for _, x in tail)
+    if not tail or ratio <= d.truncation_ratio:
+        return []
+    steps = [s for s, x in clipped if x > d.truncation_ratio]
+    return [Finding("truncation", "warn", steps,
+                    {"clipped_ratio": _r(ratio), "threshold": d.truncation_ratio, "window": len(tail)},
+                    f"clipped_ratio {ratio:.2f} > {d.truncation_ratio} (mean of the last {len(tail)} steps)")]
+
+
+def _format_dropping(rd: _Round) -> list[Finding]:
+    d = rd.d
+    fmt = _series(rd.rows, "rewards/format/mean")
+    if len(fmt) < d.window:
+        return []
+    change = _fit_change(fmt)
+    if change > -d.format_drop:
+        return []
+    return [Finding("format_dropping", "warn", [s for s, _ in fmt],
+                    {"format_change": _r(change), "threshold": d.format_drop,
+                     "format_first": _r(fmt[0][1]), "format_last": _r(fmt[-1][1])},
+                    f"rewards/format/mean fell {change:+.3f} over the round (threshold -{d.format_drop})")]
+
+
+def _kl_rising(rd: _Round) -> list[Finding]:
+    d = rd.d
+    kl = _series(rd.rows, "kl")
+    tail = kl[-d.window:]
+    if len(kl) < d.window:
+        return []
+    end = _mean(x for _, x in tail)
+    rise, tail_rise = _fit_change(kl), _fit_change(tail)
+    if not (rise > 0 and tail_rise > 0 and end > d.kl_floor):
+        return []
+    return [Finding("kl_rising", "warn", [s for s, _ in kl],
+                    {"kl_end": _r(end), "kl_floor": d.kl_floor, "kl_change": _r(rise),
+                     "kl_change_last_window": _r(tail_rise)},
+                    f"kl rising {rise:+.3g} over the round and still rising, at {end:.3g} > {d.kl_floor}")]
+
+
+def _reward_hacking(rd: _Round) -> list[Finding]:
+    d, out = rd.d, []
+    if rd.acc_key != ACCURACY or len(rd.acc) < d.window:
+        return []
+    acc = rd.acc_change()
+    if acc >= -d.min_change:
+        return []
+    for fn in rd.fns:
+        if fn == "accuracy":
+            continue
+        means = _series(rd.rows, f"rewards/{fn}/mean")
+        rise = _fit_change(means)
+        if len(means) >= d.window and rise > d.min_change:
+            out.append(Finding("reward_hacking_suspect", "warn", [s for s, _ in means],
+                               {"reward": fn, "reward_change": _r(rise), "accuracy_change": _r(acc),
+                                "threshold": d.min_change},
+                               f"rewards/{fn}/mean {rise:+.3f} while accuracy {acc:+.3f} over the round"))
+    return out
+
+
+RULES = (_nonfinite, _kl_ceiling, _collapse, _reward_fn_constant, _length, _truncation,
+         _format_dropping, _kl_rising, _reward_hacking)
+
+
+def diagnose(history: Iterable[Mapping], grpo: GRPOConfig | None = None) -> list[Finding]:
+    """Every rule over a round's per-step history (TRL's keys), in rule order."""
+    rd = _Round(history, grpo or GRPOConfig())
+    return [f for rule in RULES for f in rule(rd)]
+
+
+def codes_tag(findings: Sequence[Finding]) -> str:
+    """The `diagnosis` tag: the codes, comma-separated, each once; "none" when none fired."""
+    return ",".join(dict.fromkeys(f.code for f in findings)) or "none"
