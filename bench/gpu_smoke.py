@@ -737,9 +737,14 @@ def dry_run(args, parts: list[str]) -> int:
         model_dir = Path(args.model)
     built = (model_dir / "builtin.json").is_file()
     rel = model_dir.relative_to(ROOT) if model_dir.is_relative_to(ROOT) else model_dir
-    print(f"model {args.model}: {'cached' if built else 'not built yet'} at {model_dir}"
-          + (f" (carry '{rel}' to skip the build there)" if built else
-             " (built in the parent process on first run, ~1-2 min on CPU cores)"))
+    from grpo_core.modeling.tiny import SHIPPED_DIR
+
+    if model_dir == SHIPPED_DIR:
+        print(f"model {args.model}: shipped at {rel} (travels with the working tree)")
+    else:
+        print(f"model {args.model}: {'cached' if built else 'not built yet'} at {model_dir}"
+              + (f" (carry '{rel}' to skip the build there)" if built else
+                 " (built in the parent process on first run, ~1-2 min on CPU cores)"))
     print("plan:")
     for name in parts:
         print(f"  {name:<10} own process, <= {BUDGET_S[name]} s: {DESCRIBE[name]}")

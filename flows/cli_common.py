@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -41,8 +42,6 @@ def quiet_libraries() -> None:
     os.environ["PYTHONWARNINGS"] = f"{prior},{QUIET_WARNINGS}" if prior else QUIET_WARNINGS
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
-    import sys
-
     if "transformers" in sys.modules:  # imported already: its env settings were read
         from transformers.utils import logging as hf_logging
 

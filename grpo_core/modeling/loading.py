@@ -6,8 +6,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from grpo_core.modeling.proxy import PROXY_NAME, ProxyRecipe, ensure_proxy
-from grpo_core.modeling.tiny import BUILTIN_PREFIX, TinyRecipe, ensure_builtin, shipped_tiny
+from grpo_core.modeling.proxy import PROXY_NAME, ensure_proxy, proxy_dir
+from grpo_core.modeling.tiny import BUILTIN_PREFIX, ensure_builtin, tiny_dir
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 _HASH_LIMIT = 256 * 2**20  # hash whole files up to this size; above it, sampled chunks
@@ -16,9 +16,9 @@ _HASH_LIMIT = 256 * 2**20  # hash whole files up to this size; above it, sampled
 def builtin_dir(name: str, models_cache: str | Path) -> Path | None:
     """Where the built-in model `name` is cached, built or not; None for a folder or hub id."""
     if name == BUILTIN_PREFIX + PROXY_NAME:
-        return Path(models_cache) / f"{PROXY_NAME}-{ProxyRecipe().key()}"
+        return proxy_dir(models_cache)
     if name.startswith(BUILTIN_PREFIX):
-        return shipped_tiny() or Path(models_cache) / f"tiny-arith-{TinyRecipe().key()}"
+        return tiny_dir(models_cache)
     return None
 
 

@@ -163,9 +163,13 @@ def build_proxy_qwen2(out_dir: str | Path, recipe: ProxyRecipe = ProxyRecipe()) 
     return out
 
 
+def proxy_dir(cache_root: str | Path, recipe: ProxyRecipe = ProxyRecipe()) -> Path:
+    """Where the proxy of `recipe` is cached, built or not."""
+    return Path(cache_root) / f"{PROXY_NAME}-{recipe.key()}"
+
+
 def ensure_proxy(cache_root: str | Path, recipe: ProxyRecipe = ProxyRecipe()) -> Path:
     """Path of the cached proxy, building it once (atomically) if absent."""
     from grpo_core.modeling.tiny import build_once
 
-    return build_once(Path(cache_root) / f"{PROXY_NAME}-{recipe.key()}",
-                      lambda tmp: build_proxy_qwen2(tmp, recipe))
+    return build_once(proxy_dir(cache_root, recipe), lambda tmp: build_proxy_qwen2(tmp, recipe))

@@ -251,11 +251,16 @@ def ensure_builtin(name: str, cache_root: str | Path, progress: bool = False) ->
     if kind != "tiny-arith":
         raise ValueError(f"unknown built-in model {name!r}; known: builtin:tiny-arith")
     recipe = TinyRecipe()
-    shipped = shipped_tiny(recipe)
-    if shipped is not None:
-        return shipped
-    return build_once(Path(cache_root) / f"tiny-arith-{recipe.key()}",
-                      lambda tmp: build_tiny_model(tmp, recipe, progress=progress))
+    where = tiny_dir(cache_root, recipe)
+    if where == SHIPPED_DIR:
+        return where
+    return build_once(where, lambda tmp: build_tiny_model(tmp, recipe, progress=progress))
+
+
+def tiny_dir(cache_root: str | Path, recipe: TinyRecipe = TinyRecipe()) -> Path:
+    """Where builtin:tiny-arith of `recipe` is: the shipped weights when they are this
+    recipe's, else the workspace's cache folder (built or not)."""
+    return shipped_tiny(recipe) or Path(cache_root) / f"tiny-arith-{recipe.key()}"
 
 
 def build_once(final: Path, build) -> Path:
