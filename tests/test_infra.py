@@ -151,6 +151,10 @@ dist.all_reduce(t)
 with open(f"rank{state.process_index}.txt", "w") as fh:
     print(state.process_index, state.num_processes, state.distributed_type.value,
           dist.get_backend(), int(t.item()), file=fh)
+# a clean shutdown: a gloo rank exiting with its group alive can abort in teardown
+# ("terminate called without an active exception"), failing the launch after the work
+dist.barrier()
+dist.destroy_process_group()
 """
 
 
