@@ -187,6 +187,20 @@ class KLSchedule(_Section):
     """constant uses grpo.beta; linear/cosine go from beta_start to beta_end."""
     beta_start: float = Field(default=0.1, ge=0)
     beta_end: float = Field(default=0.01, ge=0)
+    per: Literal["round", "run"] = "round"
+    """round: every round runs the schedule from beta_start to beta_end; run: one schedule
+    over all grpo.rounds x grpo.max_steps steps, each round continuing where the last ended."""
+
+
+class DynamicSamplingConfig(_Section):
+    """DAPO's dynamic sampling, which TRL lacks: a group whose rewards are all equal has
+    zero advantage everywhere and teaches nothing; it is dropped from the optimizer step
+    and replaced by the groups of fresh prompts."""
+
+    enabled: bool = False
+    max_regenerations: int = Field(default=3, ge=1)
+    """Extra generation passes per optimizer step to refill dropped groups; when the cap is
+    hit the step trains on what it has, the still-uninformative groups included."""
 
 
 class DiagnosisConfig(_Section):
@@ -281,6 +295,18 @@ class GRPOConfig(_Section):
     engine steps inside backward."""
     kl_ceiling: float | None = Field(default=None, gt=0)
     """Stop the round when KL exceeds this (divergence guard)."""
+    mask_truncated_completions: bool = False
+    """Leave completions cut at max_completion_length out of the loss (TRL's option; DAPO):
+    a truncated reasoning trace is not a wrong one."""
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    eval_every: int | None = Field(default=None, ge=1)
+    """Evaluate the policy every N optimizer steps (and at the last) on eval_problems
+    held-out pool problems (greedy, strict accuracy); the round's model is the best of
+    those checkpoints, not the last. None: no in-round evaluation."""
+    eval_problems: int = Field(default=32, ge=1)
+    """Size of the in-round held-out slice: pool problems the round does not train on."""
+    eval_patience: int | None = Field(default=None, ge=1)
+    """Stop the round after this many in-round evaluations in a row below the best."""
     diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
     """Thresholds of the diagnosis rules run after each round (`grpo diagnose`)."""
     use_vllm: bool = False
@@ -345,6 +371,7 @@ class GRPOConfig(_Section):
         "gradient_checkpointing": "grpo.gradient_checkpointing",
         "remove_unused_columns": "the reward functions (they read the answer column)",
         "reward_weights": "rewards.weights",
+        "mask_truncated_completions": "grpo.mask_truncated_completions",
         "model_init_kwargs": "train.precision (the pipeline loads the model)",
     }
 
@@ -360,6 +387,22 @@ class LengthRewardConfig(_Section):
         if self.min_tokens > self.max_tokens:
             raise ValueError("min_tokens must be <= max_tokens")
         return self
+
+
+class SoftOverlongConfig(_Section):
+    """DAPO's overlong reward shaping: 0 up to max_tokens - buffer_tokens, then a linear
+    ramp to `penalty` at max_tokens (and beyond)."""
+
+    max_tokens: int | None = Field(default=None, ge=2)
+    """None: grpo.max_completion_length (where TRL truncates)."""
+    buffer_tokens: int | None = Field(default=None, ge=1)
+    """Length of the ramp; None: a fifth of max_tokens (DAPO: 4096 of 20480)."""
+    penalty: float = Field(default=-1.0, le=0)
+
+    def resolved(self, max_completion_length: int) -> tuple[int, int]:
+        """(max_tokens, buffer_tokens) with the defaults filled in."""
+        top = self.max_tokens or max_completion_length
+        return top, min(self.buffer_tokens or max(1, top // 5), top)
 
 
 class KeywordRewardConfig(_Section):
@@ -383,6 +426,7 @@ class RewardsConfig(_Section):
     format_reward: float = 0.5
     """+format_reward for <think>..</think><answer>..</answer>, minus it otherwise."""
     length: LengthRewardConfig = Field(default_factory=LengthRewardConfig)
+    soft_overlong: SoftOverlongConfig = Field(default_factory=SoftOverlongConfig)
     reasoning_keywords: KeywordRewardConfig = Field(default_factory=KeywordRewardConfig)
     repetition: RepetitionRewardConfig = Field(default_factory=RepetitionRewardConfig)
 

@@ -81,7 +81,8 @@ def read_rollouts_file(path: Path) -> dict[int, list[dict]]:
 def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: list[Problem],
                  output_dir: Path, template: str, mlflow_run: str | None = None,
                  tracking_uri: str | None = None, workspace: str | None = None,
-                 resume_step: int | None = None, extra_env: dict | None = None) -> dict:
+                 resume_step: int | None = None, extra_env: dict | None = None,
+                 round_no: int = 1) -> dict:
     """Run `stage` ("grpo" or "sft") on train.num_processes ranks; the rank-0 result
     (RoundResult / SFTResult fields, plus "rollouts_file" for GRPO)."""
     import torch
@@ -95,7 +96,7 @@ def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: lis
             "problems": [p.to_row() for p in problems], "output_dir": str(out),
             "template": template, "mlflow_run": mlflow_run, "tracking_uri": tracking_uri,
             "workspace": workspace, "rollouts_file": str(rollouts),
-            "result_file": str(out / f"{stage}-result.json")}
+            "result_file": str(out / f"{stage}-result.json"), "round_no": round_no}
     spec_path = out / f"{stage}-spec.json"
     spec_path.write_text(json.dumps(spec))
     Path(spec["result_file"]).unlink(missing_ok=True)
@@ -156,7 +157,7 @@ def _rank_main(spec_path: str) -> None:
             sink = _JsonlSink(spec["rollouts_file"]) if rank0 else (lambda step, rows: None)
             result = run_grpo_round(spec["model_path"], problems, cfg, spec["output_dir"],
                                     spec["template"], rollout_sink=sink, resume=True,
-                                    extra_callbacks=callbacks)
+                                    extra_callbacks=callbacks, round_no=spec.get("round_no", 1))
             if rank0:
                 sink.close()
         else:

@@ -160,9 +160,14 @@ def sft_key(cfg: PipelineConfig, model_fp: str, problems_fp: str) -> str:
 
 
 def grpo_key(cfg: PipelineConfig, model_fp: str, problems_fp: str, round_no: int) -> str:
-    grpo = cfg.grpo.model_dump(mode="json", exclude={
-        "rounds", "save_steps", "save_total_limit", "vllm_server_host", "vllm_server_port",
-        "vllm_server_timeout", "diagnosis"})
+    g = cfg.grpo
+    skip = {"save_steps", "save_total_limit", "vllm_server_host", "vllm_server_port",
+            "vllm_server_timeout", "diagnosis"}
+    if g.kl_schedule.per == "round":  # a run-long schedule's beta depends on the round count
+        skip.add("rounds")
+    grpo = g.model_dump(mode="json", exclude=skip)
+    if g.eval_every:  # the in-round eval picks the round's model with eval's length limit
+        grpo["eval_max_new_tokens"] = cfg.eval.max_new_tokens
     return stage_key("grpo", model=model_fp, problems=problems_fp, grpo=grpo,
                      rewards=cfg.rewards.model_dump(mode="json"), template=cfg.model.template,
                      round=round_no, seed=cfg.project.seed, train=_train_setup(cfg))
@@ -318,18 +323,23 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
             sink = rollout_sink(store, run_id=run, round=round_no)
             if launched(ctx.cfg):
                 result = _launched_round(ctx, run, store, sink, model_path, problems, out,
-                                         template, resume_step)
+                                         template, resume_step, round_no)
             else:
                 with ctx.step_logger(run) as logger:
                     result = run_grpo_round(model_path, problems, ctx.cfg, out, template,
                                             resume=True, rollout_sink=sink,
-                                            extra_callbacks=[logger])
+                                            extra_callbacks=[logger], round_no=round_no)
                 result.findings += [f for f in [logger.finding()] if f]
         findings = result.findings + diagnose_round(run, result.history, ctx.cfg)
         tracking.log_training_curves(run, result.history, "grpo")
-        tracking.set_tags(run, {"findings": " | ".join(findings) or "none"})
+        tags = {"findings": " | ".join(findings) or "none"}
+        if result.in_round_evals:  # grpo.eval_every: which checkpoint the round hands on
+            tags.update({"in_round_eval.best_step": str(result.best_step),
+                         "in_round_eval.protocol_hash": str(result.in_round_protocol)})
+        tracking.set_tags(run, tags)
         return {"model_dir": result.output_dir, "steps": result.steps, "findings": findings,
-                "stopped_early": result.stopped_early, "train_seconds": result.train_seconds}
+                "stopped_early": result.stopped_early, "train_seconds": result.train_seconds,
+                "best_step": result.best_step, "in_round_evals": result.in_round_evals}
 
     return _cached(ctx, key, f"grpo/round-{round_no}", compute, paths=lambda v: [v["model_dir"]],
                    metrics=lambda v: {"grpo/steps": v["steps"], "grpo/findings": len(v["findings"])})
@@ -348,7 +358,7 @@ def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig) -> list[s
 
 
 def _launched_round(ctx: Ctx, run: str, store, sink, model_path: str, problems, out: Path,
-                    template: str, resume_step: int):
+                    template: str, resume_step: int, round_no: int):
     """The round on train.num_processes ranks (tasks.launch); then its rollouts, all of
     them from the rank-0 file, into DuckDB (re-written whole: idempotent on a re-run)."""
     from grpo_core.data.records import drop_rollouts_from
@@ -356,7 +366,8 @@ def _launched_round(ctx: Ctx, run: str, store, sink, model_path: str, problems, 
 
     with vllm_server(ctx.cfg, model_path, Path(out) / "vllm-server.log") as gpu_env:
         res = run_launched("grpo", ctx.cfg, model_path, problems, out, template, run,
-                           tracking.current_uri(), str(ctx.ws.root), resume_step, gpu_env)
+                           tracking.current_uri(), str(ctx.ws.root), resume_step, gpu_env,
+                           round_no)
     drop_rollouts_from(store, run, 0)
     for step, rows in sorted(read_rollouts_file(Path(res["rollouts_file"])).items()):
         sink(step, rows)

@@ -102,6 +102,12 @@ CASES = [
     ("grpo.max_completion_length=32", {"grpo"}),
     ("grpo.kl_schedule.kind=linear", {"grpo"}),
     ("grpo.skip_update_below=0.1", {"grpo"}),
+    ("grpo.kl_schedule.per=run", {"grpo"}),
+    ("grpo.mask_truncated_completions=true", {"grpo"}),
+    ("grpo.dynamic_sampling.enabled=true", {"grpo"}),
+    ("grpo.eval_every=5", {"grpo"}),
+    ("grpo.eval_problems=8", {"grpo"}),
+    ("rewards.soft_overlong.penalty=-0.5", {"grpo"}),
     ("grpo.rounds=3", set()),  # round 1 of a 3-round run is round 1 of a 1-round run
     ("grpo.save_steps=5", set()),
     ("grpo.save_total_limit=4", set()),
@@ -136,6 +142,18 @@ def test_config_field_changes_exactly_its_stages(base, override, expected):
     before = base[1]
     after = keys(config_from_dict({}, [override]))
     assert changed(before, after) == expected
+
+
+def test_round_count_and_eval_length_count_only_where_they_shape_the_round():
+    """grpo.rounds is in the round's key when the KL schedule spans the run (its beta
+    depends on it); eval.max_new_tokens is when the in-round eval picks the round's model."""
+    def grpo(*overrides):
+        return keys(config_from_dict({}, list(overrides)))["grpo"]
+
+    per_run = ("grpo.kl_schedule.kind=linear", "grpo.kl_schedule.per=run")
+    assert grpo(*per_run) != grpo(*per_run, "grpo.rounds=3")
+    assert grpo("grpo.kl_schedule.kind=linear") == grpo("grpo.kl_schedule.kind=linear", "grpo.rounds=3")
+    assert grpo("grpo.eval_every=5") != grpo("grpo.eval_every=5", "eval.max_new_tokens=32")
 
 
 def test_stage_inputs_change_exactly_their_stages(base):

@@ -153,7 +153,7 @@ def test_truncation():
     f = found[0]
     assert f.steps == list(range(5, 21)) and f.evidence["clipped_ratio"] == 0.83
     assert f.line().startswith("truncation [warn] steps 5-20: clipped_ratio 0.83 > 0.3")
-    assert "grpo.max_completion_length" in f.line() and "mask_truncated_completions" in f.line()
+    assert "grpo.max_completion_length" in f.line() and "grpo.mask_truncated_completions" in f.line()
     early = with_(healthy(), completions__clipped_ratio=lambda s: 0.9 if s <= 10 else 0.1)
     assert diagnose(early) == []  # the tail decides
 

@@ -84,6 +84,37 @@ def test_kl_schedules():
     assert kl_beta(37, 100, config_from_dict({})) == 0.04
 
 
+def test_kl_schedule_per_run_continues_across_rounds(tmp_path):
+    """per: run spans rounds x max_steps: round 2 starts where round 1 ended (per: round
+    restarts at beta_start), and TRL's initial beta is the round's first value."""
+    from grpo_core.train.grpo import owned_grpo_args
+
+    sched = {"kind": "linear", "beta_start": 0.1, "beta_end": 0.0}
+    per_round = config_from_dict({"grpo": {"rounds": 2, "max_steps": 10, "kl_schedule": sched}})
+    per_run = config_from_dict({"grpo": {"rounds": 2, "max_steps": 10,
+                                         "kl_schedule": {**sched, "per": "run"}}})
+    assert [round(kl_beta(s, 10, per_round, r), 4) for r in (1, 2) for s in (0, 5, 10)] == [
+        0.1, 0.05, 0.0, 0.1, 0.05, 0.0]
+    assert [round(kl_beta(s, 10, per_run, r), 4) for r in (1, 2) for s in (0, 5, 10)] == [
+        0.1, 0.075, 0.05, 0.05, 0.025, 0.0]
+    assert owned_grpo_args(per_run, str(tmp_path), round_no=2)["beta"] == pytest.approx(0.05)
+    assert owned_grpo_args(per_round, str(tmp_path), round_no=2)["beta"] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="per"):
+        config_from_dict({"grpo": {"kl_schedule": {"per": "epoch"}}})
+
+
+def test_mask_truncated_completions_is_a_grpo_field(tmp_path):
+    """TRL's mask_truncated_completions is first-class (grpo.mask_truncated_completions),
+    so grpo.trl refuses it, naming the field to use."""
+    from grpo_core.train.grpo import owned_grpo_args
+
+    cfg = config_from_dict({"grpo": {"mask_truncated_completions": True}})
+    assert owned_grpo_args(cfg, str(tmp_path))["mask_truncated_completions"] is True
+    assert owned_grpo_args(config_from_dict({}), str(tmp_path))["mask_truncated_completions"] is False
+    with pytest.raises(ValueError, match="grpo.mask_truncated_completions"):
+        config_from_dict({"grpo": {"trl": {"mask_truncated_completions": True}}})
+
+
 def test_round_records_completions_and_resumes(tiny_random_model, tmp_path):
     problems = generate_problems("train", 8, levels=[1])
     rows = []

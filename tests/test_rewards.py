@@ -233,3 +233,32 @@ def test_build_reward_funcs_default_config() -> None:
     funcs, weights = build_reward_funcs(config_from_dict({}).rewards)
     assert [f.__name__ for f in funcs] == ["accuracy", "format"]
     assert weights == [1.0, 1.0]
+
+
+# --- soft overlong (DAPO) ------------------------------------------------------------------
+
+
+def test_overlong_penalty_ramps_over_the_buffer() -> None:
+    from grpo_core.verify.rewards import overlong_penalty
+
+    # limit 20, ramp over the last 4 tokens: 0 up to 16, -0.25 per token to -1 at 20, flat beyond
+    assert [overlong_penalty(n, 20, 4, -1.0) for n in (0, 16, 17, 18, 20, 25)] == [
+        0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+
+
+def test_soft_overlong_counts_trl_completion_ids_and_binds_grpo_length() -> None:
+    cfg = RewardsConfig(funcs=["accuracy", "soft_overlong"])
+    funcs, _ = build_reward_funcs(cfg, max_completion_length=10)
+    soft = {f.__name__: f for f in funcs}["soft_overlong"]
+    # defaults: the ramp ends at grpo.max_completion_length (10) and is a fifth of it (2)
+    ids = [list(range(n)) for n in (3, 8, 9, 10)]
+    assert soft(["x"] * 4, completion_ids=ids) == [0.0, 0.0, -0.5, -1.0]
+    # without ids (not under TRL): whitespace words
+    assert soft(["a " * 9]) == [-0.5]
+    own = RewardsConfig(funcs=["soft_overlong"], soft_overlong={"max_tokens": 100, "buffer_tokens": 50,
+                                                                 "penalty": -0.4})
+    (soft,) = build_reward_funcs(own, max_completion_length=10)[0]
+    assert soft(["x"], completion_ids=[list(range(75))]) == [pytest.approx(-0.2)]
+    assert own.soft_overlong.resolved(10) == (100, 50)
+    with pytest.raises(ValueError, match="penalty"):
+        RewardsConfig(funcs=["soft_overlong"], soft_overlong={"penalty": 0.5})

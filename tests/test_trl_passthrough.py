@@ -76,7 +76,7 @@ def test_values_reach_the_grpo_config_run_grpo_round_builds(tiny_model_path, tmp
 
     cfg = config_from_dict({"grpo": {
         "max_steps": 1, "prompts_per_step": 2, "num_generations": 2, "max_completion_length": 4,
-        "trl": {"mask_truncated_completions": True, "lr_scheduler_type": "constant",
+        "trl": {"max_grad_norm": 0.5, "lr_scheduler_type": "constant",
                 "top_k": 5}}})
     spy = _args_spy()
     result = run_grpo_round(tiny_model_path, generate_problems("train", 2, levels=[1]), cfg,
@@ -84,7 +84,7 @@ def test_values_reach_the_grpo_config_run_grpo_round_builds(tiny_model_path, tmp
     assert result.steps == 1
     args = spy.args
     assert isinstance(args, TRLGRPOConfig)
-    assert args.mask_truncated_completions is True and args.top_k == 5
+    assert args.max_grad_norm == 0.5 and args.top_k == 5
     assert args.lr_scheduler_type == "constant"
     # first-class fields still decide theirs; the defaults hold without an override
     assert args.num_generations == 2 and args.save_total_limit == 2

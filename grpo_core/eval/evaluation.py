@@ -204,6 +204,21 @@ def score(records: list[dict], cfg) -> dict:
     return metrics
 
 
+def _greedy(backend, prompts: list[str], max_new_tokens: int) -> list:
+    outs = backend.sample(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+    return [o[0] for o in outs]
+
+
+def score_greedy(backend, tokenizer, problems: list[Problem], template: str,
+                 max_new_tokens: int) -> float:
+    """Greedy strict accuracy on `problems` (what `greedy_accuracy` measures; a scorer
+    failure counts as not correct): the in-round evaluation's one number."""
+    prompts = [render_prompt(p.problem, template, tokenizer) for p in problems]
+    verdicts = [_judge(parse_gold(p.answer), c.text, "strict")[1]
+                for p, c in zip(problems, _greedy(backend, prompts, max_new_tokens))]
+    return sum(bool(v) for v in verdicts) / max(len(verdicts), 1)
+
+
 def score_problems(backend, tokenizer, problems: list[Problem], cfg, template: str
                    ) -> list[dict]:
     """The per-problem records of `problems`: the expensive part (sampling, verification).
@@ -214,9 +229,7 @@ def score_problems(backend, tokenizer, problems: list[Problem], cfg, template: s
     e, seed = cfg.eval, cfg.project.seed
     greedy = [None] * len(problems)
     if e.greedy:
-        outs = backend.sample(prompts, 1, SamplingParams(temperature=0.0,
-                                                         max_new_tokens=e.max_new_tokens))
-        greedy = [o[0] for o in outs]
+        greedy = _greedy(backend, prompts, e.max_new_tokens)
     params = SamplingParams(temperature=e.temperature, top_p=e.top_p,
                             max_new_tokens=e.max_new_tokens, seed=seed)
     samples = sample_seeded(backend, prompts, e.samples, params,

@@ -36,9 +36,9 @@ ACTIONS = {
     "length_shrinking": "check the length reward's sign and weight (rewards.length, "
                         "rewards.weights) and grpo.loss_type (grpo's per-sequence mean favours short)",
     "length_exploding": "check the length reward's sign and weight (rewards.length, "
-                        "rewards.weights); add an overlong penalty",
-    "truncation": "raise grpo.max_completion_length, set grpo.trl.mask_truncated_completions: "
-                  "true, or add an overlong penalty (rewards.length)",
+                        "rewards.weights); add the soft_overlong reward (rewards.funcs)",
+    "truncation": "raise grpo.max_completion_length, set grpo.mask_truncated_completions: "
+                  "true, or add the soft_overlong reward (rewards.funcs, rewards.soft_overlong)",
     "format_dropping": "raise the format reward's weight (rewards.weights)",
     "kl_rising": "the policy drifts from the reference: lower grpo.learning_rate, raise grpo.beta "
                  "(or a grpo.kl_schedule), or set grpo.kl_ceiling",

@@ -4,6 +4,7 @@ with its per-function rewards and advantage."""
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,14 @@ from grpo_core.data.problems import Problem
 from grpo_core.modeling.memory_plan import gradient_checkpointing
 from grpo_core.prompts import render_prompt, stop_strings
 from grpo_core.train.diagnosis import RoundMonitor, is_step_log
+from grpo_core.train.in_round_eval import (
+    BEST_DIR,
+    BestTracker,
+    InRoundEvaluator,
+    in_round_eval_callback,
+    load_tracker,
+    split_held_out,
+)
 from grpo_core.verify.rewards import build_reward_funcs
 
 RolloutSink = Callable[[int, list[dict]], None]  # (global step, one dict per completion)
@@ -27,6 +36,9 @@ class RoundResult:
     stopped_early: bool = False
     train_seconds: float = 0.0  # TRL's train_runtime: the training loop alone
     nonfinite_rewards: list = field(default_factory=list)  # (reward name, value) seen
+    best_step: int | None = None  # grpo.eval_every: the step whose model output_dir holds
+    in_round_evals: list = field(default_factory=list)  # (step, held-out greedy accuracy)
+    in_round_protocol: str | None = None  # the protocol hash of those numbers
 
 
 def precision_flags(cfg: PipelineConfig) -> dict:
@@ -77,20 +89,22 @@ def check_round_size(n_problems: int, cfg: PipelineConfig) -> None:
 GRPO_TRL_DEFAULTS = {"top_k": 0, "disable_tqdm": True, "dataloader_num_workers": 0}
 
 
-def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None):
+def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None,
+                  round_no: int = 1):
     """Every GRPO knob set explicitly from our config (TRL's defaults differ from the
     paper), over the pass-through grpo.trl, over GRPO_TRL_DEFAULTS."""
     from trl import GRPOConfig
 
     return GRPOConfig(**{**GRPO_TRL_DEFAULTS, **cfg.grpo.trl,
-                         **owned_grpo_args(cfg, output_dir, report_to)})
+                         **owned_grpo_args(cfg, output_dir, report_to, round_no)})
 
 
-def owned_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None) -> dict:
+def owned_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None,
+                    round_no: int = 1) -> dict:
     """The TRL arguments the pipeline decides: config.GRPOConfig.TRL_OWNED lists them (plus
     the ones TRL derives from these), and grpo.trl refuses them."""
     g = cfg.grpo
-    beta = g.beta if g.kl_schedule.kind == "constant" else g.kl_schedule.beta_start
+    beta = kl_beta(0, g.max_steps, cfg, round_no)
     micro, passes = grpo_micro_batching(cfg)
     return dict(  # reads as TRL's keyword arguments
         output_dir=output_dir,
@@ -126,6 +140,7 @@ def owned_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] |
         vllm_server_port=g.vllm_server_port,
         vllm_server_timeout=g.vllm_server_timeout,
         remove_unused_columns=False,
+        mask_truncated_completions=g.mask_truncated_completions,
         # TRL's default (on) would be on for every model: ours is per model, under the
         # installed transformers' name for it
         **{checkpointing_field(): gradient_checkpointing(cfg, g.gradient_checkpointing)},
@@ -163,18 +178,22 @@ def stop_at_text(model, tokenizer, stops: tuple[str, ...]) -> None:
     model.generate = generate_stopping_at_text
 
 
-def kl_beta(step: int, total: int, cfg: PipelineConfig) -> float:
-    """beta at a step under the configured schedule (the seeds' 0.1 -> 0.01 decay)."""
+def kl_beta(step: int, total: int, cfg: PipelineConfig, round_no: int = 1) -> float:
+    """beta at a round's step under the configured schedule (the seeds' 0.1 -> 0.01 decay).
+    kl_schedule.per "run": one schedule over every round's steps, round `round_no` (from 1)
+    starting where round_no - 1 ended; "round": each round runs it from the start."""
     sched = cfg.grpo.kl_schedule
     if sched.kind == "constant":
         return cfg.grpo.beta
+    if sched.per == "run":
+        step, total = step + (round_no - 1) * total, total * cfg.grpo.rounds
     frac = min(max(step / max(total, 1), 0.0), 1.0)
     if sched.kind == "linear":
         return sched.beta_start + (sched.beta_end - sched.beta_start) * frac
     return sched.beta_end + 0.5 * (sched.beta_start - sched.beta_end) * (1 + math.cos(math.pi * frac))
 
 
-def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list):
+def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list, round_no: int):
     from transformers import TrainerCallback
 
     g = cfg.grpo
@@ -182,7 +201,7 @@ def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list):
     class KLSchedule(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             if g.kl_schedule.kind != "constant" and trainer_ref:
-                trainer_ref[0].beta = kl_beta(state.global_step, state.max_steps, cfg)
+                trainer_ref[0].beta = kl_beta(state.global_step, state.max_steps, cfg, round_no)
 
     class Monitor(TrainerCallback):
         """The in-round rules (grpo_core.train.diagnosis.RoundMonitor: collapse note,
@@ -308,6 +327,7 @@ def _trainer_class():
         skip_update_below: float | None = None
         skipped_updates: int = 0  # optimizer steps skipped
         skip_steps_left: int = 0  # optimizer steps still to skip on the current batch
+        dynamic_sampling = None  # grpo_core.train.dynamic_sampling.DynamicSampler when on
 
         def _generate_single_turn(self, *args, **kwargs):
             """Completions end at the first stop string: what follows it is cut (a row of a
@@ -330,6 +350,9 @@ def _trainer_class():
             return completion_ids, logprobs
 
         def _generate_and_score_completions(self, inputs):
+            ds = self.dynamic_sampling
+            if ds is not None and self.model.training and not ds.in_pass:
+                return ds.fill(self, inputs)  # calls this method back once per generation pass
             out = super()._generate_and_score_completions(inputs)
             # TRL's logs hold this step's rows gathered from every process; `out` holds
             # this process's slice. Record them all, once, on the main process.
@@ -429,19 +452,27 @@ def run_grpo_round(
     resume: bool = False,
     report_to: list[str] | None = None,
     extra_callbacks: list | None = None,
+    round_no: int = 1,
 ) -> RoundResult:
-    """Train one round; the model lands in output_dir/final. With resume, continue from
-    the last checkpoint in output_dir (a killed round picks up where it stopped)."""
+    """Train round `round_no` (from 1; the KL schedule may span rounds); the model lands in
+    output_dir/final. With resume, continue from the last checkpoint in output_dir (a
+    killed round picks up where it stopped)."""
     from grpo_core.modeling.loading import configure_threads, load_tokenizer
+    from grpo_core.train.dynamic_sampling import dynamic_sampler
 
     configure_threads()
+    g = cfg.grpo
+    held_out: list[Problem] = []
+    if g.eval_every:  # the in-round eval's slice is never trained on
+        problems, held_out = split_held_out(problems, g.eval_problems, cfg.project.seed)
     check_round_size(len(problems), cfg)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    ckpt = last_checkpoint(out) if resume else None
     tokenizer = load_tokenizer(model_path)  # left padding, pad = eos when it has none
     model, save_dtype = load_for_training(model_path)
-    funcs, weights = build_reward_funcs(cfg.rewards)
-    args = trl_grpo_args(cfg, str(out), report_to)
+    funcs, weights = build_reward_funcs(cfg.rewards, cfg.grpo.max_completion_length)
+    args = trl_grpo_args(cfg, str(out), report_to, round_no)
     args.reward_weights = weights
     stops = stop_strings(template)  # as filter and eval stop (sampling.build_backend)
     args.generation_kwargs = {**trl_stop_kwargs(stops, args.use_vllm), **(args.generation_kwargs or {})}
@@ -450,6 +481,17 @@ def run_grpo_round(
     result = RoundResult(output_dir=str(out / "final"), steps=0)
     funcs = _watch_finite(funcs, result.nonfinite_rewards)
     trainer_ref: list = []
+    callbacks = _callbacks(cfg, result, trainer_ref, round_no) + list(extra_callbacks or [])
+    tracker = None
+    if g.eval_every:
+        # A resumed round keeps the scores and best model recorded before the kill.
+        if ckpt is None:
+            shutil.rmtree(out / BEST_DIR, ignore_errors=True)
+        tracker = load_tracker(out, g.eval_patience) if ckpt else BestTracker(g.eval_patience)
+        evaluator = InRoundEvaluator(held_out, template, cfg.eval.max_new_tokens, cfg)
+        result.in_round_protocol = evaluator.protocol_hash
+        callbacks.append(in_round_eval_callback(evaluator, g.eval_every, tracker, out,
+                                                trainer_ref, save_dtype, result.findings))
     cls = _trainer_class()
     trainer = cls(
         model=model,
@@ -457,14 +499,14 @@ def run_grpo_round(
         args=args,
         train_dataset=grpo_dataset(problems, template, tokenizer),
         processing_class=tokenizer,
-        callbacks=_callbacks(cfg, result, trainer_ref) + list(extra_callbacks or []),
+        callbacks=callbacks,
     )
     trainer_ref.append(trainer)
     quiet_trainer(trainer)
     trainer.rollout_sink = rollout_sink
     trainer.stop_strings = stops
     trainer.skip_update_below = cfg.grpo.skip_update_below
-    ckpt = last_checkpoint(out) if resume else None
+    trainer.dynamic_sampling = dynamic_sampler(cfg, trainer)  # None when off
     train_out = trainer.train(resume_from_checkpoint=ckpt)
     result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
     result.steps = trainer.state.global_step
@@ -473,11 +515,21 @@ def run_grpo_round(
     if trainer.skipped_updates:
         result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward below "
                                f"{cfg.grpo.skip_update_below}")
-    if result.stopped_early:
+    best = out / BEST_DIR
+    if tracker is not None:
+        result.in_round_evals = list(tracker.scores)
+        result.findings.append(tracker.choice(result.steps))
+    if tracker is not None and tracker.best_step not in (None, result.steps) \
+            and (best / "config.json").is_file():
+        # An earlier evaluation was better than the last one (or the round stopped without
+        # evaluating its last weights): hand that model on.
+        result.output_dir, result.best_step = str(best), tracker.best_step
+    elif result.stopped_early:
         # Keep the last good checkpoint as the round's model, not the diverged weights.
         good = last_checkpoint(out)
         result.output_dir = good or model_path
     else:
+        result.best_step = tracker.best_step if tracker is not None else None
         trainer.save_dtype = save_dtype  # the input checkpoint's stored dtype
         trainer.save_model(result.output_dir)  # rank 0 only, under accelerate launch
         if trainer.is_world_process_zero():

@@ -242,6 +242,35 @@ def length(
     return _each(list(zip(completions, ids)), one, 0.0, "length")
 
 
+def overlong_penalty(n_tokens: int, max_tokens: int, buffer_tokens: int, penalty: float) -> float:
+    """DAPO's soft overlong punishment: 0 up to max_tokens - buffer_tokens, linear to
+    `penalty` at max_tokens, `penalty` beyond."""
+    start = max_tokens - buffer_tokens
+    if n_tokens <= start:
+        return 0.0
+    return penalty * min(1.0, (n_tokens - start) / buffer_tokens)
+
+
+def soft_overlong(
+    completions: list,
+    max_tokens: int = 64,
+    buffer_tokens: int = 12,
+    penalty: float = -1.0,
+    completion_ids: list | None = None,
+    **kwargs: Any,
+) -> list[float]:
+    """Penalise completions in the last buffer_tokens before the length limit (DAPO), so a
+    trace about to be cut learns to finish. Tokens are TRL's `completion_ids` (they end in
+    eos when the completion ended on its own) when given, else whitespace-separated words."""
+    ids = _column({"ids": completion_ids}, "ids", len(completions))
+
+    def one(c: Any, tok: Any) -> float:
+        n = len(tok) if tok is not None else len(completion_text(c).split(None, max_tokens + 1))
+        return overlong_penalty(n, max_tokens, buffer_tokens, penalty)
+
+    return _each(list(zip(completions, ids)), one, 0.0, "soft_overlong")
+
+
 # --- reasoning keywords ------------------------------------------------------------------
 
 
@@ -313,11 +342,12 @@ def repetition(
 
 
 REWARDS: dict[str, RewardFunc] = {
-    f.__name__: f for f in (accuracy, format, tag_count, length, reasoning_keywords, repetition)
+    f.__name__: f
+    for f in (accuracy, format, tag_count, length, soft_overlong, reasoning_keywords, repetition)
 }
 
 
-def _params(name: str, cfg: Any) -> dict:
+def _params(name: str, cfg: Any, max_completion_length: int) -> dict:
     """The config fields that parametrise registry reward `name`."""
     if name == "format":
         return {"format_reward": cfg.format_reward}
@@ -327,6 +357,9 @@ def _params(name: str, cfg: Any) -> dict:
             "max_tokens": cfg.length.max_tokens,
             "penalty": cfg.length.penalty,
         }
+    if name == "soft_overlong":
+        top, buffer = cfg.soft_overlong.resolved(max_completion_length)
+        return {"max_tokens": top, "buffer_tokens": buffer, "penalty": cfg.soft_overlong.penalty}
     if name == "reasoning_keywords":
         k = cfg.reasoning_keywords
         return {"keywords": tuple(k.keywords), "per_hit": k.per_hit, "max_reward": k.max_reward}
@@ -347,11 +380,12 @@ def bind(fn: RewardFunc, **params: Any) -> RewardFunc:
     return bound
 
 
-def build_reward_funcs(rewards_cfg: Any) -> tuple[list[RewardFunc], list[float]]:
-    """Reward functions and weights from a `grpo_core.config.RewardsConfig`."""
+def build_reward_funcs(rewards_cfg: Any, max_completion_length: int = 64) -> tuple[list[RewardFunc], list[float]]:
+    """Reward functions and weights from a `grpo_core.config.RewardsConfig`;
+    max_completion_length (grpo's) is where soft_overlong's ramp ends by default."""
     funcs = []
     for name in rewards_cfg.funcs:
         if name not in REWARDS:
             raise KeyError(f"unknown reward {name!r}; known: {sorted(REWARDS)}")
-        funcs.append(bind(REWARDS[name], **_params(name, rewards_cfg)))
+        funcs.append(bind(REWARDS[name], **_params(name, rewards_cfg, max_completion_length)))
     return funcs, rewards_cfg.resolved_weights()
