@@ -14,6 +14,11 @@ import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
+# Before any test imports prefect (it reads its settings once, at import): the temporary
+# local server gets time to start on a loaded 2-core machine (Prefect's default, 20 s,
+# failed a sharded-filter test there), as flows.configure_prefect gives it in `grpo run`.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+
 
 def shared_data_dir() -> Path:
     """Where the reference data should be (it may not exist)."""
@@ -44,3 +49,10 @@ def template_db(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # runs migrations
     return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow-marked tests (minutes of training, run on purpose) have no per-test timeout."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.timeout(0))

@@ -8,7 +8,9 @@ import subprocess
 import pytest
 from pipeline_runs import GRPO, prefect_flow_runs, run_env
 
-pytestmark = pytest.mark.integration
+# Slow: four CLI processes, two of them with two shard workers each (minutes on 2 cores);
+# tests/test_shards.py shows the same equivalence in-process in the default run.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest_plugins = ["fixtures_models"]
 
 
