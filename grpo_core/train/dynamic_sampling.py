@@ -150,6 +150,10 @@ def rescale_batch_advantages(advantages: torch.Tensor, pass_std: torch.Tensor,
     return advantages * (pass_std + TRL_ADVANTAGE_EPS) / (batch_std + TRL_ADVANTAGE_EPS)
 
 
+def _prompt_key(row: dict) -> str:
+    return str(row["prompt"])  # a conversational prompt (list of messages) is not hashable
+
+
 def fresh_rows(dataset, seed: int, step: int, exclude: set[str]) -> Iterator[dict]:
     """Training rows for refill passes: a permutation of `dataset` seeded by (seed, step),
     so a resumed round draws what the killed one would have. Prompts in `exclude` (this
@@ -159,10 +163,10 @@ def fresh_rows(dataset, seed: int, step: int, exclude: set[str]) -> Iterator[dic
     later = []
     for i in order:
         row = dataset[i]
-        if row["prompt"] in exclude:
+        if _prompt_key(row) in exclude:
             later.append(i)
             continue
-        exclude.add(row["prompt"])
+        exclude.add(_prompt_key(row))
         yield dict(row)
     while True:
         for i in later or order:
@@ -200,7 +204,7 @@ class DynamicSampler:
         self.in_pass = True
         try:
             passes = [self._pass(trainer, inputs)]
-            fresh = fresh_rows(self.dataset, self.seed, step, {x["prompt"] for x in inputs})
+            fresh = fresh_rows(self.dataset, self.seed, step, {_prompt_key(x) for x in inputs})
             for _ in range(self.max_regenerations):
                 missing = n_groups - sum(sum(p.informative) for p in passes)
                 if missing <= 0:
