@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test test-all lint run bench
+.PHONY: setup test test-all lint run bench secrets
 setup:
 	bash infra/setup.sh
 
@@ -18,3 +18,8 @@ lint:
 
 run:
 	$(BIN)/grpo run
+
+# infra/.env for infra/compose.yaml: random passwords, keys and auth strings (mode 600,
+# git-ignored). Never overwrites: an existing file keeps its values and gains missing ones.
+secrets:
+	$(PY) infra/make_secrets.py

@@ -6,6 +6,9 @@ workspace side of tracking: the workdir of a config, and the small JSON state fi
 A leaf: it imports no other module of `tasks`."""
 from __future__ import annotations
 
+import base64
+import configparser
+import contextlib
 import json
 import os
 import re
@@ -101,14 +104,36 @@ def write_state(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def _client_auth_header() -> dict[str, str] | None:
+    """The Authorization header the MLflow client will send: MLFLOW_TRACKING_USERNAME and
+    _PASSWORD (else those of ~/.mlflow/credentials), else MLFLOW_TRACKING_TOKEN; {} for none.
+    None when a custom auth provider (MLFLOW_TRACKING_AUTH, AWS SigV4) decides instead."""
+    if os.environ.get("MLFLOW_TRACKING_AUTH") or os.environ.get("MLFLOW_TRACKING_AWS_SIGV4", "").lower() == "true":
+        return None
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if not (user and password):
+        creds = configparser.ConfigParser()
+        creds.read(os.path.expanduser("~/.mlflow/credentials"))
+        if creds.has_section("mlflow"):
+            user = user or creds["mlflow"].get("mlflow_tracking_username")
+            password = password or creds["mlflow"].get("mlflow_tracking_password")
+    if user and password:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
     """Raise TrackingUnreachable, naming the URI, when the store cannot answer.
 
     http(s): GET <uri>/health, then the REST API; 200 (or 401/403 from an auth layer)
-    counts as reachable, anything else, a refusal or silence does not. The probe
-    runs in a daemon thread joined with a deadline, so a slow DNS lookup cannot stretch
-    it past `timeout` + 1 s. The MLflow client itself retries for minutes, hence this
-    check before any work. sqlite: the folder of the database file must be writable.
+    counts as reachable, anything else, a refusal or silence does not. Then one REST call
+    with the credentials the MLflow client will send: a 401 (none given, or wrong ones for
+    a server behind basic auth) fails here too, naming the variables to set, never their
+    values. The probe runs in a daemon thread joined with a deadline, so a slow DNS
+    lookup cannot stretch it past `timeout` + 1 s. The MLflow client itself retries for
+    minutes, hence this check before any work. sqlite: the folder of the database file
+    must be writable.
     """
     shown = strip_userinfo(uri)
     scheme = urllib.parse.urlparse(uri).scheme
@@ -129,26 +154,46 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
         # (401/403: an auth layer in front of it). A 404 from whatever else listens there
         # (a gateway, another web app) is not a tracking server.
         paths = ("/health", "/api/2.0/mlflow/experiments/search?max_results=1")
+        headers = _client_auth_header()
+        userinfo = urllib.parse.urlparse(uri)
+        if headers == {} and userinfo.username and userinfo.password:  # http://user:pw@host
+            pair = f"{urllib.parse.unquote(userinfo.username)}:{urllib.parse.unquote(userinfo.password)}"
+            headers = {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
+
+        def get(path: str, extra: dict[str, str]) -> int:
+            req = urllib.request.Request(shown.rstrip("/") + path, headers=extra)
+            try:
+                with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
 
         def probe() -> None:
             for path in paths:
                 try:
-                    with urllib.request.urlopen(shown.rstrip("/") + path, timeout=timeout,
-                                                context=context) as resp:
-                        outcome["status"] = resp.status
-                except urllib.error.HTTPError as exc:
-                    outcome["status"] = exc.code
+                    outcome["status"] = get(path, {})
                 except Exception as exc:  # noqa: BLE001 - any failure means unreachable
                     outcome["error"] = f"{type(exc).__name__}: {exc}"
                     return
                 outcome["path"] = path
                 if outcome["status"] in _MLFLOW_ANSWERS:
-                    return
+                    break
+            if outcome["status"] in _MLFLOW_ANSWERS and headers is not None:
+                with contextlib.suppress(Exception):  # only a clear 401 counts below
+                    outcome["auth_status"] = get(paths[1], headers)
 
         t = threading.Thread(target=probe, daemon=True, name="mlflow-health-probe")
         t.start()
         t.join(timeout + 1.0)  # one deadline for both requests: a slow DNS cannot stretch it
         if outcome.get("status") in _MLFLOW_ANSWERS:
+            if outcome.get("auth_status") == 401:
+                given = ("refused the credentials given" if headers else
+                         "requires authentication and none was given")
+                raise TrackingUnreachable(
+                    f"MLflow tracking server {shown} {given} (HTTP 401). Set "
+                    f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an MLflow user "
+                    f"of that server (the compose stack's pipeline user: MLFLOW_PIPELINE_USERNAME "
+                    f"/ MLFLOW_PIPELINE_PASSWORD in infra/.env).")
             return
         why = (f"GET {outcome['path']}: HTTP {outcome['status']}, not an MLflow server?"
                if "status" in outcome else outcome.get("error", f"no answer within {timeout:g} s"))

@@ -1,6 +1,7 @@
 """Helpers for tests that run `grpo run` as a real subprocess on a tiny random model."""
 from __future__ import annotations
 
+import base64
 import os
 import sqlite3
 import sys
@@ -37,6 +38,25 @@ def run_env(workdir: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.update(GRPO_WORKDIR=str(workdir), GRPO_TORCH_THREADS="1", PYTHONUNBUFFERED="1", **extra)
     return env
+
+
+def basic_auth_token(user: str, password: str) -> str:
+    """What an `Authorization: Basic ...` header carries: a logged header leaks as much."""
+    return base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def scan_for_secrets(roots, outputs: str, secrets) -> list[str]:
+    """Where any of `secrets` shows up: in `outputs` (process output, logs) or in any file
+    under `roots` (SQLite/DuckDB databases, artifacts, checkpoints, caches, Prefect home,
+    server logs) read as bytes. Empty when nothing leaked."""
+    secrets = [s for s in secrets if s]
+    found = [f"output: {s}" for s in secrets if s in outputs]
+    for root in [roots] if isinstance(roots, (str, Path)) else roots:
+        for path in Path(root).rglob("*"):
+            if path.is_file():
+                blob = path.read_bytes()
+                found += [f"{path}: {s}" for s in secrets if s.encode() in blob]
+    return found
 
 
 def mlflow_runs(workdir: Path, experiment: str = "itest"):

@@ -1,7 +1,13 @@
-"""The deployment path, for real, on loopback: a `prefect server`, a `process` work pool
-and worker, `prefect deploy` of infra/prefect.yaml, `prefect deployment run` of the
-quickstart deployment (with a tiny model) against an `mlflow server` over HTTP; then the
-runs are checked in MLflow. Everything started here is stopped by process group."""
+"""The deployment path, for real, on loopback, locked down as infra/compose.yaml runs it: a
+`prefect server` that requires an API auth string (it refuses a call without it or with a
+wrong one), a `process` work pool and worker, `prefect deploy` of infra/prefect.yaml and
+`prefect deployment run` of the quickstart deployment (with a tiny model), all given the
+string through PREFECT_API_AUTH_STRING, against an `mlflow server` behind basic auth that the
+flow run reaches as the pipeline's user (MLFLOW_TRACKING_USERNAME / _PASSWORD from the
+worker's environment). Then the runs are checked in MLflow, and no credential is found in
+Prefect's database, the workspace, MLflow's stores, any log or output. Everything started
+here is stopped by process group."""
+import base64
 import json
 import os
 import signal
@@ -9,17 +15,23 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from mlflow_server import MlflowServer
+from pipeline_runs import basic_auth_token, scan_for_secrets
 
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+PREFECT_AUTH = "grpo:prefauth_3a9d71c0e5b2"
+MLFLOW_ADMIN = ("admin", "mlfadmin_d80f2b6e1c97")
+MLFLOW_PIPELINE = ("grpo-pipeline", "mlfpipe_47c1a9e3f0b6")
 
 
 def _free_port() -> int:
@@ -39,6 +51,19 @@ def _wait_http(url: str, seconds: float, proc: subprocess.Popen, log: Path) -> N
         except OSError:
             time.sleep(0.5)
     raise TimeoutError(f"{url} not healthy after {seconds} s: {log.read_text()[-2000:]}")
+
+
+def _prefect_status(api: str, auth: str | None) -> int:
+    """HTTP status of one Prefect API call (list flows), with `auth` as the auth string."""
+    req = urllib.request.Request(f"{api}/flows/filter", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    if auth is not None:
+        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 class Services:
@@ -73,6 +98,11 @@ def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_TRACKING_URI": mlflow_uri,
            "MLFLOW_DISABLE_TELEMETRY": "true", "GRPO_TORCH_THREADS": "1", "GRPO_REPO_DIR": str(ROOT),
            "PYTHONUNBUFFERED": "1"}
+    # The server checks the string; the CLI, the worker and its flow runs send it (compose:
+    # PREFECT_AUTH_STRING); the worker's flow runs sign in to MLflow as the pipeline's user.
+    server_env = {**env, "PREFECT_SERVER_API_AUTH_STRING": PREFECT_AUTH}
+    env.update(PREFECT_API_AUTH_STRING=PREFECT_AUTH, MLFLOW_TRACKING_USERNAME=MLFLOW_PIPELINE[0],
+               MLFLOW_TRACKING_PASSWORD=MLFLOW_PIPELINE[1])
     config = tmp_path / "deploy.yaml"
     config.write_text(yaml.safe_dump({
         "extends": str(ROOT / "configs/quickstart.yaml"),
@@ -84,20 +114,28 @@ def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
         "eval": {"limit": 4, "samples": 2, "max_new_tokens": 8, "bootstrap": 20},
     }))
     services = Services(tmp_path)
+    (tmp_path / "mlflow").mkdir()
+    mlflow = MlflowServer(tmp_path / "mlflow", tmp_path / "mlflow" / "mlflow.db", port=mlflow_port,
+                          admin=MLFLOW_ADMIN)
+    outputs = []
     try:
         server = services.start("prefect-server", [str(BIN / "prefect"), "server", "start", "--host",
-                                                   "127.0.0.1", "--port", str(prefect_port)], env)
-        mlflow = services.start("mlflow-server", [
-            str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
-            "--artifacts-destination", str(tmp_path / "mlartifacts"), "--host", "127.0.0.1",
-            "--port", str(mlflow_port), "--workers", "1"],
-            {**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+                                                   "127.0.0.1", "--port", str(prefect_port)], server_env)
+        mlflow.start()
         _wait_http(f"{api}/health", 120, server, tmp_path / "prefect-server.log")
-        _wait_http(f"{mlflow_uri}/health", 120, mlflow, tmp_path / "mlflow-server.log")
+        # Every API call but the health check needs the auth string, and only the right one.
+        assert _prefect_status(api, None) == 401
+        assert _prefect_status(api, "grpo:not-the-string") == 401
+        assert _prefect_status(api, PREFECT_AUTH) == 200
+        mlflow.wait_healthy(120)
+        user = mlflow.ensure_user(*MLFLOW_PIPELINE)
+        outputs.append(user.stdout + user.stderr)
+        assert user.returncode == 0, user.stdout + user.stderr
 
         def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
             out = subprocess.run([str(BIN / "prefect"), "--no-prompt", *args], env=env, cwd=ROOT,
                                  capture_output=True, text=True, timeout=timeout, check=False)
+            outputs.append(out.stdout + out.stderr)
             assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
             return out
 
@@ -110,14 +148,24 @@ def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
         assert "Completed" in run.stdout, run.stdout[-3000:]
     finally:
         services.stop()
+        mlflow.stop()
         worker_log = tmp_path / "worker.log"
         print(worker_log.read_text()[-3000:] if worker_log.exists() else "no worker log")
+
+    # No credential in Prefect's database and home, the workspace, MLflow's stores and
+    # artifacts, the servers' and the worker's logs, or the CLI's output.
+    # (Prefect sends the string as HTTP basic auth: its base64 form counts as a leak too.)
+    leaks = scan_for_secrets(tmp_path, "\n".join(outputs),
+                             [PREFECT_AUTH, MLFLOW_ADMIN[1], MLFLOW_PIPELINE[1],
+                              base64.b64encode(PREFECT_AUTH.encode()).decode(),
+                              basic_auth_token(*MLFLOW_ADMIN), basic_auth_token(*MLFLOW_PIPELINE)])
+    assert not leaks, leaks
 
     # The runs are in the MLflow server's store (read back from its SQLite file, the
     # server being stopped): one FINISHED parent with its children and a champion.
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow/mlflow.db")
     exp = client.get_experiment_by_name("itest-deploy")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]

@@ -5,7 +5,9 @@
   launched for real (two processes, one all-reduce over gloo).
 - infra/compose.yaml: `docker compose config` where Compose v2 is installed, and always
   structural checks (services, depends_on, wiring between services, GPU reservation,
-  every ${VAR} with a default, images built from infra/docker/).
+  images built from infra/docker/) and the lock-down: every port on loopback unless
+  GRPO_BIND_ADDR / MINIO_BIND_ADDR say otherwise, no secret with a default, both servers
+  behind authentication; infra/make_secrets.py (`make secrets`) writes what it requires.
 - infra/docker/Dockerfile.*: base images, install order, every COPY source exists.
 - infra/k8s/base-job-template.json: Prefect's work-pool validation, then the Kubernetes
   worker's own rendering of a flow run's Job (GPU limit, node selector, tolerations).
@@ -174,11 +176,15 @@ def test_cpu_2proc_launches_two_ranks_that_all_reduce_over_gloo(tmp_path):
 
 # --------------------------------------------------------------------------- compose
 
-COMPOSE_SERVICES = {"prefect-db", "mlflow-db", "minio", "minio-init", "mlflow", "prefect-server",
-                    "worker-cpu", "worker-gpu"}
+COMPOSE_SERVICES = {"prefect-db", "mlflow-db", "minio", "minio-init", "mlflow", "mlflow-users",
+                    "prefect-server", "worker-cpu", "worker-gpu"}
 _BRACED = re.compile(r"\$\{([^}]*)\}")
 _BARE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 _WITH_DEFAULT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(:?-)(.+)$")
+_REQUIRED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\?(.+)$")  # ${VAR:?message}
+# Names of what must never have a default: passwords, keys, secrets, tokens, auth strings
+# (not AWS_ACCESS_KEY_ID: MinIO's root user name).
+_SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|AUTH_STRING|(^|_)KEY(?!_ID)(_|$)")
 
 
 @cache
@@ -198,9 +204,14 @@ def _strings(node):
 
 
 def _interpolate(text: str) -> str:
-    """Compose's interpolation with no variable set: ${VAR:-default} -> default, $$ -> $."""
-    text = _BRACED.sub(lambda m: _WITH_DEFAULT.match(m.group(1)).group(3), text.replace("$$", "\0"))
-    return text.replace("\0", "$")
+    """Compose's interpolation with only the required variables set, each to "<VAR>":
+    ${VAR:-default} -> default, ${VAR:?message} -> <VAR>, $$ -> $."""
+    def one(m: re.Match) -> str:
+        ref = m.group(1)
+        required = _REQUIRED.match(ref)
+        return f"<{required.group(1)}>" if required else _WITH_DEFAULT.match(ref).group(3)
+
+    return _BRACED.sub(one, text.replace("$$", "\0")).replace("\0", "$")
 
 
 def _service_env(name: str) -> dict[str, str]:
@@ -228,17 +239,34 @@ def _compose_cli() -> list[str] | None:
     return None
 
 
+def _make_secrets(env_file: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(INFRA / "make_secrets.py"), "--env-file", str(env_file)],
+                          check=True, capture_output=True, text=True, timeout=60)
+
+
 @pytest.mark.parametrize("profile", [[], ["--profile", "gpu"]], ids=["default", "gpu"])
-def test_compose_file_passes_docker_compose_config(profile):
+def test_compose_file_passes_docker_compose_config(profile, tmp_path):
     cli = _compose_cli()
     if cli is None:
         pytest.skip("no Compose v2 here (`docker compose` / `docker-compose`); structural checks below")
-    # Without any of the file's variables set: every one must have a default.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTGRES_", "MINIO_", "MLFLOW_"))}
-    out = subprocess.run([*cli, "-f", str(COMPOSE), *profile, "config", "-q"], check=False,
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    # None of the file's variables from the environment (nor a developer's infra/.env: --env-file)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("POSTGRES_", "MINIO_", "MLFLOW_", "PREFECT_", "GRPO_"))}
+
+    def config(env_file: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([*cli, "-f", str(COMPOSE), "--env-file", str(env_file), *profile,
+                               "config", "-q"], check=False, capture_output=True, text=True,
+                              env=env, cwd=ROOT, timeout=60)
+
+    # With what `make secrets` writes: valid, and no variable left unset.
+    _make_secrets(tmp_path / "full.env")
+    out = config(tmp_path / "full.env")
     assert out.returncode == 0, out.stderr
     assert "is not set" not in out.stderr, out.stderr
+    # Without it: refused, naming a missing secret, instead of a stack with known passwords.
+    (tmp_path / "empty.env").write_text("")
+    out = config(tmp_path / "empty.env")
+    assert out.returncode != 0 and "make secrets" in out.stderr, out.stderr
 
 
 def test_compose_services_and_dependencies():
@@ -255,6 +283,9 @@ def test_compose_services_and_dependencies():
     assert services["mlflow"]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
     for worker in ("worker-cpu", "worker-gpu"):
         assert set(services[worker]["depends_on"]) >= {"prefect-server", "mlflow"}
+        # ... and for their MLflow user to exist
+        assert services[worker]["depends_on"]["mlflow-users"]["condition"] == "service_completed_successfully"
+    assert services["mlflow-users"]["depends_on"]["mlflow"]["condition"] == "service_healthy"
 
 
 def test_compose_wiring_between_services():
@@ -282,9 +313,8 @@ def test_compose_wiring_between_services():
     assert (ml["AWS_ACCESS_KEY_ID"], ml["AWS_SECRET_ACCESS_KEY"]) == (
         minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"])
     assert "mlflow:*" in ml["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")  # workers call http://mlflow:5000
-    assert len(minio["MINIO_ROOT_PASSWORD"]) >= 8  # MinIO refuses shorter ones
     # Ports the clients use are the ones the servers listen on
-    assert "--port=5000" in cmd and "5000:5000" in services["mlflow"]["ports"]
+    assert "--port=5000" in cmd and _published(services["mlflow"]) == [("127.0.0.1", "5000", "5000")]
     assert _command("prefect-server")[-2:] == ["--port", "4200"]
     for worker in ("worker-cpu", "worker-gpu"):
         env = _service_env(worker)
@@ -330,22 +360,153 @@ def test_compose_images_are_built_from_infra_docker():
     assert services["worker-gpu"]["image"] == "grpo-pipeline:gpu"
 
 
-def test_compose_every_variable_has_a_default_and_secrets_come_from_variables():
+def _published(svc: dict) -> list[tuple[str, str, str]]:
+    """(host address, host port, container port) of each published port, no variable set."""
+    out = []
+    for port in svc.get("ports", []):
+        if isinstance(port, dict):  # long syntax
+            out.append((str(port.get("host_ip", "")), str(port.get("published", "")), str(port["target"])))
+            continue
+        parts = _interpolate(str(port)).split("/")[0].rsplit(":", 2)
+        out.append(tuple(parts) if len(parts) == 3 else ("", *([""] * (2 - len(parts))), *parts))
+    return out
+
+
+def test_compose_publishes_every_port_on_loopback_only():
+    services = _compose()["services"]
+    published = {name: _published(svc) for name, svc in services.items() if svc.get("ports")}
+    assert set(published) == {"mlflow", "prefect-server", "minio"}, published  # no database
+    for name, ports in published.items():
+        for addr, host_port, container_port in ports:
+            # "5000:5000" (or "" / 0.0.0.0 / ::) would publish on every interface of the host
+            assert addr == "127.0.0.1", f"{name}: {(addr, host_port, container_port)} not on loopback"
+            assert host_port == container_port, name
+    # ... unless the one variable of each says otherwise: the two servers, and MinIO apart.
+    raw = {name: [str(p) for p in services[name]["ports"]] for name in published}
+    for name, var in [("mlflow", "GRPO_BIND_ADDR"), ("prefect-server", "GRPO_BIND_ADDR"),
+                      ("minio", "MINIO_BIND_ADDR")]:
+        assert all(p.startswith(f"${{{var}:-127.0.0.1}}:") for p in raw[name]), raw[name]
+    for name, svc in services.items():
+        assert svc.get("network_mode") != "host", f"{name}: host networking publishes every port"
+
+
+def test_compose_has_no_secret_with_a_default():
     refs = []
     for text in _strings(_compose()):
         text = text.replace("$$", "")  # an escaped $, passed to the container's shell
-        assert not _BARE.search(text), f"unbraced variable (no default possible): {text!r}"
+        assert not _BARE.search(text), f"unbraced variable: {text!r}"
         refs += _BRACED.findall(text)
     assert refs, "no ${VAR} found: the parser or the file changed"
+    required = set()
     for ref in refs:
-        m = _WITH_DEFAULT.match(ref)
-        assert m, f"${{{ref}}} has no default: write ${{VAR:-default}}"
+        req, dflt = _REQUIRED.match(ref), _WITH_DEFAULT.match(ref)
+        assert req or dflt, f"${{{ref}}}: write ${{VAR:-default}} or, for a secret, ${{VAR:?message}}"
+        name = (req or dflt).group(1)
+        if _SECRET_NAME.search(name):
+            assert req, f"${{{ref}}}: a secret must be required, never defaulted"
+            assert "make secrets" in req.group(2), f"${{{ref}}}: the message should say how to fix it"
+            required.add(name)
+        else:
+            assert dflt, f"${{{ref}}}: only secrets are required; give it a default"
+    # Every secret-named setting of every service comes whole from a required variable ...
     for name, svc in _compose()["services"].items():
         env = svc.get("environment", {})
         for key, value in (env.items() if isinstance(env, dict) else []):
-            if re.search(r"PASSWORD|SECRET", key):
-                assert re.fullmatch(r"\$\{[A-Za-z_]\w*:-[^}]+\}", str(value)), \
-                    f"{name}.{key} must come from a variable with a default, not a literal"
+            if _SECRET_NAME.search(key):
+                m = re.fullmatch(r"\$\{([A-Za-z_]\w*):\?[^}]+\}", str(value))
+                assert m, f"{name}.{key} = {value!r}: must be ${{VAR:?...}}, no literal, no default"
+    # ... and so does every password inside a URL (scheme://user:password@host).
+    for text in _strings(_compose()):
+        for pw in re.findall(r"://[^:/@\s]+:([^@\s]+)@", text):
+            assert re.fullmatch(r"\$\{[A-Za-z_]\w*:\?[^}]+\}", pw), f"literal or defaulted password in {text!r}"
+    assert required >= {"POSTGRES_PREFECT_PASSWORD", "POSTGRES_MLFLOW_PASSWORD", "MINIO_ROOT_PASSWORD",
+                        "MLFLOW_ADMIN_PASSWORD", "MLFLOW_FLASK_SECRET_KEY", "MLFLOW_PIPELINE_PASSWORD",
+                        "PREFECT_AUTH_STRING"}, required
+
+
+def _required_variables() -> set[str]:
+    return {m.group(1) for text in _strings(_compose()) for ref in _BRACED.findall(text)
+            if (m := _REQUIRED.match(ref))}
+
+
+def test_compose_servers_require_authentication():
+    import configparser
+
+    services = _compose()["services"]
+    raw_env = lambda name: {k: str(v) for k, v in services[name]["environment"].items()}
+    # MLflow: the basic-auth app, an admin from required variables, MLflow's CSRF key, and our
+    # settings file (from the image: infra/ is copied to IMAGE_WORKDIR) with no password in it.
+    cmd = _command("mlflow")
+    assert "--app-name=basic-auth" in cmd or cmd[cmd.index("--app-name") + 1] == "basic-auth"
+    ml, ml_raw = _service_env("mlflow"), raw_env("mlflow")
+    assert ml_raw["MLFLOW_AUTH_ADMIN_PASSWORD"].startswith("${MLFLOW_ADMIN_PASSWORD:?")
+    assert ml_raw["MLFLOW_FLASK_SERVER_SECRET_KEY"].startswith("${MLFLOW_FLASK_SECRET_KEY:?")
+    ini_path = ml["MLFLOW_AUTH_CONFIG_PATH"]
+    assert ini_path.startswith(IMAGE_WORKDIR + "/")
+    ini = configparser.ConfigParser()
+    assert ini.read(ROOT / ini_path.removeprefix(IMAGE_WORKDIR + "/"))
+    auth = ini["mlflow"]
+    assert "admin_password" not in auth, "the admin password comes from the environment only"
+    assert auth["default_permission"] in ("READ", "NO_PERMISSIONS")
+    # the user store survives a container's re-creation: it lives on a named volume
+    db_path = auth["database_uri"].removeprefix("sqlite:///")
+    mounts = dict(v.split(":", 1) for v in services["mlflow"]["volumes"])
+    assert any(db_path.startswith(m.rstrip("/") + "/") and vol in _compose()["volumes"]
+               for vol, m in mounts.items()), (db_path, mounts)
+    # Prefect: every API call but /api/health needs the auth string
+    prefect_raw = raw_env("prefect-server")
+    assert prefect_raw["PREFECT_SERVER_API_AUTH_STRING"].startswith("${PREFECT_AUTH_STRING:?")
+    # Healthchecks call the endpoints both servers answer without credentials
+    assert "5000/health" in " ".join(services["mlflow"]["healthcheck"]["test"])
+    assert "4200/api/health" in " ".join(services["prefect-server"]["healthcheck"]["test"])
+    # Workers: the same Prefect auth string; MLflow as the pipeline's user, which mlflow-users
+    # creates (with the same password) using the admin's credentials.
+    users, users_raw = _service_env("mlflow-users"), raw_env("mlflow-users")
+    users_cmd = _command("mlflow-users")
+    assert users_cmd[:2] == ["python", "infra/mlflow_users.py"] and (INFRA / "mlflow_users.py").is_file()
+    assert users_raw["MLFLOW_TRACKING_PASSWORD"] == ml_raw["MLFLOW_AUTH_ADMIN_PASSWORD"]
+    assert users["MLFLOW_TRACKING_USERNAME"] == ml["MLFLOW_AUTH_ADMIN_USERNAME"]
+    assert users["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    password_var = users_cmd[users_cmd.index("--password-env") + 1]
+    for worker in ("worker-cpu", "worker-gpu"):
+        env, env_raw = _service_env(worker), raw_env(worker)
+        assert env_raw["PREFECT_API_AUTH_STRING"] == prefect_raw["PREFECT_SERVER_API_AUTH_STRING"]
+        assert env["MLFLOW_TRACKING_USERNAME"] == users_cmd[2] != ml["MLFLOW_AUTH_ADMIN_USERNAME"]
+        assert env_raw["MLFLOW_TRACKING_PASSWORD"] == users_raw[password_var]
+        assert env_raw["MLFLOW_TRACKING_PASSWORD"].startswith("${MLFLOW_PIPELINE_PASSWORD:?")
+
+
+def test_make_secrets_writes_every_required_variable(tmp_path):
+    env_file = tmp_path / ".env"
+    first = _make_secrets(env_file)
+    assert oct(env_file.stat().st_mode & 0o777) == oct(0o600)
+    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines()
+                  if line and not line.startswith("#"))
+    assert _required_variables() <= set(values), _required_variables() - set(values)
+    for name in _required_variables():
+        # random, long enough for MinIO (>= 8), and safe inside a connection URL and a .env line
+        assert re.fullmatch(r"[A-Za-z0-9_:-]{24,}", values[name]), name
+        assert values[name] not in first.stdout  # names are printed, never values
+    _make_secrets(tmp_path / "other.env")
+    other = dict(line.split("=", 1) for line in (tmp_path / "other.env").read_text().splitlines()
+                 if line and not line.startswith("#"))
+    assert all(values[n] != other[n] for n in _required_variables())
+    # An existing file is never overwritten: complete -> untouched; partial -> its values kept,
+    # the missing ones appended; too open -> made private.
+    before = env_file.read_bytes()
+    assert "nothing written" in _make_secrets(env_file).stdout
+    assert env_file.read_bytes() == before
+    partial = tmp_path / "partial.env"
+    partial.write_text("POSTGRES_MLFLOW_PASSWORD=kept-as-it-is-0123456789\n")
+    partial.chmod(0o644)
+    out = _make_secrets(partial).stdout
+    assert "POSTGRES_PREFECT_PASSWORD" in out and "POSTGRES_MLFLOW_PASSWORD" not in out.split("added:")[-1]
+    text = partial.read_text()
+    assert text.startswith("POSTGRES_MLFLOW_PASSWORD=kept-as-it-is-0123456789\n")
+    assert text.count("POSTGRES_MLFLOW_PASSWORD=") == 1 and partial.stat().st_mode & 0o777 == 0o600
+    # where `make secrets` writes it, git never takes it
+    assert "infra/.env" in (ROOT / ".gitignore").read_text().splitlines()
+    assert re.search(r"^secrets:\n\t.*infra/make_secrets\.py", (ROOT / "Makefile").read_text(), re.M)
 
 
 # --------------------------------------------------------------------------- Dockerfiles
@@ -470,6 +631,22 @@ def test_k8s_template_defaults_request_no_gpu_and_place_anywhere():
     pod = _render({})["spec"]["template"]["spec"]
     assert "nvidia.com/gpu" not in pod["containers"][0]["resources"].get("limits", {})
     assert "nodeSelector" not in pod and "tolerations" not in pod
+
+
+def test_k8s_jobs_take_mlflow_credentials_from_a_secret_not_from_prefect():
+    # The Job reads the pipeline's MLflow user from a Kubernetes Secret (envFrom) ...
+    container = _render({})["spec"]["template"]["spec"]["containers"][0]
+    assert container["envFrom"] == [{"secretRef": {"name": "grpo-credentials", "optional": True}}]
+    container = _render({"credentials_secret": "team-a"})["spec"]["template"]["spec"]["containers"][0]
+    assert container["envFrom"][0]["secretRef"]["name"] == "team-a"
+    # ... never from job variables, which Prefect keeps in its database in plain text.
+    text = (INFRA / "k8s" / "prefect.yaml").read_text()
+    assert "kubectl create secret generic grpo-credentials" in text
+    for d in _deployments(INFRA / "k8s" / "prefect.yaml"):
+        env = d["work_pool"].get("job_variables", {}).get("env", {})
+        assert not [k for k in env if _SECRET_NAME.search(k)], (d["name"], env)
+    # No Service, Ingress or host port: the Jobs publish nothing.
+    assert not re.search(r'"(hostPort|hostNetwork|containerPort)"', K8S_TEMPLATE.read_text())
 
 
 @pytest.mark.parametrize("bad", [

@@ -2,7 +2,9 @@
 MLflow on SQLite, a DuckDB file, TRL steps on a tiny random model). Checks the MLflow
 layout, that a second run is served from the cache, and that secrets given through the
 environment or the config appear nowhere: not in MLflow (params, tags, metrics,
-artifacts), not in Prefect's database, not in the workspace, not in the output.
+artifacts), not in Prefect's database, not in the workspace, not in the output; among them
+the credentials of the tracking and Prefect servers (tests/test_auth.py and
+tests/test_deployment.py scan the same way against real servers that check them).
 (SIGKILL resume: tests/test_crash_resume.py.)"""
 import json
 import re
@@ -12,29 +14,23 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, write_config
+from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, scan_for_secrets, write_config
 
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
 
 _config, _env, _runs = write_config, run_env, mlflow_runs
 
-# Secret-named variables a user may well have set, and one secret config field.
+# Secret-named variables a user may well have set (the servers' credentials among them:
+# the client libraries read these two), and one secret config field.
 SECRET_ENV = {"HF_TOKEN": "hf_envtoken_5b1e", "WANDB_API_KEY": "wandbkey_9c0d",
-              "GRPO_SERVICE_PASSWORD": "grpopass_77aa", "AWS_SECRET_ACCESS_KEY": "awssecret_3f2e"}
+              "GRPO_SERVICE_PASSWORD": "grpopass_77aa", "AWS_SECRET_ACCESS_KEY": "awssecret_3f2e",
+              "MLFLOW_TRACKING_PASSWORD": "mlflowpass_e20b", "PREFECT_API_AUTH_STRING": "grpo:prefauth_81c6"}
 CONFIG_SECRET = "hf_cfgtoken_d41c"
 
 
 def _scan_for_secrets(root, outputs: str) -> list[str]:
-    """Every file under root (SQLite/DuckDB databases, artifacts, checkpoints, caches,
-    Prefect home) read as bytes, plus the process output: where any secret shows up."""
-    secrets = [*SECRET_ENV.values(), CONFIG_SECRET]
-    found = [f"output: {s}" for s in secrets if s in outputs]
-    for path in root.rglob("*"):
-        if path.is_file():
-            blob = path.read_bytes()
-            found += [f"{path}: {s}" for s in secrets if s.encode() in blob]
-    return found
+    return scan_for_secrets(root, outputs, [*SECRET_ENV.values(), CONFIG_SECRET])
 
 
 STAGES = ["data", "model", "eval/base", "filter/round-1", "grpo/round-1", "eval/round-1",
@@ -88,6 +84,7 @@ def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
                                          str(tmp_path / "dl"))
     snapshot = json.loads(Path(env_file).read_text())["env"]
     assert snapshot["HF_TOKEN"] == snapshot["GRPO_SERVICE_PASSWORD"] == "***"
+    assert snapshot["MLFLOW_TRACKING_PASSWORD"] == snapshot["PREFECT_API_AUTH_STRING"] == "***"
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert {"data", "eval/base", "filter/round-1", "grpo/round-1", "eval/round-1", "filter/round-2",
             "grpo/round-2", "eval/round-2", "eval/final"} <= set(children)
