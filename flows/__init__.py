@@ -14,6 +14,9 @@ def configure_prefect(workdir: str | os.PathLike | None = None) -> None:
     # ... but the flows' own lines (the stage start/end lines, findings) at INFO: on the
     # terminal and in the Prefect run log ("This run didn't generate logs" otherwise).
     os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
+    # filter.shard_runner=dask: the scheduler and every worker log each start and stop at INFO
+    # (read when `distributed` is imported, here and in the worker processes).
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     if "PREFECT_HOME" not in os.environ and "prefect" not in sys.modules:

@@ -123,18 +123,21 @@ def eval_scorer_for(cfg: PipelineConfig, ws: Workspace):
 
 
 def filter_round(ctx: stages.Ctx, model: str, problem_ids: list[str], round_no: int,
-                 log) -> tuple[list[str], str | None]:
+                 log, evidence_run: str | None = None) -> tuple[list[str], str | None]:
     """Round `round_no`'s difficulty filter of `problem_ids` under `model` (estimates
     prefilled by shards when filter.shards > 1), then its training prompts: the
-    `training_prompts` choice, and the finding it notes (None when the band was enough)."""
-    fresh = _prefill_sharded(ctx, model, problem_ids)
+    `training_prompts` choice, and the finding it notes (None when the band was enough).
+    `evidence_run`: the previous round's GRPO run, whose rollouts count as weighted
+    evidence (filter.rollout_evidence_weight; grpo_core.eval.evidence)."""
+    fresh = _prefill_sharded(ctx, model, problem_ids, evidence_run)
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
-                     ctx, model, problem_ids, round_no, fresh)
+                     ctx, model, problem_ids, round_no, fresh, evidence_run)
     prompts, note = training_prompts(kept, problem_ids, prompts_per_update(ctx.cfg))
     return prompts, (f"round {round_no}: {note}" if note else None)
 
 
-def _prefill_sharded(ctx: stages.Ctx, model: str, problem_ids: list[str]) -> list[str]:
+def _prefill_sharded(ctx: stages.Ctx, model: str, problem_ids: list[str],
+                     evidence_run: str | None = None) -> list[str]:
     """With filter.shards > 1, workers estimate the missing pass rates and this process
     stores them (one writer); returns the ids stored now. Otherwise nothing to do."""
     if ctx.cfg.filter.shards <= 1:
@@ -142,7 +145,7 @@ def _prefill_sharded(ctx: stages.Ctx, model: str, problem_ids: list[str]) -> lis
     from flows.shards import prefill_estimates
 
     return prefill_estimates(ctx.cfg, model, stages.pool_problems(ctx, problem_ids),
-                             ctx.store, ctx.ws.root)
+                             ctx.store, ctx.ws.root, evidence_run)
 
 
 def _stages(ctx: stages.Ctx, log) -> dict:
@@ -172,12 +175,14 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         before = evaluate(model, "eval/sft", primary_bench)
 
     pool = data["problem_ids"]
+    evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
     for r in range(1, cfg.grpo.rounds + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
-            pool, note = filter_round(ctx, model, data["problem_ids"], r, log)
+            pool, note = filter_round(ctx, model, data["problem_ids"], r, log, evidence_run)
             if note:
                 findings.append(note)
         train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, model, pool, r)
+        evidence_run = train.get("mlflow_run")
         model = train["model_dir"]
         after = evaluate(model, f"eval/round-{r}", primary_bench)
         findings += scorer_error_findings(f"eval/round-{r}", after)

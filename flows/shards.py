@@ -1,12 +1,14 @@
 """The sharded difficulty filter as a Prefect flow: `filter-shard` tasks in worker
 processes (or on Ray / Dask), the calling process ingests their Parquet files.
 
-    fresh = prefill_estimates(cfg, model_path, problems, open_store, workdir)
-    report = run_filter(model_path, problems, cfg, store=store, fresh=fresh)
+    fresh = prefill_estimates(cfg, model_path, problems, open_store, workdir, evidence_run)
+    report = run_filter(model_path, problems, cfg, store=store, fresh=fresh, priors=...)
 
 `prefill_estimates` hands the problems without a stored estimate to
 `filter.shards` workers and writes their rows into the store in one transaction; the
-ordinary filter then finds every estimate stored (`fresh` keeps its counts honest).
+ordinary filter then finds every estimate stored (`fresh` keeps its counts honest). With
+rollout evidence (`evidence_run`, filter.rollout_evidence_weight > 0) the priors are read
+here and handed to each worker in a file next to its problems.
 Resumable: the shard files live in <workdir>/shards/filter-<work key> (grpo_core.eval.shards
 .work_key: model, sampling, shard count, the ordered todo), so a run killed while shards
 sample reuses the shards that finished and samples only the others; the folder is removed
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -44,9 +47,28 @@ from grpo_core.eval import shards
 EXTRAS = {"ray": ("prefect_ray", "RayTaskRunner"), "dask": ("prefect_dask", "DaskTaskRunner")}
 
 
+def dask_address() -> str | None:
+    """The scheduler of an existing Dask cluster to run the shards on: Dask's own setting,
+    $DASK_SCHEDULER_ADDRESS (or `scheduler-address` in a Dask config file), e.g.
+    tcp://10.0.0.5:8786. None: filter.shard_runner=dask starts a LocalCluster per run."""
+    address = os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if address is None:
+        with contextlib.suppress(ImportError):
+            import dask.config
+
+            address = dask.config.get("scheduler-address", None)
+    return address or None
+
+
+def runs_locally(kind: str) -> bool:
+    """Whether the shard workers are processes on this machine (and share its cores)."""
+    return kind == "process" or (kind == "dask" and not dask_address())
+
+
 def task_runner(kind: str, workers: int):
-    """The Prefect task runner for filter.shard_runner: a local process pool, or Ray / Dask
-    (their own address settings: RAY_ADDRESS, or a local Dask cluster of `workers`)."""
+    """The Prefect task runner for filter.shard_runner: a local process pool; Dask: the
+    cluster at dask_address(), else a LocalCluster of `workers` one-thread worker processes
+    started and closed with the flow; Ray: its own address setting (RAY_ADDRESS)."""
     if kind == "process":
         from prefect.task_runners import ProcessPoolTaskRunner
 
@@ -58,7 +80,11 @@ def task_runner(kind: str, workers: int):
         raise ConfigError("filter.shard_runner", f"{kind} needs {module.replace('_', '-')}: "
                           f"pip install 'grpo-pipeline[{kind}]'") from None
     if kind == "dask":
-        return runner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1})
+        if address := dask_address():
+            return runner(address=address)
+        # No dashboard: it needs bokeh (not installed) and would take a fixed port.
+        return runner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1,
+                                      "processes": True, "dashboard_address": None})
     return runner()
 
 
@@ -66,8 +92,9 @@ def task_runner(kind: str, workers: int):
 def filter_shard(index: int, model_path: str, cfg: dict, template: str, model_fp: str,
                  problems_path: str, out_path: str, threads: int | None) -> str:
     problems = shards.read_problems(problems_path)
+    priors = shards.read_priors(shards.priors_path(problems_path))  # {} without evidence
     return shards.estimate_shard(model_path, cfg, template, model_fp, problems, out_path,
-                                 threads)
+                                 threads, priors)
 
 
 @flow(name="sharded-filter", validate_parameters=False)
@@ -89,18 +116,26 @@ def shard_path(out_dir: str | Path, index: int) -> Path:
 
 
 def run_shards(cfg: PipelineConfig, model_path: str, template: str, model_fp: str,
-               problems: list[Problem], out_dir: str | Path) -> list[str]:
+               problems: list[Problem], out_dir: str | Path,
+               priors: dict | None = None) -> list[str]:
     """Split `problems` into cfg.filter.shards parts, run the sharded-filter flow on the
     parts whose Parquet file out_dir does not hold finished already (shards.finished_shard:
     out_dir must be this very work's, see prefill_estimates) with cfg.filter.shard_runner;
     return every shard's Parquet path, in shard order (under out_dir, which Ray / Dask
-    workers must see too)."""
+    workers must see too). `priors`: problem key -> rollout evidence, written next to
+    each shard's problems."""
+    from grpo_core.data.records import problem_key
     from grpo_core.eval.difficulty import sampling_key
 
     parts = shards.split(problems, cfg.filter.shards)
     key = sampling_key(cfg, template)
     todo = {i: part for i, part in enumerate(parts)
             if not shards.finished_shard(shard_path(out_dir, i), part, model_fp, key)}
+    for i, part in todo.items():
+        mine = {problem_key(p): priors[problem_key(p)] for p in part
+                if problem_key(p) in (priors or {})}
+        if mine:
+            shards.write_priors(mine, shards.priors_path(shard_path(out_dir, i)))
     if todo:
         _run_parts(sharded_filter, cfg, todo, model_path, template, out_dir,
                    model_fp=model_fp)
@@ -126,7 +161,7 @@ def _run_parts(flow_fn, cfg: PipelineConfig, parts: dict[int, list[Problem]],
     kind = cfg.filter.shard_runner
     runner = task_runner(kind, len(parts))
     # Local processes share this machine's cores; a cluster's workers keep their own.
-    threads = shards.worker_threads(len(parts)) if kind == "process" else None
+    threads = shards.worker_threads(len(parts)) if runs_locally(kind) else None
     files = [shards.write_problems(part, shard_path(out_dir, i).with_suffix(".jsonl"))
              for i, part in parts.items()]
     # The secret-free dump: Prefect stores flow parameters (tokens reach workers as HF_TOKEN).
@@ -162,24 +197,26 @@ def workers_share_the_api() -> Iterator[None]:
 
 def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Problem],
                       open_store: Callable[[], AbstractContextManager[Any]],
-                      workdir: str | Path) -> list[str]:
+                      workdir: str | Path, evidence_run: str | None = None) -> list[str]:
     """Estimate, on cfg.filter.shards workers, what the filter would sample now, and
     store it (one transaction); returns the ids stored. The store is opened only to read
     what is missing and to ingest, never while workers run. `model_path` is resolved.
     Holds the workspace store's pipeline lock (re-entrant: the pipeline and retrain hold
     it already; StoreLockedError after data.store_lock_timeout): the shard work folders
-    under `workdir` are one run's at a time."""
+    under `workdir` are one run's at a time. `evidence_run`: the previous round's GRPO run,
+    whose rollouts are the estimates' priors (grpo_core.eval.evidence), or None."""
     from grpo_core.data.locks import pipeline_lock
     from grpo_core.workspace import Workspace
 
     with pipeline_lock(Workspace.at(workdir).db_path, cfg.data.store_lock_timeout):
-        return _prefill(cfg, model_path, problems, open_store, workdir)
+        return _prefill(cfg, model_path, problems, open_store, workdir, evidence_run)
 
 
 def _prefill(cfg: PipelineConfig, model_path: str, problems: list[Problem],
              open_store: Callable[[], AbstractContextManager[Any]],
-             workdir: str | Path) -> list[str]:
+             workdir: str | Path, evidence_run: str | None) -> list[str]:
     from grpo_core.eval.difficulty import missing_estimates, sampling_spec
+    from grpo_core.eval.evidence import rollout_priors
     from grpo_core.modeling.loading import load_tokenizer, model_fingerprint
     from grpo_core.prompts import resolve_template
 
@@ -187,19 +224,21 @@ def _prefill(cfg: PipelineConfig, model_path: str, problems: list[Problem],
     template = resolve_template(cfg.model.template, tokenizer)
     fp = model_fingerprint(model_path)
     with open_store() as store:
-        todo = missing_estimates(problems, fp, cfg, template, tokenizer, store)
+        priors = rollout_priors(store, evidence_run, problems, cfg)
+        todo = missing_estimates(problems, fp, cfg, template, tokenizer, store, priors)
     root = Path(workdir) / "shards"
     if not todo:
         _remove_filter_dirs(root, keep=None)
         return []
     chat = getattr(tokenizer, "chat_template", None) if template == "chat" else None
-    key = shards.work_key(fp, sampling_spec(cfg, template), cfg.filter.shards, todo, chat)
+    key = shards.work_key(fp, sampling_spec(cfg, template), cfg.filter.shards, todo, chat,
+                          priors)
     work = root / f"filter-{key}"
     _remove_filter_dirs(root, keep=work)
     work.mkdir(parents=True, exist_ok=True)
     # A shard file already in `work` is one a killed (or failed) run finished: same key,
     # same problems; run_shards samples only the others.
-    paths = run_shards(cfg, model_path, template, fp, todo, work)
+    paths = run_shards(cfg, model_path, template, fp, todo, work, priors)
     with open_store() as store:
         fresh = shards.ingest_shards(store, paths)
     shutil.rmtree(work, ignore_errors=True)  # stored: nothing left to resume

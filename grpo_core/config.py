@@ -140,6 +140,20 @@ class FilterConfig(_Section):
     shard_runner: Literal["process", "ray", "dask"] = "process"
     """Where shards run when shards > 1: a local process pool, or a Ray / Dask cluster
     (extras grpo-pipeline[ray] / [dask]; workers need the model path and a shared folder)."""
+    adaptive: bool = False
+    """Sample in rounds and stop a problem once its interval lies wholly outside or wholly
+    inside the band (grpo_core/eval/adaptive.py); k is the cap. Its samples are the first
+    ones of the fixed-k estimate (same seeds)."""
+    adaptive_start: int = Field(default=4, ge=1)
+    """Samples every problem draws in the first round of an adaptive estimate."""
+    adaptive_step: int = Field(default=4, ge=1)
+    """Samples added per later round, up to k."""
+    adaptive_confidence: float = Field(default=0.8, gt=0, lt=1)
+    """Two-sided level of the Wilson interval the adaptive stop tests (stored: the 95% one)."""
+    rollout_evidence_weight: float = Field(default=0.0, ge=0, le=1)
+    """What one of the previous round's GRPO rollouts of a problem counts for, in fresh
+    samples, in the next round's estimate (capped at k/2 in all; grpo_core/eval/evidence.py);
+    0 turns it off."""
 
     @field_validator("band")
     @classmethod
@@ -228,6 +242,9 @@ class DiagnosisConfig(_Section):
     """Fall of rewards/format/mean over the round (fitted, reward units) that counts as dropping."""
     kl_floor: float = Field(default=0.1, ge=0)
     """kl_rising needs the last `window` steps' mean KL above this (and KL still rising)."""
+    kl_high: float = Field(default=1.0, gt=0)
+    """kl_rising also fires, rising or not, when the last `window` steps' mean KL is above
+    this (nats/token): the policy has left the reference even if the beta term now holds it."""
 
     @model_validator(mode="after")
     def _ordered(self) -> DiagnosisConfig:
@@ -239,8 +256,12 @@ class DiagnosisConfig(_Section):
 class GRPOConfig(_Section):
     rounds: int = Field(default=1, ge=1)
     """Iterative GRPO rounds, re-filtering between them."""
-    num_generations: int = Field(default=8, ge=2)
-    """G: completions per prompt (a group)."""
+    algorithm: Literal["grpo", "ppo", "rloo", "grpo_vhead"] = "grpo"
+    """Baseline of the policy update: grpo (group mean, the paper), ppo (learned critic, GAE;
+    grpo_core/train/ppo.py), rloo (TRL's RLOOTrainer), grpo_vhead (group mean mixed with an
+    auxiliary value head's prediction; grpo_core/train/vhead.py)."""
+    num_generations: int = Field(default=8, ge=1)
+    """G: completions per prompt (a group); 1 only under algorithm ppo (a critic baseline)."""
     beta: float = Field(default=0.04, ge=0)
     """KL coefficient (KL to the frozen reference is in the loss, not the reward)."""
     epsilon: float = Field(default=0.2, gt=0)
@@ -325,6 +346,20 @@ class GRPOConfig(_Section):
     vllm_server_timeout: float = Field(default=600.0, gt=0)
     """Seconds to wait for the vLLM server to answer /health."""
     logging_steps: int = Field(default=1, ge=1)
+    gae_gamma: float = Field(default=1.0, ge=0, le=1)
+    """ppo: GAE discount over completion tokens (1.0: InstructGPT's, TRL PPO's)."""
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    """ppo: GAE lambda (0.95: InstructGPT's, TRL PPO's)."""
+    value_clip: float = Field(default=0.2, gt=0)
+    """ppo: the value update is clipped to the rollout's values +- this (TRL PPO's cliprange_value)."""
+    value_loss_coef: float = Field(default=0.1, ge=0)
+    """ppo and grpo_vhead: weight of the value (MSE) loss next to the policy loss (TRL PPO's vf_coef)."""
+    value_learning_rate: float | None = Field(default=None, gt=0)
+    """ppo: the value model's learning rate; None: grpo.learning_rate (TRL PPO's one optimizer)."""
+    vhead_weight: float = Field(default=0.5, ge=0, le=1)
+    """grpo_vhead: baseline = (1 - w) x group mean + w x head prediction; 0 is plain GRPO, exactly."""
+    vhead_learning_rate: float = Field(default=1e-3, gt=0)
+    """grpo_vhead: the head's learning rate (a linear probe on detached features, so above the policy's)."""
     trl: dict[str, Any] = Field(default_factory=dict)
     """Any other field of the installed TRL `GRPOConfig` (e.g. `mask_truncated_completions`,
     `vllm_max_model_length`, `lr_scheduler_type`, `max_grad_norm`), checked against it at
@@ -374,6 +409,49 @@ class GRPOConfig(_Section):
         "mask_truncated_completions": "grpo.mask_truncated_completions",
         "model_init_kwargs": "train.precision (the pipeline loads the model)",
     }
+
+    # grpo.algorithm's refusals: each names the field a user would change (field validators
+    # see the fields declared above theirs, algorithm among them).
+    @field_validator("num_generations")
+    @classmethod
+    def _group_baseline_needs_a_group(cls, g: int, info) -> int:
+        if g < 2 and info.data.get("algorithm", "grpo") != "ppo":
+            raise ValueError("a group baseline needs >= 2 completions per prompt; 1 is only for "
+                             "grpo.algorithm: ppo (a learned critic)")
+        return g
+
+    @field_validator("loss_type")
+    @classmethod
+    def _rloo_has_its_own_loss(cls, loss: str, info) -> str:
+        if loss != "grpo" and info.data.get("algorithm") == "rloo":
+            raise ValueError(f"{loss!r} is a GRPOTrainer loss; grpo.algorithm: rloo trains with "
+                             "RLOOTrainer's own sequence-level loss (leave loss_type: grpo)")
+        return loss
+
+    @field_validator("dynamic_sampling")
+    @classmethod
+    def _dynamic_sampling_splices_group_advantages(cls, ds, info):
+        algo = info.data.get("algorithm")
+        if ds.enabled and algo in ("ppo", "rloo"):
+            raise ValueError(f"dynamic sampling splices GRPOTrainer's per-sequence batches; "
+                             f"grpo.algorithm: {algo} carries other ones (per-token advantages and "
+                             "values, or RLOO's sequence log-probs): disable it or use grpo / grpo_vhead")
+        return ds
+
+    @field_validator("trl")
+    @classmethod
+    def _rloo_takes_rloo_fields(cls, given: dict, info) -> dict:
+        if given and info.data.get("algorithm") == "rloo":
+            import dataclasses
+
+            import trl
+
+            known = {f.name for f in dataclasses.fields(trl.RLOOConfig)}
+            bad = sorted(set(given) - known)
+            if bad:
+                raise ValueError(f"{bad[0]!r} is not a field of TRL's RLOOConfig, which "
+                                 "grpo.algorithm: rloo trains with")
+        return given
 
 
 class LengthRewardConfig(_Section):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv/ in the project root and installs the project with its dev extra.
+# Creates .venv/ in the project root and installs the project with its dev and dask extras
+# (dask: the filter.shard_runner=dask runner, tested by tests/test_dask_runner.py).
 # Without an NVIDIA GPU it installs the CPU build of torch first, so that pip never
 # resolves the bare `torch` requirement to a multi-GB CUDA build (see FIELD-NOTES).
 # With a GPU it installs the `gpu` extra (vLLM, which brings its own CUDA torch).
@@ -14,7 +15,7 @@ $PIP install -q --upgrade pip >/dev/null 2>&1 || true
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "setup: NVIDIA GPU found: installing the project with the gpu extra (vLLM + CUDA torch)"
-  $PIP install -e '.[dev,gpu]'
+  $PIP install -e '.[dev,dask,gpu]'
 else
   if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
     echo "setup: no GPU: installing CPU torch ($TORCH_CPU)"
@@ -27,6 +28,6 @@ else
         --extra-index-url https://pypi.org/simple
     fi
   fi
-  $PIP install -e '.[dev]'
+  $PIP install -e '.[dev,dask]'
 fi
 .venv/bin/grpo --help >/dev/null && echo "setup: done (.venv ready; try: .venv/bin/grpo --help)"

@@ -145,12 +145,20 @@ def ingest_key(cfg: PipelineConfig) -> str:
                      seed=cfg.project.seed)
 
 
-def filter_key(cfg: PipelineConfig, model_fp: str, problems_fp: str) -> str:
-    how = cfg.filter.model_dump(mode="json", exclude={"shards", "shard_runner", "enabled",
-                                                      "refilter_each_round"})
+def filter_key(cfg: PipelineConfig, model_fp: str, problems_fp: str,
+               evidence: str | None = None) -> str:
+    """`evidence`: grpo_core.eval.evidence.evidence_fingerprint of the rollout priors (they
+    hold rollout_evidence_weight); None without any. The adaptive rule's settings count
+    only when it is on."""
+    skip = {"shards", "shard_runner", "enabled", "refilter_each_round",
+            "rollout_evidence_weight"}
+    if not cfg.filter.adaptive:
+        skip |= {"adaptive_start", "adaptive_step", "adaptive_confidence"}
+    how = cfg.filter.model_dump(mode="json", exclude=skip)
+    extra = {"evidence": evidence} if evidence else {}
     return stage_key("filter", model=model_fp, problems=problems_fp, filter=how,
                      rollout=cfg.rollout.model_dump(mode="json"), sampling=_sampling_model(cfg),
-                     seed=cfg.project.seed)
+                     seed=cfg.project.seed, **extra)
 
 
 def sft_key(cfg: PipelineConfig, model_fp: str, problems_fp: str) -> str:
@@ -241,20 +249,28 @@ def base_model(ctx: Ctx) -> str:
 
 @task(name="filter")
 def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int,
-                      fresh: list[str] | None = None) -> dict:
+                      fresh: list[str] | None = None, evidence_run: str | None = None) -> dict:
     """`fresh`: ids whose estimates sharded workers stored just now (flows/shards.py);
-    they count as estimated, not reused."""
+    they count as estimated, not reused. `evidence_run`: the previous GRPO round's run,
+    whose rollouts are priors of the estimates (filter.rollout_evidence_weight > 0)."""
     from grpo_core.data.records import problem_key
     from grpo_core.eval.difficulty import run_filter
+    from grpo_core.eval.evidence import evidence_fingerprint, rollout_priors
 
     problems = pool_problems(ctx, problem_ids)
+    priors = {}
+    if evidence_run and ctx.cfg.filter.rollout_evidence_weight > 0:
+        with ctx.store() as store:
+            priors = rollout_priors(store, evidence_run, problems, ctx.cfg)
     # Sharding changes where estimates are computed, not what they are: not in the key.
-    key = filter_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems))
+    key = filter_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems),
+                     evidence_fingerprint(priors))
 
     def compute(run):
         with ctx.store() as store:
             report = run_filter(model_path, problems, ctx.cfg, store=store, progress=ctx.progress,
-                                models_cache=str(ctx.ws.models), fresh=fresh or [])
+                                models_cache=str(ctx.ws.models), fresh=fresh or [],
+                                priors=priors)
         summary = report.summary()
         tracking.log_passrate_histogram(run, [r["pass_rate"] for r in report.estimates],
                                         report.band, k=report.k)
@@ -268,7 +284,7 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
     return _cached(ctx, key, f"filter/round-{round_no}", compute,
                    metrics=lambda v: {f"filter/{k}": v[k] for k in
                                       ("kept", "considered", "too_easy", "in_band", "too_hard",
-                                       "reused", "estimated")})
+                                       "reused", "estimated", "sampled") if k in v})
 
 
 @task(name="sft")

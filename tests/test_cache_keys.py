@@ -87,6 +87,9 @@ CASES = [
     ("filter.shards=4", set()),
     ("filter.shard_runner=dask", set()),
     ("filter.refilter_each_round=false", set()),
+    ("filter.adaptive=true", {"filter"}),
+    ("filter.adaptive_start=2", set()),  # the adaptive rule counts only when it is on
+    ("filter.rollout_evidence_weight=0.5", set()),  # only through the priors it weighs
     # SFT
     ("sft.learning_rate=0.01", {"sft"}),
     ("sft.max_steps=3", {"sft"}),
@@ -154,6 +157,22 @@ def test_round_count_and_eval_length_count_only_where_they_shape_the_round():
     assert grpo(*per_run) != grpo(*per_run, "grpo.rounds=3")
     assert grpo("grpo.kl_schedule.kind=linear") == grpo("grpo.kl_schedule.kind=linear", "grpo.rounds=3")
     assert grpo("grpo.eval_every=5") != grpo("grpo.eval_every=5", "eval.max_new_tokens=32")
+
+
+def test_adaptive_rule_and_rollout_evidence_change_the_filter_key():
+    """With filter.adaptive on its settings shape the estimates; rollout evidence (the
+    priors' digest, which holds the weight) is a filter input of its own."""
+    on = ["filter.adaptive=true"]
+    key = keys(config_from_dict({}, on))["filter"]
+    for extra in ("filter.adaptive_start=2", "filter.adaptive_step=2",
+                  "filter.adaptive_confidence=0.9"):
+        assert keys(config_from_dict({}, on + [extra]))["filter"] != key, extra
+    cfg = config_from_dict({})
+    plain = filter_key(cfg, MODEL_FP, PROBLEMS_FP)
+    assert filter_key(cfg, MODEL_FP, PROBLEMS_FP, None) == plain
+    assert filter_key(cfg, MODEL_FP, PROBLEMS_FP, "e0") != plain
+    assert filter_key(cfg, MODEL_FP, PROBLEMS_FP, "e1") != filter_key(cfg, MODEL_FP,
+                                                                       PROBLEMS_FP, "e0")
 
 
 def test_stage_inputs_change_exactly_their_stages(base):

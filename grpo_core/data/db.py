@@ -58,6 +58,14 @@ CREATE TABLE IF NOT EXISTS pass_rates (
     k INTEGER, successes INTEGER, pass_rate DOUBLE, wilson_lo DOUBLE, wilson_hi DOUBLE,
     truncated INTEGER, mean_tokens DOUBLE, sampling VARCHAR, created_at TIMESTAMP,
     PRIMARY KEY (model_fingerprint, problem_id, sampling_key));
+-- Added with the adaptive filter and rollout evidence (issue 15); stores made before get
+-- them by ALTER, and their rows (NULL here) are fixed-k estimates: k samples, no prior.
+-- samples: fresh samples drawn (k unless adaptive); outcomes: '1'/'0' per fresh sample,
+-- in sample order; prior_*: the weighted rollout pseudo-counts added (grpo_core.eval.evidence).
+ALTER TABLE pass_rates ADD COLUMN IF NOT EXISTS samples INTEGER;
+ALTER TABLE pass_rates ADD COLUMN IF NOT EXISTS outcomes VARCHAR;
+ALTER TABLE pass_rates ADD COLUMN IF NOT EXISTS prior_successes DOUBLE;
+ALTER TABLE pass_rates ADD COLUMN IF NOT EXISTS prior_samples DOUBLE;
 CREATE TABLE IF NOT EXISTS rollouts (
     run_id VARCHAR, round INTEGER, step INTEGER, idx INTEGER, problem_id VARCHAR,
     prompt VARCHAR, completion VARCHAR, answer VARCHAR, rewards VARCHAR, reward DOUBLE,
@@ -87,7 +95,9 @@ PASS_RATE_SCHEMA = pa.schema([
     ("sampling_key", pa.string()), ("input_hash", pa.string()), ("source", pa.string()),
     ("level", pa.int32()), ("k", pa.int32()), ("successes", pa.int32()),
     ("pass_rate", pa.float64()), ("wilson_lo", pa.float64()), ("wilson_hi", pa.float64()),
-    ("truncated", pa.int32()), ("mean_tokens", pa.float64()), ("sampling", pa.string())])
+    ("truncated", pa.int32()), ("mean_tokens", pa.float64()), ("sampling", pa.string()),
+    ("samples", pa.int32()), ("outcomes", pa.string()), ("prior_successes", pa.float64()),
+    ("prior_samples", pa.float64())])
 ROLLOUT_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("round", pa.int32()), ("step", pa.int32()), ("idx", pa.int32()),
     ("problem_id", pa.string()), ("prompt", pa.string()), ("completion", pa.string()),

@@ -40,6 +40,31 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return lo, hi
 
 
+def wilson_bounds(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval in closed form, for fractional (weighted) counts too:
+    pseudo-counts from earlier evidence (grpo_core.eval.evidence) add to the fresh ones.
+    Equals `wilson_interval` on whole counts up to rounding; n=0 gives (0, 1)."""
+    if n < 0 or not (0 <= successes <= n):
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * float(np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)))
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return lo, hi
+
+
+def z_for(confidence: float) -> float:
+    """The normal quantile of a two-sided confidence level: 0.95 -> 1.96, 0.8 -> 1.28."""
+    from scipy.special import ndtri
+
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    return float(ndtri((1.0 + confidence) / 2.0))
+
+
 def classify(pass_rate: float, band: tuple[float, float] = (0.3, 0.7)) -> str:
     """"too_easy" above the band, "too_hard" below it, "in_band" within (edges included)."""
     lo, hi = band

@@ -8,7 +8,9 @@ A worker loads the model itself and writes its rows to a Parquet file (records'
 PASS_RATE_SCHEMA); only the process holding the store writes DuckDB, all shards at once,
 so a failed shard or a failed ingest leaves no half-filled filter behind. Each problem is
 sampled from its own seed (difficulty.problem_seed), so the rows equal the unsharded
-filter's whatever the split. No Prefect here: flows/shards.py maps the workers.
+filter's whatever the split (an adaptive estimate's too: its rounds are per problem).
+With rollout evidence, each shard's priors travel next to its problems (`write_priors`).
+No Prefect here: flows/shards.py maps the workers.
 
 Resumable: `work_key` names a shard run's folder after everything its files depend on
 (model, sampling spec, prompt rendering, shard count, the ordered problems), so a run
@@ -78,12 +80,35 @@ def read_problems(path: str | Path) -> list[Problem]:
         return [Problem(**json.loads(line)) for line in fh if line.strip()]
 
 
+def priors_path(problems_path: str | Path) -> Path:
+    """Where a shard's priors lie: next to its problems file."""
+    return Path(problems_path).with_suffix(".priors.json")
+
+
+def write_priors(priors: dict[str, Any], path: str | Path) -> str:
+    """Rollout priors (problem key -> Evidence or (successes, samples)) as JSON."""
+    Path(path).write_text(json.dumps({k: list(v) for k, v in priors.items()}, sort_keys=True))
+    return str(path)
+
+
+def read_priors(path: str | Path) -> dict[str, Any]:
+    """`write_priors`' file back as problem key -> Evidence; {} when there is none."""
+    from grpo_core.eval.adaptive import Evidence
+
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {}
+    return {k: Evidence(*v) for k, v in raw.items()}
+
+
 def estimate_shard(model_path: str, cfg: dict[str, Any], template: str, model_fp: str,
                    problems: list[Problem], out_path: str | Path,
-                   threads: int | None = None) -> str:
+                   threads: int | None = None, priors: dict[str, Any] | None = None) -> str:
     """Estimate one shard's pass rates in this process and write them to `out_path`
     (Parquet, PASS_RATE_SCHEMA); returns the path. Writes no store. `cfg` is a
-    PipelineConfig as a dict; `threads` sets $GRPO_TORCH_THREADS before the model loads."""
+    PipelineConfig as a dict; `threads` sets $GRPO_TORCH_THREADS before the model loads;
+    `priors`: the shard's rollout evidence (difficulty.estimate_pass_rates)."""
     from grpo_core.config import PipelineConfig
     from grpo_core.eval.difficulty import estimate_pass_rates
     from grpo_core.generation.sampling import build_backend
@@ -93,7 +118,7 @@ def estimate_shard(model_path: str, cfg: dict[str, Any], template: str, model_fp
     config = PipelineConfig.model_validate(cfg)
     backend, tokenizer = build_backend(model_path, config)
     rows = estimate_pass_rates(backend, problems, model_fp, config, template, tokenizer,
-                               con=None)
+                               con=None, priors=priors)
     table = pa.Table.from_pylist([{n: r[n] for n in PASS_RATE_SCHEMA.names} for r in rows],
                                  schema=PASS_RATE_SCHEMA)
     out = Path(out_path)
@@ -104,17 +129,21 @@ def estimate_shard(model_path: str, cfg: dict[str, Any], template: str, model_fp
 
 
 def work_key(model_fp: str, spec: dict[str, Any], shards: int, problems: list[Problem],
-             chat_template: str | None = None) -> str:
+             chat_template: str | None = None, priors: dict[str, Any] | None = None) -> str:
     """The key of a sharded filter's work: equal exactly when its shard files would be.
     `spec` is difficulty.sampling_spec (template, k, temperature, top_p, max_new_tokens,
     seed, sampler: what a stored estimate is keyed by), `shards` the shard count asked for
     (with the problems it fixes the split), `problems` the todo in order, whole rows (id,
     text, gold, source, level: what a row's input_hash and columns come from), and
     `chat_template` the tokenizer's when the template is "chat" (it renders the prompts but
-    is not part of the model fingerprint)."""
+    is not part of the model fingerprint), `priors` the rollout evidence (a row's prior)."""
+    from grpo_core.eval.evidence import evidence_fingerprint
+
     h = hashlib.sha256()
     head = {"model_fingerprint": model_fp, "sampling": spec, "shards": shards,
             "chat_template": chat_template, "n": len(problems)}
+    if priors:
+        head["evidence"] = evidence_fingerprint(priors)
     h.update(json.dumps(head, sort_keys=True).encode())
     for p in problems:
         h.update(b"\n" + json.dumps(p.to_row(), sort_keys=True, ensure_ascii=False)
@@ -126,8 +155,11 @@ def finished_shard(path: str | Path, problems: list[Problem], model_fp: str,
                    sampling_key: str) -> bool:
     """True when `path` is a complete shard file (estimate_shard writes it atomically) of
     exactly these problems, in order, under this model and sampling key; False when it is
-    missing, unreadable or for something else (then the shard is sampled again)."""
+    missing, unreadable, of an older schema or for something else (then the shard is
+    sampled again)."""
     try:
+        if set(PASS_RATE_SCHEMA.names) - set(pq.read_schema(path).names):
+            return False  # written before columns were added: sample it again
         table = pq.read_table(path, columns=["problem_id", "model_fingerprint",
                                              "sampling_key"])
     except (OSError, pa.ArrowException):

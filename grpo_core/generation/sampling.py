@@ -1,11 +1,14 @@
 """Seeded sampling for filtering and evaluation, on top of the rollout interface.
 
     sample_seeded(backend, prompts, n, params, seeds) -> per prompt, n Completions
+    sample_seeded(..., start=4)                        -> samples 4..4+n-1 of each prompt
 
 Sample j of a prompt depends only on (its seed, j), never on which other prompts share a
-batch, the batch size or the order prompts arrive in. So a pass-rate estimate of a
-problem is the same whether it was computed alone, in a shard of a distributed filter
-or with the whole pool, and an eval's per-problem rows do not change with --limit.
+batch, the batch size, the order prompts arrive in or how many samples are drawn. So a
+pass-rate estimate of a problem is the same whether it was computed alone, in a shard of
+a distributed filter or with the whole pool, an eval's per-problem rows do not change
+with --limit, and samples drawn in rounds (`start`: the adaptive filter) are the
+samples one call for all of them gives.
 
 How, per backend:
 - hf: every (prompt, sample) row has its own torch.Generator. At each step the row draws
@@ -16,9 +19,12 @@ How, per backend:
   inverse CDF because float noise between batch shapes (~1e-7 in the logits) can only flip
   a token when the top two perturbed scores are that close, not whenever the uniform lands
   near any of the V CDF boundaries.
-- vllm: one request per prompt with its own `seed` (vLLM seeds requests independently).
+- vllm: one request per prompt with its own `seed` (vLLM seeds requests independently;
+  V1 gives the request's sample j the seed `seed + j`, so samples from `start` on are
+  the request with seed `seed + start`).
 - anything else (test doubles, future backends): `backend.sample_seeded` when it exists,
-  else one `backend.sample` call per prompt with the prompt's seed.
+  else one `backend.sample` call per prompt with the prompt's seed; with `start` > 0
+  they draw start + n samples and keep the last n (their j-th draw must not depend on n).
 """
 from __future__ import annotations
 
@@ -45,25 +51,31 @@ def derive_seed(*parts: object) -> int:
 
 
 def sample_seeded(backend, prompts: list[str], n: int, params: SamplingParams,
-                  seeds: list[int]) -> list[list[Completion]]:
-    """n completions per prompt, prompt i's draws fixed by seeds[i] alone (see module doc).
+                  seeds: list[int], start: int = 0) -> list[list[Completion]]:
+    """n completions per prompt, prompt i's draws fixed by seeds[i] alone (see module doc):
+    its samples start, ..., start + n - 1.
 
     Greedy params (temperature 0) need no seed: they go straight to `backend.sample`.
     """
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
     if not prompts:
         return []
     if params.greedy:
         return backend.sample(prompts, n, params)
     custom = getattr(backend, "sample_seeded", None)
+    if custom is None and isinstance(backend, HFBackend):
+        return _hf_seeded(backend, prompts, n, params, seeds, start)
+    if custom is None and isinstance(backend, VLLMBackend):
+        return _vllm_seeded(backend, prompts, n, params, seeds, start)
     if custom is not None:
-        return custom(prompts, n, params, seeds)
-    if isinstance(backend, HFBackend):
-        return _hf_seeded(backend, prompts, n, params, seeds)
-    if isinstance(backend, VLLMBackend):
-        return _vllm_seeded(backend, prompts, n, params, seeds)
-    return [backend.sample([p], n, replace(params, seed=s))[0] for p, s in zip(prompts, seeds)]
+        out = custom(prompts, start + n, params, seeds)
+    else:
+        out = [backend.sample([p], start + n, replace(params, seed=s))[0]
+               for p, s in zip(prompts, seeds)]
+    return [row[start:] for row in out]
 
 
 def _gumbel_processor(generators: list, temperature: float, top_p: float):
@@ -92,20 +104,20 @@ def _gumbel_processor(generators: list, temperature: float, top_p: float):
 
 
 def _hf_seeded(backend: HFBackend, prompts: list[str], n: int, params: SamplingParams,
-               seeds: list[int]) -> list[list[Completion]]:
+               seeds: list[int], start: int = 0) -> list[list[Completion]]:
     import torch
     from transformers import LogitsProcessorList
 
     tok, model = backend.tokenizer, backend.model
     lengths = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     # (prompt, sample) jobs, shortest prompts first so batches pad little.
-    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n)),
+    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(start, start + n)),
                   key=lambda job: (lengths[job[0]], job))
     results: list[dict[int, Completion]] = [{} for _ in prompts]
     bar = Bar(len(jobs), "sampling", backend.progress)
     model.eval()
-    for start in range(0, len(jobs), backend.batch_size):
-        batch = jobs[start : start + backend.batch_size]
+    for first in range(0, len(jobs), backend.batch_size):
+        batch = jobs[first : first + backend.batch_size]
         enc = tok([prompts[i] for i, _ in batch], return_tensors="pt", padding=True,
                   add_special_tokens=False).to(model.device)
         gens = [torch.Generator().manual_seed(derive_seed(seeds[i], j)) for i, j in batch]
@@ -121,12 +133,14 @@ def _hf_seeded(backend: HFBackend, prompts: list[str], n: int, params: SamplingP
             results[i][j] = backend.finish(ids)
         bar.advance(len(batch))
     bar.close()
-    return [[r[j] for j in range(n)] for r in results]
+    return [[r[j] for j in range(start, start + n)] for r in results]
 
 
 def _vllm_seeded(backend: VLLMBackend, prompts: list[str], n: int, params: SamplingParams,
-                 seeds: list[int]) -> list[list[Completion]]:
-    sps = [backend.sampling_params(n, params, s % 2**31) for s in seeds]
+                 seeds: list[int], start: int = 0) -> list[list[Completion]]:
+    # vLLM V1 seeds a request's sample j with seed + j (ParentRequest): the request
+    # seeded `seed + start` draws samples start, start + 1, ... of the one seeded `seed`.
+    sps = [backend.sampling_params(n, params, s % 2**31 + start) for s in seeds]
     return vllm_completions(backend.llm.generate(prompts, sps, use_tqdm=False))
 
 

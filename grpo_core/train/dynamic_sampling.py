@@ -51,7 +51,7 @@ PROMPT_KEYS = {"prompt_ids": "pad", "prompt_mask": 0}
 COMPLETION_KEYS = {"completion_ids": "pad", "completion_mask": 0, "tool_mask": 1,
                    "old_per_token_logps": 0.0, "ref_per_token_logps": 0.0,
                    "sampling_per_token_logps": 0.0, "importance_sampling_ratio": 1.0}
-ROW_KEYS = ("advantages",)
+ROW_KEYS = ("advantages", "vhead_features", "vhead_target")  # the last two: grpo_vhead's head inputs
 DERIVED_KEYS = ("num_items_in_batch",)
 
 

@@ -316,11 +316,30 @@ def saving_in_dtype(trainer_cls):
     return SavingInDtype
 
 
-def _trainer_class():
-    from trl import GRPOTrainer
+# grpo.algorithm -> the module of its training path. Each has trl_args(cfg, output_dir,
+# report_to, round_no) (TRL's config), trainer_class() (a RecordingGRPOTrainer subclass) and
+# prepare(trainer, cfg) (after construction, before training). grpo is this module's.
+ALGORITHM_MODULES = {"ppo": "grpo_core.train.ppo", "rloo": "grpo_core.train.rloo",
+                     "grpo_vhead": "grpo_core.train.vhead"}
 
-    class RecordingGRPOTrainer(saving_in_dtype(GRPOTrainer)):
-        """Hands every scored completion to a sink; optionally skips hopeless batches."""
+
+def algorithm_module(name: str):
+    """The module of grpo.algorithm `name`'s training path; None for plain GRPO."""
+    import importlib
+
+    return importlib.import_module(ALGORITHM_MODULES[name]) if name in ALGORITHM_MODULES else None
+
+
+def recording_trainer_class(base=None):
+    """RecordingGRPOTrainer over `base` (TRL's GRPOTrainer by default; grpo.algorithm rloo
+    passes RLOOTrainer, which has the same generate/score/log methods)."""
+    if base is None:
+        from trl import GRPOTrainer as base
+
+    class RecordingGRPOTrainer(saving_in_dtype(base)):
+        """Hands every scored completion to a sink; optionally skips hopeless batches.
+        `rebaseline` is the algorithms' hook (grpo.algorithm): it may replace TRL's
+        advantages before they are recorded and trained on."""
 
         rollout_sink: RolloutSink | None = None
         stop_strings: tuple[str, ...] = ()  # the template's closing tag
@@ -336,10 +355,12 @@ def _trainer_class():
             clipped (mask_truncated_completions would drop it from the loss)."""
             from grpo_core.generation.rollout import stop_index
 
-            completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
+            res = super()._generate_single_turn(*args, **kwargs)
+            # GRPOTrainer returns (ids, logprobs); RLOOTrainer the ids alone
+            completion_ids, logprobs = res if isinstance(res, tuple) else (res, None)
             eos = self._tokenizer.eos_token_id
             if not self.stop_strings or eos is None:
-                return completion_ids, logprobs
+                return res
             for i, ids in enumerate(completion_ids):
                 k = stop_index(self._tokenizer, list(ids), self.stop_strings)
                 if k is None:
@@ -347,7 +368,13 @@ def _trainer_class():
                 completion_ids[i] = list(ids[:k]) + [eos]
                 if logprobs is not None:  # vLLM: no sampled logprob for the added eos
                     logprobs[i] = list(logprobs[i][:k]) + [None]
-            return completion_ids, logprobs
+            return (completion_ids, logprobs) if isinstance(res, tuple) else completion_ids
+
+        def rebaseline(self, out: dict, rewards) -> list[float] | None:
+            """grpo.algorithm's advantages: replace out["advantages"] (this process's rows)
+            given `rewards`, the (N,) weighted rewards of every process's rows (NaN where
+            unscorable), and return the N per-row advantages to record; None keeps TRL's."""
+            return None
 
         def _generate_and_score_completions(self, inputs):
             ds = self.dynamic_sampling
@@ -359,6 +386,8 @@ def _trainer_class():
             logs = self._logs
             n = len(out["advantages"]) * self.accelerator.num_processes
             rewards = {name: list(vals)[-n:] for name, vals in logs["rewards"].items()}
+            if type(self).rebaseline is not RecordingGRPOTrainer.rebaseline:
+                self._rebaseline_logged(out, rewards, n)
             weights = self.reward_weights.tolist()
             totals = [sum(w * (r[i] if r[i] == r[i] else 0.0) for w, r in zip(weights, rewards.values()))
                       for i in range(n)]
@@ -379,6 +408,21 @@ def _trainer_class():
                     self.rollout_sink(self.state.global_step,
                                       _rollout_rows(logs, rewards, totals, advantages, meta, n))
             return out
+
+        def _rebaseline_logged(self, out: dict, rewards: dict, n: int) -> None:
+            """Run `rebaseline` and put its advantages in TRL's logs (completions table,
+            rollout rows) in place of TRL's."""
+            import torch
+
+            from grpo_core.train.dynamic_sampling import weighted_rewards
+
+            per_func = torch.tensor(list(rewards.values()), dtype=torch.float32).T
+            recorded = self.rebaseline(out, weighted_rewards(per_func, self.reward_weights.cpu()))
+            if recorded is not None:
+                logged = self._logs["advantages"]
+                for _ in range(n):
+                    logged.pop()
+                logged.extend(recorded)
 
     return RecordingGRPOTrainer
 
@@ -453,10 +497,15 @@ def run_grpo_round(
     report_to: list[str] | None = None,
     extra_callbacks: list | None = None,
     round_no: int = 1,
+    extra_rewards: list[tuple] | None = None,
+    trainer_hook: Callable | None = None,
 ) -> RoundResult:
     """Train round `round_no` (from 1; the KL schedule may span rounds); the model lands in
     output_dir/final. With resume, continue from the last checkpoint in output_dir (a
-    killed round picks up where it stopped)."""
+    killed round picks up where it stopped). grpo.algorithm picks the baseline (see
+    ALGORITHM_MODULES). extra_rewards: (TRL reward function or reward-model path, weight)
+    pairs scored after cfg.rewards'; trainer_hook(trainer) runs once the trainer is built
+    (benchmarks: memory accounting)."""
     from grpo_core.modeling.loading import configure_threads, load_tokenizer
     from grpo_core.train.dynamic_sampling import dynamic_sampler
 
@@ -472,8 +521,9 @@ def run_grpo_round(
     tokenizer = load_tokenizer(model_path)  # left padding, pad = eos when it has none
     model, save_dtype = load_for_training(model_path)
     funcs, weights = build_reward_funcs(cfg.rewards, cfg.grpo.max_completion_length)
-    args = trl_grpo_args(cfg, str(out), report_to, round_no)
-    args.reward_weights = weights
+    algo = algorithm_module(g.algorithm)  # None: plain GRPO, this module's
+    args = (algo.trl_args if algo else trl_grpo_args)(cfg, str(out), report_to, round_no)
+    args.reward_weights = weights + [w for _, w in extra_rewards or []]
     stops = stop_strings(template)  # as filter and eval stop (sampling.build_backend)
     args.generation_kwargs = {**trl_stop_kwargs(stops, args.use_vllm), **(args.generation_kwargs or {})}
     if not args.use_vllm:
@@ -492,10 +542,10 @@ def run_grpo_round(
         result.in_round_protocol = evaluator.protocol_hash
         callbacks.append(in_round_eval_callback(evaluator, g.eval_every, tracker, out,
                                                 trainer_ref, save_dtype, result.findings))
-    cls = _trainer_class()
+    cls = algo.trainer_class() if algo else recording_trainer_class()
     trainer = cls(
         model=model,
-        reward_funcs=funcs,
+        reward_funcs=funcs + [f for f, _ in extra_rewards or []],
         args=args,
         train_dataset=grpo_dataset(problems, template, tokenizer),
         processing_class=tokenizer,
@@ -507,6 +557,10 @@ def run_grpo_round(
     trainer.stop_strings = stops
     trainer.skip_update_below = cfg.grpo.skip_update_below
     trainer.dynamic_sampling = dynamic_sampler(cfg, trainer)  # None when off
+    if algo is not None:
+        algo.prepare(trainer, cfg)  # its models and refusals, before any step
+    if trainer_hook is not None:
+        trainer_hook(trainer)
     train_out = trainer.train(resume_from_checkpoint=ckpt)
     result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
     result.steps = trainer.state.global_step
