@@ -7,7 +7,13 @@ skipped when the extra is missing: a missing install fails."""
 from __future__ import annotations
 
 import pytest
-from test_shards import _cfg, _eval_cfg, _exact, _rows  # the same settings and comparisons
+from test_shards import (  # the same settings and comparisons
+    _cfg,
+    _eval_cfg,
+    _eval_in_a_flow,
+    _exact,
+    _rows,
+)
 
 from grpo_core.data.records import problem_key
 from grpo_core.data.store import Store
@@ -120,19 +126,7 @@ def test_sharded_eval_on_an_existing_dask_cluster_gives_the_unsharded_records(
                                   env={"GRPO_TORCH_THREADS": "1"}) as cluster, \
             distributed.Client(cluster, set_as_default=False) as client:
         monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", cluster.scheduler_address)
-        from prefect import flow, task
-
-        @task(name="evaluate")
-        def eval_task():
-            with Store.open(db) as store:
-                return evaluate(tiny_model_path, "synthetic", cfg, store=store, limit=8,
-                                scorer=shard_flows.eval_scorer(tmp_path / "ws"))
-
-        @flow(name="pipeline-like")
-        def outer():
-            return eval_task()
-
-        two = outer()
+        two = _eval_in_a_flow(shard_flows, tiny_model_path, cfg, db, tmp_path / "ws", limit=8)
         executed = _executed(client)
     assert len(executed) == 2 and sum(executed.values()) == 2  # the cluster ran both shards
     assert two.per_problem == one.per_problem  # every record, in order, types included

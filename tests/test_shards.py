@@ -348,6 +348,26 @@ def _eval_cfg(shards: int, workdir) -> PipelineConfig:
     return cfg
 
 
+
+def _eval_in_a_flow(shard_flows, model: str, cfg, db, ws, limit: int):
+    """As in the pipeline: the sharded eval flow runs from inside the evaluate task of a flow."""
+    from prefect import flow, task
+
+    from grpo_core.eval.evaluation import evaluate
+
+    @task(name="evaluate")
+    def eval_task():
+        with Store.open(db) as store:
+            return evaluate(model, "synthetic", cfg, store=store, limit=limit,
+                            scorer=shard_flows.eval_scorer(ws))
+
+    @flow(name="pipeline-like")
+    def outer():
+        return eval_task()
+
+    return outer()
+
+
 def _exact(value) -> str:
     """Every number to the last bit (repr), NaN included, in one comparable string."""
     return json.dumps(value, sort_keys=True)
@@ -367,20 +387,7 @@ def test_sharded_eval_gives_the_unsharded_records_and_metrics(shard_flows, tiny_
     assert len({tuple(r["sample_completions"]) for r in one.per_problem}) == 12
 
     cfg, db = _eval_cfg(2, tmp_path), tmp_path / "two.duckdb"
-    # As in the pipeline: the sharded flow runs from inside the evaluate task of a flow.
-    from prefect import flow, task
-
-    @task(name="evaluate")
-    def eval_task():
-        with Store.open(db) as store:
-            return evaluate(tiny_model_path, "synthetic", cfg, store=store, limit=12,
-                            scorer=shard_flows.eval_scorer(tmp_path / "ws"))
-
-    @flow(name="pipeline-like")
-    def outer():
-        return eval_task()
-
-    two = outer()
+    two = _eval_in_a_flow(shard_flows, tiny_model_path, cfg, db, tmp_path / "ws", limit=12)
     assert two.per_problem == one.per_problem  # every record, in order, types included
     assert _exact(two.per_problem) == _exact(one.per_problem)
     assert _exact(two.metrics) == _exact(one.metrics)  # every number, CIs included
