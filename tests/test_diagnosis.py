@@ -109,6 +109,54 @@ def test_collapse_rules(acc, code):
     assert f.action == ACTIONS[code]
 
 
+def test_collapse_is_a_window_mean_not_every_step():
+    """With 8 prompts a step's frac_reward_zero_std is k/8: one group of eight that varies
+    now and then (0.875) must not hide a collapse (the temperature-0.05 round of
+    bench/diagnose.py alternated 1.0 and 0.875 for 20 steps)."""
+    seven = {3, 5, 8, 10, 12, 13, 18}
+    rows = with_(healthy(), frac_reward_zero_std=lambda s: 0.875 if s in seven else 1.0,
+                 rewards__accuracy__mean=lambda s: 0.4, rewards__format__mean=lambda s: 0.0,
+                 rewards__tag_count__mean=lambda s: 0.5)
+    found = diagnose(rows)
+    assert codes(found) == ["no_diversity"] and found[0].steps == STEPS
+    # a window of 5 needs its mean above the threshold: one 0.5 among four 1.0 is not
+    rows = with_(healthy(), frac_reward_zero_std=lambda s: 0.5 if s % 5 == 0 else 1.0,
+                 rewards__accuracy__mean=lambda s: 0.4)
+    assert "no_diversity" not in codes(diagnose(rows))
+    # a run starts and ends at a collapsed step, not at a window's milder edge
+    rows = with_(healthy(), frac_reward_zero_std=lambda s: 1.0 if 6 <= s <= 15 else 0.75,
+                 rewards__accuracy__mean=lambda s: 0.4)
+    assert [f.steps for f in diagnose(rows) if f.code == "no_diversity"] == [list(range(6, 16))]
+
+
+def test_accuracy_constant_collapses_even_while_a_shaping_reward_varies():
+    """Every completion wrong (or right) for collapse_patience steps: no group learns the
+    task, though tag_count's variance keeps frac_reward_zero_std below the threshold."""
+    for acc, code in [(0.0, "reward_collapse_zero"), (1.0, "reward_collapse_one")]:
+        rows = with_(healthy(), frac_reward_zero_std=lambda s: 0.75 if s >= 4 else 0.25,
+                     rewards__accuracy__mean=lambda s, a=acc: a if s >= 4 else 0.4,
+                     rewards__accuracy__std=lambda s: 0.0 if s >= 4 else 0.45,
+                     rewards__format__mean=lambda s: 0.0, rewards__tag_count__mean=lambda s: 0.5)
+        found = diagnose(rows)  # no reward_fn_constant for accuracy: the collapse names it
+        assert codes(found) == [code], found
+        assert found[0].steps == list(range(4, 21)) and "the same for every completion" in found[0].line()
+
+
+def test_accuracy_at_the_ceiling_is_collapse_one_but_the_floor_needs_collapsed_groups():
+    """A learned pool at temperature 1 (bench/diagnose.py's too-easy fault): 97% right,
+    the misses keep frac_reward_zero_std ~0.75, below the threshold. At the floor a few
+    percent right with varied groups is how R1-Zero starts: no finding by level alone."""
+    ceiling = with_(healthy(), frac_reward_zero_std=lambda s: 0.75, rewards__accuracy__mean=lambda s: 0.97,
+                    rewards__accuracy__std=lambda s: 0.17, rewards__format__mean=lambda s: 0.5,
+                    rewards__tag_count__mean=lambda s: 1.0)
+    found = diagnose(ceiling)
+    assert codes(found) == ["reward_collapse_one"] and found[0].steps == STEPS
+    assert "accuracy within 5% of its ceiling (frac_reward_zero_std 0.75)" in found[0].line()
+    assert diagnose(with_(ceiling, rewards__accuracy__mean=lambda s: 0.9)) == []
+    floor = with_(ceiling, rewards__accuracy__mean=lambda s: 0.03)
+    assert diagnose(floor) == []
+
+
 def test_collapse_needs_patience_and_uses_the_grpo_fields():
     rows = with_(healthy(), frac_reward_zero_std=lambda s: 1.0 if 6 <= s <= 9 else 0.5,
                  rewards__accuracy__mean=lambda s: 0.0)
@@ -136,6 +184,17 @@ def test_reward_fn_constant():
     assert diagnose(short) == []  # 7 steps < constant_patience 8
 
 
+def test_reward_fn_constant_is_info_while_the_round_learns_the_task():
+    """The shipped R1-Zero recipe on the built-in base model: format never hit (-0.5 for
+    every completion) while accuracy varies and rises. Costs nothing (the same added to
+    every advantage): info. With accuracy not logged, or constant too, it is a warn."""
+    rows = with_(healthy(), rewards__format__std=lambda s: 0.0, rewards__format__mean=lambda s: -0.5)
+    found = diagnose(rows)
+    assert [(f.code, f.severity) for f in found] == [("reward_fn_constant", "info")]
+    blind = [{k: v for k, v in r.items() if not k.startswith("rewards/accuracy")} for r in rows]
+    assert [(f.code, f.severity) for f in diagnose(blind)] == [("reward_fn_constant", "warn")]
+
+
 @pytest.mark.parametrize(("a", "b", "code"), [(60, 20, "length_shrinking"), (20, 60, "length_exploding")])
 def test_length_trends(a, b, code):
     rows = with_(healthy(), completions__mean_length=lin(a, b), rewards__accuracy__mean=lambda s: 0.4)
@@ -156,6 +215,7 @@ def test_truncation():
     assert "grpo.max_completion_length" in f.line() and "grpo.mask_truncated_completions" in f.line()
     early = with_(healthy(), completions__clipped_ratio=lambda s: 0.9 if s <= 10 else 0.1)
     assert diagnose(early) == []  # the tail decides
+    assert diagnose(rows[4:8]) == [] and codes(diagnose(rows[4:9])) == ["truncation"]  # a full window
 
 
 def test_format_dropping():
@@ -174,6 +234,17 @@ def test_kl_rising_needs_a_trend_still_rising_above_the_floor():
     assert diagnose(plateau) == []
     low = with_(healthy(), kl=lin(0.0, 0.05))  # rising, but small
     assert diagnose(low) == []
+
+
+def test_kl_far_above_kl_high_fires_even_when_falling():
+    """lr 100x with beta 0.04 (bench/diagnose.py): KL jumps to ~7 in a few steps, then the
+    beta term pulls it back to ~3.5: not rising at the end, but diverged."""
+    rows = with_(healthy(), kl=lambda s: 0.0 if s == 1 else 7.0 - 0.2 * s)
+    found = diagnose(rows)
+    assert codes(found) == ["kl_rising"] and found[0].steps == list(range(2, 21))
+    assert found[0].evidence["kl_high"] == 1.0 and "> 1.0 (peak 6.6 at step 2)" in found[0].line()
+    high = config_from_dict({"grpo": {"diagnosis": {"kl_high": 5.0}}}).grpo
+    assert diagnose(rows, high) == []
 
 
 def test_reward_hacking_suspect():

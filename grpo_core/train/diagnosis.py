@@ -52,6 +52,7 @@ ACTIONS = {
 """code -> the fix, one per rule (the README's "When things go wrong" lists the codes)."""
 
 ACCURACY = "rewards/accuracy/mean"
+ACCURACY_STD = "rewards/accuracy/std"  # over the whole batch (TRL logs no per-group std)
 FINITE_KEYS = ("loss", "reward", "grad_norm")  # the in-round divergence guard's keys
 
 
@@ -241,38 +242,72 @@ def _kl_ceiling(rd: _Round) -> list[Finding]:
                     f"kl {top:.4g} > grpo.kl_ceiling {ceiling}")]
 
 
+def _windows(points: Sequence[tuple[int, float]], n: int, pred) -> set[int]:
+    """Steps of every window of n consecutive logged points whose mean satisfies pred."""
+    return {s for i in range(len(points) - n + 1) if pred(_mean(x for _, x in points[i:i + n]))
+            for s, _ in points[i:i + n]}
+
+
 def _collapse(rd: _Round) -> list[Finding]:
-    """Runs of grpo.collapse_patience+ steps with frac_reward_zero_std above
-    grpo.collapse_threshold, named by where accuracy sits over the run."""
-    g, margin = rd.g, rd.d.level_margin
+    """Runs of grpo.collapse_patience+ collapsed steps, named by where accuracy sits over
+    the run. Collapsed: a window of collapse_patience steps whose mean frac_reward_zero_std
+    is above grpo.collapse_threshold (a window, not each step: with 8 prompts a step is 1.0
+    or 0.875, and one group that varies now and then must not hide a collapse). When
+    rewards/accuracy is logged, also: collapse_patience+ steps with its std ~0 (every
+    completion equally right or wrong: no group learns the task, even while a shaping
+    reward varies), and a window whose mean accuracy is within level_margin of the ceiling
+    (the pool is learned; its rare misses are sampling noise at temperature 1, which keeps
+    frac_reward_zero_std below the threshold: at 97% right, 0.97^8 = 78% of groups of 8
+    are all right). Not the floor by level alone: a base model's first successes, a few
+    percent, are how R1-Zero starts learning. A run starts and ends at a step collapsed on
+    its own, not at a window's milder edge."""
+    g, d, margin, n = rd.g, rd.d, rd.d.level_margin, rd.g.collapse_patience
+    frac_pts = _series(rd.rows, "frac_reward_zero_std")
+    frac, acc_std = dict(frac_pts), dict(_series(rd.rows, ACCURACY_STD))
+    acc = dict(rd.acc) if rd.acc_key == ACCURACY else {}
+    constant = {s for run in _runs(list(acc_std.items()), lambda v: abs(v) <= d.constant_std)
+                if len(run) >= n for s, _ in run}
+    flagged = (_windows(frac_pts, n, lambda m: m > g.collapse_threshold) | constant
+               | _windows(list(acc.items()), n, lambda m: rd.level(m) >= 1 - margin))
+
+    def alone(s: int) -> bool:
+        return (frac.get(s, 0.0) > g.collapse_threshold or s in constant
+                or (s in acc and rd.level(acc[s]) >= 1 - margin))
+
     out = []
-    frac = _series(rd.rows, "frac_reward_zero_std")
-    for run in _runs(frac, lambda v: v > g.collapse_threshold):
-        if len(run) < g.collapse_patience:
-            continue
-        steps = [s for s, _ in run]
+    for run in _runs([(s, s in flagged) for s, _ in rd.rows], bool):
+        ends = [i for i, (s, _) in enumerate(run) if alone(s)]
+        steps = [s for s, _ in run[ends[0]:ends[-1] + 1]] if ends else []
         accs = [x for s, x in rd.acc if s in set(steps)]
-        if not accs:
+        if len(steps) < n or not accs:
             continue
-        acc = _mean(accs)
-        level = rd.level(acc)
+        mean_acc = _mean(accs)
+        level = rd.level(mean_acc)
         code = ("reward_collapse_zero" if level <= margin else
                 "reward_collapse_one" if level >= 1 - margin else "no_diversity")
-        mean_frac = _mean(x for _, x in run)
+        mean_frac = _mean(frac[s] for s in steps if s in frac)
         name = rd.acc_key.removeprefix("rewards/").removesuffix("/mean")
+        why = (f"frac_reward_zero_std {mean_frac:.2f} > {g.collapse_threshold}"
+               if mean_frac > g.collapse_threshold else
+               f"{name} the same for every completion" if set(steps) <= constant else
+               f"{name} within {margin:.0%} of its ceiling (frac_reward_zero_std {mean_frac:.2f})")
         out.append(Finding(code, "warn", steps,
                            {"frac_reward_zero_std": _r(mean_frac), "threshold": g.collapse_threshold,
-                            rd.acc_key: _r(acc), "steps": len(steps)},
-                           f"frac_reward_zero_std {mean_frac:.2f} > {g.collapse_threshold} for "
-                           f"{len(steps)} steps, {name} {acc:.3g}"))
+                            rd.acc_key: _r(mean_acc), "steps": len(steps)},
+                           f"{why} for {len(steps)} steps, {name} {mean_acc:.3g}"))
     return out
 
 
 def _reward_fn_constant(rd: _Round) -> list[Finding]:
     """A reward function's std ~0 for constant_patience steps; not within a collapse
-    (there every function is constant, and the collapse finding says why)."""
+    (there every function is constant, and the collapse finding says why). Info while the
+    round still learns the task over most of those steps (accuracy varies and the step is
+    not collapsed): a shaping reward not hit yet, as the R1-Zero format on a base model,
+    adds the same to every advantage and costs nothing. Else (accuracy not logged, or
+    constant too) a warn."""
     d, out = rd.d, []
     collapsed = {s for f in _collapse(rd) for s in f.steps}
+    acc_std = dict(_series(rd.rows, ACCURACY_STD))
     for fn in rd.fns:
         stds = _series(rd.rows, f"rewards/{fn}/std")
         runs = [r for r in _runs(stds, lambda v: abs(v) <= d.constant_std) if len(r) >= d.constant_patience]
@@ -284,7 +319,9 @@ def _reward_fn_constant(rd: _Round) -> list[Finding]:
             continue
         means = [x for s, x in _series(rd.rows, f"rewards/{fn}/mean") if s in set(steps)]
         value = _mean(means) if means else None
-        out.append(Finding("reward_fn_constant", "warn", steps,
+        learning = sum(acc_std.get(s, 0.0) > d.constant_std and s not in collapsed
+                       for s in steps) > len(steps) / 2
+        out.append(Finding("reward_fn_constant", "info" if learning else "warn", steps,
                            {"reward": fn, "std_max": _r(max(abs(v) for _, v in run)),
                             "mean": None if value is None else _r(value), "steps": len(steps)},
                            f"rewards/{fn}/std <= {d.constant_std} for {len(steps)} steps"
@@ -312,11 +349,14 @@ def _length(rd: _Round) -> list[Finding]:
 
 
 def _truncation(rd: _Round) -> list[Finding]:
+    """The last `window` steps' mean clipped_ratio; silent before `window` steps: a base
+    model's first steps truncate often (28-41% at step 1 of the shipped R1-Zero recipe's
+    healthy rounds, ~6% by step 20), so a shorter round cannot tell a fault from a start."""
     d = rd.d
     clipped = _series(rd.rows, "completions/clipped_ratio")
     tail = clipped[-d.window:]
     ratio = _mean(x for _, x in tail)
-    if not tail or ratio <= d.truncation_ratio:
+    if len(clipped) < d.window or ratio <= d.truncation_ratio:
         return []
     steps = [s for s, x in clipped if x > d.truncation_ratio]
     return [Finding("truncation", "warn", steps,
@@ -339,6 +379,9 @@ def _format_dropping(rd: _Round) -> list[Finding]:
 
 
 def _kl_rising(rd: _Round) -> list[Finding]:
+    """KL rising over the round and still rising, above diagnosis.kl_floor; or, rising or
+    not, above diagnosis.kl_high at the end (a policy pushed far off the reference in a few
+    steps, then held there by the beta term, has a falling tail but has diverged)."""
     d = rd.d
     kl = _series(rd.rows, "kl")
     tail = kl[-d.window:]
@@ -346,12 +389,18 @@ def _kl_rising(rd: _Round) -> list[Finding]:
         return []
     end = _mean(x for _, x in tail)
     rise, tail_rise = _fit_change(kl), _fit_change(tail)
-    if not (rise > 0 and tail_rise > 0 and end > d.kl_floor):
+    rising = rise > 0 and tail_rise > 0 and end > d.kl_floor
+    if not (rising or end > d.kl_high):
         return []
-    return [Finding("kl_rising", "warn", [s for s, _ in kl],
-                    {"kl_end": _r(end), "kl_floor": d.kl_floor, "kl_change": _r(rise),
-                     "kl_change_last_window": _r(tail_rise)},
-                    f"kl rising {rise:+.3g} over the round and still rising, at {end:.3g} > {d.kl_floor}")]
+    evidence = {"kl_end": _r(end), "kl_floor": d.kl_floor, "kl_high": d.kl_high,
+                "kl_change": _r(rise), "kl_change_last_window": _r(tail_rise)}
+    if rising:
+        return [Finding("kl_rising", "warn", [s for s, _ in kl], evidence,
+                        f"kl rising {rise:+.3g} over the round and still rising, at {end:.3g} > {d.kl_floor}")]
+    peak = max(kl, key=lambda p: p[1])
+    return [Finding("kl_rising", "warn", [s for s, x in kl if x > d.kl_high], evidence,
+                    f"kl {end:.3g} over the last {len(tail)} steps > {d.kl_high} (peak {peak[1]:.3g} "
+                    f"at step {peak[0]})")]
 
 
 def _reward_hacking(rd: _Round) -> list[Finding]:
