@@ -27,6 +27,9 @@ steps 1..k (or the in-round guard) report it. A healthy run (--seeds seeds of th
 recipe) passes with no warn or stop finding; info findings are listed, not counted.
 
 --quick: truncation, nonfinite and one healthy seed, 12 steps, a 96-problem filter.
+Measured on the 2-core dev machine, shared with other jobs: --quick 210 s; the full set
+2117 s from nothing (filter 320 s, the two SFT models 484 + 164 s, load average 3-8), 266 s
+with a warm --cache (the ten GRPO runs alone, 15-90 s each at load ~2).
 --cache DIR keeps the filter's pool and the SFT models between runs (the full set builds
 two SFT models: the sft_grpo recipe's cold start, then the too-easy policy). --save DIR
 writes each run's history as JSON lines (`grpo diagnose --history FILE` reads them).
