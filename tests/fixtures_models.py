@@ -4,6 +4,8 @@ Built in about a second, so the real HF rollout path (tokenise, left-pad, genera
 decode) runs in unit tests without the 2-minute built-in model. Its answers are noise:
 tests that need known pass rates use a fake backend instead.
 
+Also `shard_flows`: flows.shards with Prefect's home in a temporary folder.
+
 Use from a test module with `pytest_plugins = ["fixtures_models"]`.
 """
 from __future__ import annotations
@@ -60,3 +62,14 @@ def proxy_model_path(tmp_path_factory) -> str:
 
     torch.set_num_threads(1)
     return resolve_model_path("builtin:proxy-qwen2", tmp_path_factory.mktemp("proxy-models"))
+
+
+@pytest.fixture(scope="module")
+def shard_flows(tmp_path_factory):
+    """flows.shards with Prefect's home in a temporary folder (set before prefect loads)."""
+    from flows import configure_prefect
+
+    configure_prefect(tmp_path_factory.mktemp("prefect-ws"))
+    import flows.shards
+
+    return flows.shards

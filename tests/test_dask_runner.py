@@ -22,17 +22,6 @@ from grpo_core.eval.difficulty import run_filter
 
 pytest_plugins = ["fixtures_models"]
 
-
-@pytest.fixture(scope="module")
-def shard_flows(tmp_path_factory):
-    from flows import configure_prefect
-
-    configure_prefect(tmp_path_factory.mktemp("prefect-ws"))
-    import flows.shards
-
-    return flows.shards
-
-
 def _executed(client) -> dict[str, int]:
     """Tasks each worker of the cluster has run (worker address -> count)."""
     return client.run(lambda dask_worker: dask_worker.state.executed_count)

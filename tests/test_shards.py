@@ -31,18 +31,6 @@ from grpo_core.eval.shards import (
 
 pytest_plugins = ["fixtures_models"]
 
-
-@pytest.fixture(scope="module")
-def shard_flows(tmp_path_factory):
-    """flows.shards with Prefect's home in a temporary folder (set before prefect loads)."""
-    from flows import configure_prefect
-
-    configure_prefect(tmp_path_factory.mktemp("prefect-ws"))
-    import flows.shards
-
-    return flows.shards
-
-
 # ----------------------------------------------------------------------------- split
 
 
