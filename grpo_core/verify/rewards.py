@@ -229,17 +229,23 @@ def length(
 ) -> list[float]:
     """Penalise completions shorter than min_tokens or longer than max_tokens. Tokens are
     TRL's `completion_ids` when given, else whitespace-separated words."""
+    # The penalty is flat from 2 * max_tokens on: count no further.
+    cap = int(max(min_tokens, 2 * max_tokens)) if max_tokens > 0 else -1
+    return _by_length(completions, completion_ids, cap, "length",
+                      lambda n: length_penalty(n, min_tokens, max_tokens, penalty))
+
+
+def _by_length(completions: list, completion_ids: list | None, cap: int, name: str,
+               score: Callable[[int], float]) -> list[float]:
+    """score(token count) per completion: TRL's `completion_ids` when given, else
+    whitespace-separated words, split at most `cap` times (a full split of a megabyte of
+    "ab ab ..." is a 20 MB list of words)."""
     ids = _column({"ids": completion_ids}, "ids", len(completions))
 
-    # The penalty is flat from 2 * max_tokens on: split no further (a full split of a
-    # megabyte of "ab ab ..." is a 20 MB list of words).
-    cap = int(max(min_tokens, 2 * max_tokens)) if max_tokens > 0 else -1
-
     def one(c: Any, tok: Any) -> float:
-        n = len(tok) if tok is not None else len(completion_text(c).split(None, cap))
-        return length_penalty(n, min_tokens, max_tokens, penalty)
+        return score(len(tok) if tok is not None else len(completion_text(c).split(None, cap)))
 
-    return _each(list(zip(completions, ids)), one, 0.0, "length")
+    return _each(list(zip(completions, ids)), one, 0.0, name)
 
 
 def overlong_penalty(n_tokens: int, max_tokens: int, buffer_tokens: int, penalty: float) -> float:
@@ -262,13 +268,8 @@ def soft_overlong(
     """Penalise completions in the last buffer_tokens before the length limit (DAPO), so a
     trace about to be cut learns to finish. Tokens are TRL's `completion_ids` (they end in
     eos when the completion ended on its own) when given, else whitespace-separated words."""
-    ids = _column({"ids": completion_ids}, "ids", len(completions))
-
-    def one(c: Any, tok: Any) -> float:
-        n = len(tok) if tok is not None else len(completion_text(c).split(None, max_tokens + 1))
-        return overlong_penalty(n, max_tokens, buffer_tokens, penalty)
-
-    return _each(list(zip(completions, ids)), one, 0.0, "soft_overlong")
+    return _by_length(completions, completion_ids, max_tokens + 1, "soft_overlong",
+                      lambda n: overlong_penalty(n, max_tokens, buffer_tokens, penalty))
 
 
 # --- reasoning keywords ------------------------------------------------------------------
