@@ -13,6 +13,11 @@ def configure_prefect(workdir: str | os.PathLike | None = None) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # ... but the flows' own lines (the stage start/end lines, findings) at INFO: on the
     # terminal and in the Prefect run log ("This run didn't generate logs" otherwise).
+    # The task-run logger stays at WARNING (its INFO is one "Finished in state" line per
+    # stage on the terminal): flows.stage_log puts each stage's end line in its task run's
+    # log instead. Sending to the API (PREFECT_LOGGING_TO_API_ENABLED) is Prefect's default,
+    # and its log worker drains before the temporary server stops at exit
+    # (tests/test_prefect_story.py reads the lines back).
     os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
     # filter.shard_runner=dask: the scheduler and every worker log each start and stop at INFO
     # (read when `distributed` is imported, here and in the worker processes).

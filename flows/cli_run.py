@@ -100,6 +100,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                 out = compare_recipes(configs, progress=not quiet)
                 typer.echo(out["markdown"])
                 typer.echo(f"\nreport: {out['report_dir']}/comparison.md (.csv, .png)")
+                links = {"comparison run": out["links"]["run"], **_table_link(out["links"])}
             elif smoke:
                 from flows.smoke import format_report, run_smoke
 
@@ -118,14 +119,32 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                 for f in out["findings"]:
                     typer.echo(f"finding: {f}")
                 typer.echo(f"model: {out['model_dir']}")
+                report = out.get("registered") or {}
+                links = {"parent run": report.get("links", {}).get("run"),
+                         "model version": report.get("links", {}).get("model_version"),
+                         **_table_link(report.get("links") or {})}
     except KeyboardInterrupt:
         fail("interrupted; run the same command again to resume", 130)
     except StoreLockedError as exc:
         fail(str(exc), 1)
     except Exception as exc:  # noqa: BLE001 - any stage failure: say which, exit 1
         fail(f"pipeline failed: {type(exc).__name__}: {exc}", 1)
-    typer.echo(f"done in {time.time() - t0:.0f} s. Look at the runs with:\n"
-               f"  mlflow ui --backend-store-uri {uri}")
+    typer.echo(f"done in {time.time() - t0:.0f} s.")
+    if not smoke:
+        _echo_links(uri, links)
+
+
+def _table_link(links: dict) -> dict:
+    return {"runs table": links["runs_table"]} if links.get("runs_table") else {}
+
+
+def _echo_links(uri: str, links: dict) -> None:
+    """Where to look: for a local store, the command that serves its UI first."""
+    if not uri.startswith(("http://", "https://")):
+        typer.echo(f"Serve the MLflow UI with:\n  mlflow ui --backend-store-uri {uri}\nthen open:")
+    for what, url in links.items():
+        if url:
+            typer.echo(f"  {what}: {url}")
 
 
 def _smoke_config_or_exit(config, real, model: str | None, smoke: bool):

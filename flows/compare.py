@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.pipeline import grpo_pipeline  # first: it configures prefect before import
 from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-exported
+from flows.stage_log import compare_run_name
 from grpo_core.config import PipelineConfig
 from grpo_core.workspace import Workspace
 from tasks import comparison, tracking
@@ -145,7 +146,7 @@ def bar_chart(rows: list[dict], path: Path) -> Path:
     return path
 
 
-@flow(name="grpo-compare", validate_parameters=True)
+@flow(name="grpo-compare", validate_parameters=True, flow_run_name=compare_run_name)
 def compare_recipes(configs: list[PipelineConfig], progress: bool = True) -> dict:
     results = {}
     for cfg in configs:
@@ -159,8 +160,10 @@ def compare_recipes(configs: list[PipelineConfig], progress: bool = True) -> dic
     (report_dir / "comparison.md").write_text(md + "\n")
     (report_dir / "comparison.csv").write_text(table_csv)
     chart = bar_chart(rows, report_dir / "comparison.png")
-    tracking.log_comparison(configs[0], ws, md, table_csv, chart, [r["parent_run"] for r in results.values()])
+    run = tracking.log_comparison(configs[0], ws, md, table_csv, chart,
+                                  [r["parent_run"] for r in results.values()])
     create_markdown_artifact(key="recipe-comparison", markdown=md,
                              description="R1-Zero vs SFT+GRPO, held-out metrics with 95% CIs")
     return {"rows": rows, "markdown": md, "report_dir": str(report_dir),
-            "runs": {k: v["parent_run"] for k, v in results.items()}}
+            "runs": {k: v["parent_run"] for k, v in results.items()},
+            "comparison_run": run, "links": tracking.links_for_run(run)}

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import Iterator
 
 from flows import configure_prefect
-from flows.stage_log import run_stage
+from flows.stage_log import log_findings, pipeline_run_name, run_stage
 
 configure_prefect()  # before prefect is imported
 
@@ -77,7 +78,7 @@ def training_prompts(kept: dict, pool: list[str], need: int) -> tuple[list[str],
                   "success; training on the whole pool (re-filter difficulty or change the band)")
 
 
-@flow(name="grpo-pipeline", validate_parameters=True)
+@flow(name="grpo-pipeline", validate_parameters=True, flow_run_name=pipeline_run_name)
 def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
     """Run one recipe end to end; returns the final metrics and where the model is."""
     log = get_run_logger()
@@ -88,7 +89,9 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
     with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout), \
             parent_run(cfg, ws, log, progress, config_hash=cfg.hash(),
                        recipe=cfg.project.recipe) as ctx:
-        return _stages(ctx, log)
+        out = _stages(ctx, log)
+    log_findings(log, out["findings"])
+    return out
 
 
 @contextlib.contextmanager
@@ -150,6 +153,7 @@ def _prefill_sharded(ctx: stages.Ctx, model: str, problem_ids: list[str],
 
 def _stages(ctx: stages.Ctx, log) -> dict:
     cfg, ws, parent = ctx.cfg, ctx.ws, ctx.parent_run
+    started = time.monotonic()
     primary_bench = cfg.eval.benchmarks[:1]  # per-round evals: the first benchmark only
 
     scorer = eval_scorer_for(cfg, ws)
@@ -192,7 +196,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     final = evaluate(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)
     report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws,
-                                      base=base["benchmarks"])
+                                      base=base["benchmarks"], wall_s=time.monotonic() - started)
     log.info("final: %s", report.get("summary"))
     return {"parent_run": parent, "model_dir": model, "final": final["benchmarks"],
             "base": base["benchmarks"],

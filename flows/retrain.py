@@ -17,6 +17,7 @@ from flows.pipeline import (  # first: it configures prefect before import
     health_gate,
     parent_run,
 )
+from flows.stage_log import named, retrain_run_name
 from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
 from grpo_core.modeling.loading import use_hub_token
@@ -24,7 +25,7 @@ from grpo_core.workspace import Workspace
 from tasks import comparison, stages, tracking
 
 
-@flow(name="grpo-retrain", validate_parameters=True)
+@flow(name="grpo-retrain", validate_parameters=True, flow_run_name=retrain_run_name)
 def retrain(config: PipelineConfig, progress: bool = True) -> dict:
     log = get_run_logger()
     cfg = config
@@ -61,14 +62,16 @@ def retrain(config: PipelineConfig, progress: bool = True) -> dict:
 def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     cfg, ws = ctx.cfg, ctx.ws
     scorer = eval_scorer_for(cfg, ws)
-    data = stages.ingest(ctx)
+    data = named(stages.ingest, "data")(ctx)
     pool, findings = data["problem_ids"], []
     if cfg.filter.enabled:
         pool, note = filter_round(ctx, champion_dir, data["problem_ids"], 1, log)
         findings += [note] if note else []
-    train = stages.grpo_round(ctx, champion_dir, pool, 1)
-    before = stages.evaluate(ctx, champion_dir, "eval/champion", cfg.eval.benchmarks, scorer)
-    after = stages.evaluate(ctx, train["model_dir"], "eval/final", cfg.eval.benchmarks, scorer)
+    train = named(stages.grpo_round, "grpo/round-1")(ctx, champion_dir, pool, 1)
+    before = named(stages.evaluate, "eval/champion")(ctx, champion_dir, "eval/champion",
+                                                   cfg.eval.benchmarks, scorer)
+    after = named(stages.evaluate, "eval/final")(ctx, train["model_dir"], "eval/final",
+                                               cfg.eval.benchmarks, scorer)
     findings += health_gate(1, train, before, after, cfg.eval.primary_metric)
     # The champion's per-problem rows, scored under today's protocol, to pair with the
     # challenger's; a retrain has no base eval, so no final-vs-base deltas (base={}).

@@ -14,7 +14,15 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tasks.mlflow_client import connect, experiment_id, get_client, set_tags
+from tasks.comparison import comparison_metrics, comparison_params
+from tasks.mlflow_client import (
+    connect,
+    experiment_id,
+    get_client,
+    log_metrics,
+    log_params,
+    set_tags,
+)
 from tasks.tracking_store import artifact_root, experiment_name, slug, tracking_uri, workdir_of
 
 
@@ -47,8 +55,8 @@ def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = Non
 
 def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind: str = "grpo",
                         client: MlflowClient | None = None) -> str:
-    """plots/<kind>_curves.png: reward, reward_std, kl, completions/mean_length and
-    frac_reward_zero_std per step for GRPO (loss, token accuracy, ... for SFT)."""
+    """plots/<kind>_curves.png: the per-step panels of tasks.plots (GRPO: reward, reward
+    per function, accuracy, length, truncation, zero-variance groups first)."""
     from tasks.plots import training_curves
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -155,9 +163,21 @@ def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | o
                 c.log_artifact(run_id, str(local), "comparison")
             else:
                 c.log_table(run_id, pd.DataFrame(rows), "comparison/comparison_table.json")
+    _log_comparison_numbers(run_id, rows, markdown, c)
     for p in parent_runs:
         with contextlib.suppress(MlflowException):
             set_tags(p, {"grpo.comparison_run": run_id}, c)
     c.set_terminated(run_id, "FINISHED")
     return run_id
 
+
+def _log_comparison_numbers(run_id: str, rows: list[dict], markdown: str, c: MlflowClient) -> None:
+    """The table on the run's page, not only in its artifacts: one metric per recipe x
+    benchmark x {base, final, delta} (with CI bounds), one readable param per row, and
+    the markdown table as the run's description (shown at the top of its page)."""
+    log_metrics(run_id, comparison_metrics(rows), client=c)
+    # Params cannot change once logged; the run is reused only for the same parent runs,
+    # whose numbers are the same, so a clash means nothing new to say.
+    with contextlib.suppress(MlflowException):
+        log_params(run_id, comparison_params(rows), c)
+    set_tags(run_id, {"mlflow.note.content": markdown}, c)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
@@ -28,7 +28,7 @@ from grpo_core.data.store import Store, StoreError
 from grpo_core.eval.metrics import paired_delta, paired_metric
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
-from tasks.mlflow_client import child_runs, get_client, sanitize_key
+from tasks.mlflow_client import child_runs, get_client, sanitize_key, stage_of
 
 COMPARE_COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final",
                    "final_lo", "final_hi", "delta", "delta_lo", "delta_hi"]
@@ -154,6 +154,46 @@ def table_row(recipe: str, benchmark: str, metric: str, base: Triple, final: Tri
                                       d, dlo, dhi), strict=True))
 
 
+def _num(x) -> float | None:
+    """A table cell as a number: rows read back from CSV hold strings, "" for none."""
+    if x is None or x == "":
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def comparison_metrics(rows: Iterable[Mapping]) -> dict[str, float]:
+    """The comparison table as metrics: `<recipe>/<benchmark>/{base,final,delta}` and
+    their `_lo` / `_hi` (recipe-vs-recipe rows are named `A vs B`)."""
+    out = {}
+    for r in rows:
+        prefix = sanitize_key(f"{r['recipe']}/{r['benchmark']}")
+        for col in ("base", "final", "delta"):
+            for suffix in ("", "_lo", "_hi"):
+                x = _num(r.get(col + suffix))
+                if x is not None:
+                    out[f"{prefix}/{col}{suffix}"] = x
+    return out
+
+
+def comparison_params(rows: Sequence[Mapping]) -> dict[str, str]:
+    """The comparison table as readable params, one per row ("base 0.054 [0.035, 0.072]
+    -> final 0.136 [...]; delta +0.082 [...]"), and the metric the table is on."""
+    def cell(r, col, sign=""):
+        v, lo, hi = (_num(r.get(col + s)) for s in ("", "_lo", "_hi"))
+        if v is None:
+            return "-"
+        return f"{v:{sign}.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+
+    out = {"metric": rows[0]["metric"]} if rows else {}
+    for r in rows:
+        out[sanitize_key(f"{r['recipe']}/{r['benchmark']}")] = (
+            f"base {cell(r, 'base')} -> final {cell(r, 'final')}; delta {cell(r, 'delta', '+')}")
+    return out
+
+
 def ci_triple(block: Mapping | None, value: str = "mean") -> Triple:
     """(value, lo, hi) of a CI block: {"mean", "lo", "hi"} (a metric's), or with
     value="delta" a paired delta's {"delta", "lo", "hi"}; Nones for no block."""
@@ -192,7 +232,7 @@ def compare_table(uri: str | None, experiment: str, metric: str | None = None,
 
 def _recipe_rows(c: MlflowClient, parent, recipe: str, m: str) -> list[dict]:
     mk = sanitize_key(m)
-    kids = {r.info.run_name: r for r in child_runs(parent.info.run_id, c)}
+    kids = {stage_of(r): r for r in child_runs(parent.info.run_id, c)}
     final = kids.get("eval/final")
     if final is None:
         return []

@@ -238,40 +238,60 @@ def _experiment_id_of(run_id: str, client: MlflowClient) -> str:
     return _experiment_of[run_id]
 
 
-def child_runs(parent_id: str, client: MlflowClient, name: str | None = None) -> list:
-    """The child runs of `parent_id` (only those named `name`, if given), oldest first."""
+STAGE_TAG = "grpo.stage"
+
+
+def stage_of(run) -> str:
+    """The stage a child run belongs to (data, grpo/round-1, eval/final...): its
+    `grpo.stage` tag; the run name is `<recipe>/<stage>` and only for people to read."""
+    return run.data.tags.get(STAGE_TAG) or run.info.run_name
+
+
+def child_runs(parent_id: str, client: MlflowClient, stage: str | None = None) -> list:
+    """The child runs of `parent_id` (only those of `stage`, if given), oldest first."""
     flt = f"tags.`{PARENT_RUN_ID_TAG}` = '{parent_id}'"
-    if name is not None:
-        flt += f" and attributes.run_name = '{name}'"
+    if stage is not None:
+        flt += f" and tags.`{STAGE_TAG}` = '{stage}'"
     return list(client.search_runs([_experiment_id_of(parent_id, client)], flt, max_results=1000,
                                    order_by=["attributes.start_time ASC"]))
 
 
-def child_run(parent_id: str, name: str, client: MlflowClient | None = None) -> str:
-    """The child run `name` of `parent_id`, created or found again (a resumed stage logs
-    into the run it started). Names: data, filter/round-N, sft, grpo/round-N, eval/...
-    A found run that is not FINISHED (killed, failed) is set back to RUNNING."""
-    if "'" in name:
-        raise ValueError(f"child run name must not contain a quote: {name!r}")
+def child_run(parent_id: str, stage: str, client: MlflowClient | None = None) -> str:
+    """The child run of `stage` under `parent_id`, created or found again (a resumed stage
+    logs into the run it started). Stages: data, filter/round-N, sft, grpo/round-N,
+    eval/... The run is named `<recipe>/<stage>` (r1_zero/grpo/round-1), so two recipes'
+    stages are told apart in every MLflow view (compare page, chart legends); lookups go
+    by the `grpo.stage` tag. A found run that is not FINISHED (killed, failed) is set back
+    to RUNNING; the stage ends it (end_run) when its work is done."""
+    if "'" in stage:
+        raise ValueError(f"stage name must not contain a quote: {stage!r}")
     c = get_client(client)
-    found = child_runs(parent_id, c, name)
+    found = child_runs(parent_id, c, stage)
     if found:
         run = found[0]
         if run.info.status != "FINISHED":
             c.update_run(run.info.run_id, status="RUNNING")
         return run.info.run_id
     parent = c.get_run(parent_id)
-    tags = {PARENT_RUN_ID_TAG: parent_id, "grpo.pipeline": "child", "grpo.stage": name}
+    tags = {PARENT_RUN_ID_TAG: parent_id, "grpo.pipeline": "child", STAGE_TAG: stage}
     for key in ("recipe", "config_hash", "project"):
         if key in parent.data.tags:
             tags[key] = parent.data.tags[key]
-    run = c.create_run(parent.info.experiment_id, run_name=name, tags=tags)
+    recipe = parent.data.tags.get("recipe")
+    run = c.create_run(parent.info.experiment_id, tags=tags,
+                       run_name=f"{recipe}/{stage}" if recipe else stage)
     _experiment_of[run.info.run_id] = parent.info.experiment_id
     return run.info.run_id
 
 
-def end_run(run_id: str, status: str = "FINISHED", client: MlflowClient | None = None) -> None:
-    get_client(client).set_terminated(run_id, status)
+def end_run(run_id: str, status: str = "FINISHED", client: MlflowClient | None = None,
+            only_running: bool = False) -> None:
+    """End `run_id` now with `status`; with only_running, a run already ended keeps its
+    end time (a stage served from the cache under the child run it finished earlier)."""
+    c = get_client(client)
+    if only_running and c.get_run(run_id).info.status != "RUNNING":
+        return
+    c.set_terminated(run_id, status)
 
 
 def close_children(parent_id: str, status: str, client: MlflowClient) -> None:

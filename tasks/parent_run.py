@@ -29,10 +29,11 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.workspace import Workspace
-from tasks import comparison
+from tasks import comparison, headline
 from tasks.artifacts import log_json, log_text
 from tasks.mlflow_client import (
     child_run,
+    child_runs,
     close_children,
     config_params,
     connect,
@@ -122,6 +123,7 @@ def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_r
     tags = {"recipe": recipe, "config_hash": config_hash, "git_commit": git_commit,
             "prefect_flow_run_id": flow_run_id or "", "grpo.pipeline": "parent",
             "project": cfg.project.name}
+    headline.set_experiment_view(client, exp_id, cfg.eval.benchmarks)
     run = _usable_run(client, state.get("run_id"), exp_id)
     if run is not None:
         run_id = run.info.run_id
@@ -172,7 +174,8 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
                     findings: Sequence[str], workspace: Workspace | str | os.PathLike | None = None,
                     client: MlflowClient | None = None, *,
                     champion_records: Sequence[Mapping] | None = None,
-                    base: Mapping[str, Any] | None = None, base_model: str | None = None) -> dict:
+                    base: Mapping[str, Any] | None = None, base_model: str | None = None,
+                    wall_s: float | None = None) -> dict:
     """Close a pipeline run: final metrics on the parent (prefix final/), findings, the
     paired deltas of final vs base on the eval/final run, the model registered and
     promoted on the primary metric of the first benchmark by the paired rule, running
@@ -182,7 +185,11 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     Per-problem records come from the workspace's store: the final eval's, the base
     model's (`base`: its stage results, else found by `base_model`, else by the config's
     model) and the champion's (`champion_records`, as retrain passes them, else read back
-    through the champion version's eval run id tag)."""
+    through the champion version's eval run id tag).
+
+    The parent also gets the headline metrics (tasks/headline.py; `wall_s`: this
+    pipeline run's wall time, else since the parent run started) and a description
+    saying them in one line, shown at the top of its page."""
     c = get_client(client)
     benchmarks = final.get("benchmarks", final)
     workdir = workspace if workspace is not None else workdir_of(None, cfg)
@@ -206,15 +213,18 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
                            "value": block.get("mean"), "ci_lo": block.get("lo"),
                            "ci_hi": block.get("hi"),
                            "deltas": _log_deltas(parent_id, cfg, benchmarks, mine, before, c)}
-    headline = (f"{bench} {primary} {fmt_ci(block['mean'], block.get('lo'), block.get('hi'))}"
+    result = (f"{bench} {primary} {fmt_ci(block['mean'], block.get('lo'), block.get('hi'))}"
                 if block.get("mean") is not None else f"{bench} {primary}: n/a")
-    summary = headline
+    summary = result
     if name:
         out.update(_register_and_promote(parent_id, cfg, model_dir, name, res, mine.get(bench) or [],
                                          champion_records, c))
-        summary = (f"{headline}; {name} v{out['version']} "
+        summary = (f"{result}; {name} v{out['version']} "
                    f"{'champion' if out['promoted'] else 'challenger'} ({out['reason']})")
     out["summary"] = summary
+    out["links"] = headline.links_for_run(
+        parent_id, (name, out["version"]) if name else None, c)
+    _log_headline(parent_id, cfg, benchmarks, base, out["deltas"], len(findings), wall_s, summary, c)
     close_children(parent_id, "FINISHED", c)
     c.set_terminated(parent_id, "FINISHED")
     _set_state_status(workdir, parent_id, "FINISHED", c)
@@ -267,3 +277,23 @@ def _log_deltas(parent_id: str, cfg, benchmarks: Mapping[str, Any], mine: Mappin
         log_metrics(child_run(parent_id, "eval/final", client), comparison.delta_metrics(deltas),
                     client=client)
     return deltas
+
+
+def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[str, Any] | None,
+                  deltas: Mapping[str, Any], n_findings: int, wall_s: float | None, summary: str,
+                  c: MlflowClient) -> None:
+    """The headline metrics (tasks/headline.py) on the parent, and its description. The
+    steps are the children's (`grpo/steps`, `sft/steps`): a cached stage counts too."""
+    steps = {"grpo": 0, "sft": 0}
+    for run in child_runs(parent_id, c):
+        for kind in steps:
+            steps[kind] += int(run.data.metrics.get(f"{kind}/steps", 0))
+    if wall_s is None:
+        wall_s = time.time() - c.get_run(parent_id).info.start_time / 1000
+    log_metrics(parent_id, headline.headline_metrics(
+        cfg.eval.benchmarks, cfg.eval.primary_metric, base or {}, final, deltas,
+        grpo_steps=steps["grpo"], sft_steps=steps["sft"], wall_s=wall_s, findings=n_findings),
+        client=c)
+    set_tags(parent_id, {"mlflow.note.content": f"**{cfg.project.recipe}**: {summary}. "
+                         f"Headline metrics: `<benchmark>/base`, `/final`, `/delta` "
+                         f"({cfg.eval.primary_metric}, 95% CI in `_lo`/`_hi`)."}, c)

@@ -1,17 +1,52 @@
 """PNG charts of a training run, drawn on the Agg canvas directly (no pyplot): no display
-needed, no global backend switched under a notebook that imported us, thread-safe."""
+needed, no global backend switched under a notebook that imported us, thread-safe.
+
+GRPO panels lead with what says whether the round learns (total reward, each reward
+function, accuracy), then what usually explains why not (length, truncation at the cap,
+groups with no reward spread, hence no advantage), then the optimizer's side (kl, ...).
+Keys are TRL 1.16's GRPOTrainer log keys plus in-round eval's `in_round_eval/accuracy`."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-# What each stage's curves show, in panel order. A key the trainer never logged (kl when
-# beta = 0) gets an empty panel that says so rather than disappearing silently.
-CURVES = {
-    "grpo": ["reward", "reward_std", "kl", "completions/mean_length", "frac_reward_zero_std"],
-    "sft": ["loss", "mean_token_accuracy", "grad_norm", "learning_rate"],
-}
+ACCURACY = "rewards/accuracy/mean"  # grpo_core.verify.rewards.accuracy: TRL names it by __name__
+IN_ROUND = "in_round_eval/accuracy"  # held-out greedy score, only on eval_every steps
+_PER_FUNC = re.compile(r"rewards/(.+)/mean")
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    lines: tuple[tuple[str, str, str], ...]  # (key, legend label, style: "-" main, ":" aside, "o" points)
+    band: tuple[str, str] | None = None  # (mean key, std key): shaded mean +- std
+    share: bool = False  # a fraction: fixed 0..1 axis, so a flat 1.0 doesn't read as noise
+
+
+def _line(key: str, label: str | None = None, style: str = "-") -> tuple[str, str, str]:
+    return key, label or key, style
+
+
+GRPO_PANELS = [
+    Panel("reward (mean +- std)", (_line("reward"),), band=("reward", "reward_std")),
+    Panel("reward per function", ()),  # filled from the history's rewards/<fn>/mean keys
+    Panel("accuracy", (_line(ACCURACY, "train samples"), _line(IN_ROUND, "in-round eval", "o")),
+          share=True),
+    Panel("completion length (tokens)", (_line("completions/mean_length", "mean"),
+                                         _line("completions/min_length", "min", ":"),
+                                         _line("completions/max_length", "max", ":"))),
+    Panel("truncated at max length (completions/clipped_ratio)",
+          (_line("completions/clipped_ratio"),), share=True),
+    Panel("groups with zero reward std (frac_reward_zero_std)",
+          (_line("frac_reward_zero_std"),), share=True),
+    *(Panel(k, (_line(k),)) for k in ("kl", "entropy", "clip_ratio/region_mean", "loss",
+                                      "grad_norm", "learning_rate")),
+]
+SFT_PANELS = [Panel(k, (_line(k),)) for k in ("loss", "mean_token_accuracy", "grad_norm",
+                                              "learning_rate")]
 
 
 def _series(history: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
@@ -25,32 +60,87 @@ def _series(history: Sequence[dict], key: str) -> tuple[list[float], list[float]
     return xs, ys
 
 
-def training_curves(history: Sequence[dict], path: str | Path, kind: str = "grpo",
-                    keys: Sequence[str] | None = None, title: str | None = None) -> Path:
-    """One subplot per metric key against the optimizer step; returns the PNG path."""
+def panels(history: Sequence[dict], kind: str = "grpo",
+           keys: Sequence[str] | None = None) -> list[Panel]:
+    """The panels to draw, in order, each with only the lines that have a finite point; a
+    panel with none is left out (kl when beta = 0), not drawn empty."""
+    if keys is not None:
+        wanted = [Panel(k, (_line(k),)) for k in keys]
+    else:
+        wanted = SFT_PANELS if kind == "sft" else GRPO_PANELS
+    # TRL logs the functions in reward_funcs order; keep it (first seen) for stable colours.
+    funcs = list(dict.fromkeys(m.group(1) for row in history for k in row
+                               if (m := _PER_FUNC.fullmatch(k))))
+    out = []
+    for p in wanted:
+        lines = p.lines
+        if p.title == "reward per function":
+            lines = tuple(_line(f"rewards/{f}/mean", f) for f in funcs)
+        lines = tuple(ln for ln in lines if _series(history, ln[0])[0])
+        if lines:
+            out.append(Panel(p.title, lines, p.band, p.share))
+    return out
+
+
+def figure(history: Sequence[dict], kind: str = "grpo", keys: Sequence[str] | None = None,
+           title: str | None = None):
+    """The matplotlib Figure (Agg canvas attached): one axis per panel against the step."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    keys = list(keys or CURVES.get(kind, CURVES["grpo"]))
-    cols = min(3, len(keys))
-    rows = math.ceil(len(keys) / cols)
+    todo = panels(history, kind, keys)
+    n = max(1, len(todo))
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
     fig = Figure(figsize=(4.2 * cols, 2.8 * rows), dpi=100)
     FigureCanvasAgg(fig)
-    for i, key in enumerate(keys):
+    if not todo:  # a round that logged nothing still gets a chart saying so, not a crash
+        ax = fig.add_subplot(1, 1, 1)
+        ax.set_title("nothing logged", fontsize=9, loc="left")
+        ax.text(0.5, 0.5, "no metric was logged", ha="center", va="center",
+                transform=ax.transAxes, color="grey")
+        ax.set_axis_off()
+    for i, p in enumerate(todo):
         ax = fig.add_subplot(rows, cols, i + 1)
-        xs, ys = _series(history, key)
-        if xs:
-            ax.plot(xs, ys, marker="." if len(xs) < 40 else None, linewidth=1.2)
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes,
-                    color="grey")
-        ax.set_title(key, fontsize=9, loc="left")
+        for key, label, style in p.lines:
+            xs, ys = _series(history, key)
+            if style == "o":
+                ax.plot(xs, ys, "o", markersize=5, label=label)
+            else:
+                ax.plot(xs, ys, linestyle=style, linewidth=1.2 if style == "-" else 0.9,
+                        marker="." if len(xs) < 40 and style == "-" else None, label=label)
+        if p.band:
+            _band(ax, history, *p.band)
+        if p.share:
+            ax.set_ylim(-0.05, 1.05)
+        if len(p.lines) > 1:
+            ax.legend(fontsize=7, loc="best")
+        ax.set_title(p.title, fontsize=9, loc="left")
         ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps are whole
+        ax.ticklabel_format(axis="y", useOffset=False)  # entropy 5.7735 + 1e-5 is unreadable
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     fig.suptitle(title or f"{kind} training curves ({len(history)} log rows)", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def _band(ax, history: Sequence[dict], mean_key: str, std_key: str) -> None:
+    # Only steps with both values: a missing std must not shift the band against the line.
+    means, stds = _series(history, mean_key), dict(zip(*_series(history, std_key)))
+    pts = [(x, m, stds[x]) for x, m in zip(*means) if x in stds]
+    if pts:
+        xs, ms, ss = zip(*pts)
+        ax.fill_between(xs, [m - s for m, s in zip(ms, ss)], [m + s for m, s in zip(ms, ss)],
+                        alpha=0.2, label=std_key)
+
+
+def training_curves(history: Sequence[dict], path: str | Path, kind: str = "grpo",
+                    keys: Sequence[str] | None = None, title: str | None = None) -> Path:
+    """Draw `figure(...)` to a PNG at path; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    figure(history, kind, keys, title).savefig(path, format="png")
     return path

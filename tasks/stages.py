@@ -64,26 +64,36 @@ class Ctx:
 
 def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics=lambda v: {}):
     """Run `compute(child_run_id)` unless the key is done. The child run exists either
-    way; on a hit from another pipeline run it gets the stage's numbers, once.
+    way; on a hit from another pipeline run it gets the stage's numbers, once. The child
+    run ends with the stage (FINISHED, or FAILED if compute raises), so its duration in
+    MLflow is the stage's; `stage/seconds` is what the stage measured itself.
     `compute` runs inside grpo_core.modeling.gpu.stage_memory: peak GPU memory (CUDA only) is kept
     as `gpu_peak_gb` and logged as system/gpu_peak_gb."""
     run = tracking.child_run(ctx.parent_run, child)
     hit = ctx.cache.get(key)
     if hit is None:
         t0 = time.perf_counter()
-        # Engines built inside are shut down, CUDA memory freed and the environment restored
-        # when the stage ends (grpo_core.modeling.gpu); its peak GPU memory goes to the child run.
-        with stage_memory() as mem:
-            value = {**compute(run), "mlflow_run": run}
+        try:
+            # Engines built inside are shut down, CUDA memory freed and the environment restored
+            # when the stage ends (grpo_core.modeling.gpu); its peak GPU memory goes to the child run.
+            with stage_memory() as mem:
+                value = {**compute(run), "mlflow_run": run}
+        except BaseException:
+            tracking.end_run(run, "FAILED")
+            raise
         value["seconds"] = round(time.perf_counter() - t0, 3)
         if mem.peak_gb is not None:
             value["gpu_peak_gb"] = mem.peak_gb
-        tracking.log_metrics(run, {**metrics(value), **peak_metrics(value)})
+        tracking.log_metrics(run, {**metrics(value), **peak_metrics(value),
+                                   "stage/seconds": value["seconds"]})
+        tracking.end_run(run)
         return {**ctx.cache.put(key, value, paths(value)), "cached": False}
     if not tracking.has_metrics(run):
         tracking.log_metrics(run, {**metrics(hit), **peak_metrics(hit)})
         if hit.get("mlflow_run") and hit["mlflow_run"] != run:
             tracking.copy_artifacts(hit["mlflow_run"], run)
+            tracking.set_tags(run, {"grpo.cached_from": hit["mlflow_run"]})
+    tracking.end_run(run, only_running=True)
     return {**hit, "cached": True}
 
 

@@ -7,6 +7,7 @@ re-exporting what its callers use from the modules doing the work, layered botto
 - tasks.mlflow_client: the process's client, params/tags/metrics, child runs
 - tasks.artifacts, tasks.registry, tasks.trainer_logging, tasks.comparison: artifacts
   and tables, the model registry, the trainer callback, paired comparisons
+- tasks.headline: the headline metrics, the experiment's runs-table view, UI links
 - tasks.parent_run: a pipeline's parent run from start to finish (see its docstring for
   the layout in MLflow)
 """
@@ -22,11 +23,13 @@ from tasks.artifacts import (  # noqa: F401 - re-exported
     log_training_curves,
 )
 from tasks.comparison import COMPARE_COLUMNS, compare_table  # noqa: F401 - re-exported
+from tasks.headline import links_for_run  # noqa: F401 - re-exported
 from tasks.mlflow_client import (  # noqa: F401 - re-exported
     child_run,
     config_params,
     connect,
     current_uri,
+    end_run,
     eval_metrics,
     experiment_id,
     get_client,
@@ -35,6 +38,7 @@ from tasks.mlflow_client import (  # noqa: F401 - re-exported
     metric_history,
     sanitize_key,
     set_tags,
+    stage_of,
 )
 from tasks.parent_run import (  # noqa: F401 - re-exported
     fail_pipeline,

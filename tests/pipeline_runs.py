@@ -68,13 +68,14 @@ def mlflow_runs(workdir: Path, experiment: str = "itest"):
 
 
 def run_names(workdir: Path) -> set[str]:
-    """Names of the MLflow runs so far, read with plain sqlite3 while a pipeline writes."""
+    """Stages of the MLflow child runs so far (their grpo.stage tag; run names are
+    <recipe>/<stage>), read with plain sqlite3 while a pipeline writes."""
     db = workdir / "mlflow.db"
     if not db.exists():
         return set()
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
-            return {r[0] for r in con.execute("SELECT name FROM runs")}
+            return {r[0] for r in con.execute("SELECT value FROM tags WHERE key = 'grpo.stage'")}
     except sqlite3.Error:
         return set()
 

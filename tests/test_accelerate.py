@@ -8,6 +8,8 @@ import duckdb
 import pytest
 from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, write_config
 
+from tasks.mlflow_client import stage_of
+
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
 
@@ -32,7 +34,7 @@ def test_grpo_round_on_two_processes(tiny_model_path, tmp_path):
 
     client, runs = mlflow_runs(wd)
     assert len([r for r in runs if "mlflow.parentRunId" not in r.data.tags]) == 1
-    grpo = next(r for r in runs if r.info.run_name == "grpo/round-1")
+    grpo = next(r for r in runs if stage_of(r) == "grpo/round-1")
     steps = [m.step for m in client.get_metric_history(grpo.info.run_id, "reward")]
     assert sorted(steps) == list(range(1, STEPS + 1)), steps  # one point per step: rank 0 only
     with duckdb.connect(str(wd / "store.duckdb"), read_only=True) as con:

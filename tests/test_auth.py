@@ -18,6 +18,8 @@ import yaml
 from mlflow_server import MlflowServer
 from pipeline_runs import GRPO, ROOT, basic_auth_token, run_env, scan_for_secrets
 
+from tasks.mlflow_client import stage_of
+
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
 
@@ -113,7 +115,7 @@ def test_mlflow_basic_auth_pipeline_run_and_guarded_registry(tiny_model_path, tm
         runs = viewer.search_runs([exp.experiment_id])
         parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
         assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-        assert {"data", "filter/round-1", "grpo/round-1", "eval/final"} <= {r.info.run_name for r in runs}
+        assert {"data", "filter/round-1", "grpo/round-1", "eval/final"} <= {stage_of(r) for r in runs}
         champion = viewer.get_model_version_by_alias("itest-auth-r1_zero", "champion")
         assert champion.run_id == parents[0].info.run_id
         assert [a.path for a in viewer.list_artifacts(parents[0].info.run_id, "config")]

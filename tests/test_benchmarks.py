@@ -23,6 +23,7 @@ from grpo_core.data.benchmarks import (
 )
 from grpo_core.data.records import stage_problems
 from grpo_core.data.store import Store
+from tasks.mlflow_client import stage_of
 
 pytest_plugins = ["fixtures_models"]
 
@@ -136,7 +137,7 @@ def test_pipeline_stores_eval_sets_and_flags_planted_rows(shared_data, tiny_mode
     assert flagged == {("planted", "train"): {"gsm8k/test": 1, "math500/test": 1}}
 
     _, runs = mlflow_runs(workdir)
-    by_name = {r.info.run_name: r for r in runs}
+    by_name = {stage_of(r): r for r in runs}
     data = by_name["data"].data.metrics
     assert data["data/pool_size"] == 20
     for bench in ("gsm8k", "math500"):

@@ -82,10 +82,10 @@ def _parent_status(workdir: Path) -> str:
                            ).fetchone()[0]
 
 
-def _metric_count(workdir: Path, run_name: str) -> int:
+def _metric_count(workdir: Path, stage: str) -> int:
     with sqlite3.connect(f"file:{workdir / 'mlflow.db'}?mode=ro", uri=True) as con:
-        return con.execute("SELECT count(*) FROM metrics m JOIN runs r ON m.run_uuid = r.run_uuid "
-                           "WHERE r.name = ?", [run_name]).fetchone()[0]
+        return con.execute("SELECT count(*) FROM metrics m JOIN tags t ON m.run_uuid = t.run_uuid "
+                           "WHERE t.key = 'grpo.stage' AND t.value = ?", [stage]).fetchone()[0]
 
 
 def _store_rows(workdir: Path) -> dict[str, list]:

@@ -24,6 +24,8 @@ import yaml
 from mlflow_server import MlflowServer
 from pipeline_runs import basic_auth_token, scan_for_secrets
 
+from tasks.mlflow_client import stage_of
+
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
 
@@ -64,6 +66,27 @@ def _prefect_status(api: str, auth: str | None) -> int:
             return resp.status
     except urllib.error.HTTPError as exc:
         return exc.code
+
+
+def _prefect_post(api: str, path: str, body: dict, auth: str) -> list[dict]:
+    req = urllib.request.Request(f"{api}/{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization":
+                                          "Basic " + base64.b64encode(auth.encode()).decode()})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.load(resp)
+
+
+def _prefect_story(api: str, auth: str) -> dict:
+    """Flow run name -> its task run names and log lines, read from the server's API."""
+    story = {}
+    for run in _prefect_post(api, "flow_runs/filter", {}, auth):
+        ids = {"any_": [run["id"]]}
+        story[run["name"]] = {
+            "tasks": {t["name"] for t in _prefect_post(api, "task_runs/filter",
+                                                        {"flow_runs": {"id": ids}}, auth)},
+            "logs": [x["message"] for x in _prefect_post(
+                api, "logs/filter", {"logs": {"flow_run_id": ids}, "limit": 200}, auth)]}
+    return story
 
 
 class Services:
@@ -146,6 +169,7 @@ def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
         run = cli("deployment", "run", "grpo-run-config/quickstart", "--params", json.dumps(params),
                   "--watch", timeout=600)
         assert "Completed" in run.stdout, run.stdout[-3000:]
+        story = _prefect_story(api, PREFECT_AUTH)  # checked below, with MLflow's config hash
     finally:
         services.stop()
         mlflow.stop()
@@ -171,7 +195,16 @@ def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert parents[0].data.tags.get("prefect_flow_run_id") not in (None, "", "None")
-    names = {r.info.run_name for r in runs}
+    # The worker's flow run told Prefect the same story: the pipeline subflow named after
+    # recipe and config hash, task runs after the stages, the stage lines in its log.
+    pipeline = story.get(f"r1_zero-{parents[0].data.tags['config_hash'][:8]}")
+    assert pipeline is not None, sorted(story)
+    assert {"data", "filter/round-1", "grpo/round-1", "eval/final"} <= pipeline["tasks"]
+    assert "data: started" in pipeline["logs"], pipeline["logs"]
+    assert any(m.startswith(("eval/final: computed in", "eval/final: cached in"))
+               for m in pipeline["logs"]), pipeline["logs"]
+    assert any(m.startswith("final: ") for m in pipeline["logs"]), pipeline["logs"]
+    names = {stage_of(r) for r in runs}
     assert {"data", "filter/round-1", "grpo/round-1", "eval/final"} <= names
     assert client.get_model_version_by_alias("itest-deploy-r1_zero", "champion")
     assert not (ROOT / "mlruns").exists()

@@ -16,6 +16,8 @@ import duckdb
 import pytest
 from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, scan_for_secrets, write_config
 
+from tasks.mlflow_client import stage_of
+
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
 
@@ -85,7 +87,7 @@ def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
     snapshot = json.loads(Path(env_file).read_text())["env"]
     assert snapshot["HF_TOKEN"] == snapshot["GRPO_SERVICE_PASSWORD"] == "***"
     assert snapshot["MLFLOW_TRACKING_PASSWORD"] == snapshot["PREFECT_API_AUTH_STRING"] == "***"
-    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    children = {stage_of(r): r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert {"data", "eval/base", "filter/round-1", "grpo/round-1", "eval/round-1", "filter/round-2",
             "grpo/round-2", "eval/round-2", "eval/final"} <= set(children)
     grpo1 = children["grpo/round-1"]

@@ -20,6 +20,7 @@ from pipeline_runs import GRPO, ROOT, mlflow_runs, prefect_flow_runs, run_env, w
 
 from grpo_core.data.locks import lock_path
 from grpo_core.workspace import Workspace
+from tasks.mlflow_client import stage_of
 
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
@@ -67,7 +68,7 @@ def _check_retrain_run(workdir: Path, tmp_path: Path) -> dict:
     run = parents["r1_zero+retrain"]
     assert run.info.status == "FINISHED" and run.data.tags["grpo.champion_version"] == "1"
     _, runs = mlflow_runs(workdir)
-    children = {r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id}
+    children = {stage_of(r) for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id}
     assert children == {"data", "filter/round-1", "grpo/round-1", "eval/champion", "eval/final"}
 
     (tmp_path / "dl").mkdir()
@@ -100,7 +101,7 @@ def _check_retrain_run(workdir: Path, tmp_path: Path) -> dict:
     # The pipeline (base eval -> final eval) logged its paired final-vs-base delta where
     # `grpo compare` reads it; a retrain has no base eval, so none there.
     final_of = {r.data.tags.get("mlflow.parentRunId"): r.data.metrics for r in runs
-                if r.info.run_name == "eval/final"}
+                if stage_of(r) == "eval/final"}
     key = f"synthetic/{PRIMARY}_delta"
     pipe = final_of[parents["r1_zero"].info.run_id]
     assert pipe[f"{key}_ci_lo"] <= pipe[key] <= pipe[f"{key}_ci_hi"]

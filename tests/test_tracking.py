@@ -5,6 +5,8 @@ A fresh SQLite store spends ~8 s on schema migrations, so the session migrates o
 template database and each test copies it (0.2 s)."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -157,7 +159,8 @@ def test_parent_and_children_reused_on_resume(store):
     assert len(set(kids.values())) == len(names)
     for n, rid in kids.items():
         r = client.get_run(rid)
-        assert r.info.run_name == n and r.data.tags["mlflow.parentRunId"] == parent
+        assert r.info.run_name == f"r1_zero/{n}" and r.data.tags["grpo.stage"] == n
+        assert r.data.tags["mlflow.parentRunId"] == parent
         assert r.data.tags["recipe"] == "r1_zero"
 
     # Killed mid-round: the same config resumes under the same parent and children.
@@ -366,6 +369,22 @@ def test_finish_pipeline_and_compare_table(store):
     p = client.get_run(results["r1_zero"]["parent_run"])
     assert p.info.status == "FINISHED" and p.data.metrics["final/synthetic/greedy_accuracy"] == 0.5
     assert p.data.tags["findings"] == "collapse at step 3"
+    # Headline numbers under short names (no base eval here: no base/delta, not 0s) ...
+    m = p.data.metrics
+    assert m["synthetic/final"] == 0.5 and m["synthetic/final_lo"] == pytest.approx(0.4)
+    assert m["findings"] == 1 and m["grpo_steps"] == 0 and m["wall_min"] >= 0
+    assert "synthetic/base" not in m and "synthetic/delta" not in m
+    assert "0.5000" in p.data.tags["mlflow.note.content"]
+    # ... and the experiment opens on the runs table showing them.
+    exp = client.get_experiment(p.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(exp.tags["mlflow.sharedViewState.grpo-headline"])
+    assert "metrics.`synthetic/final`" in view["selectedColumns"]
+    links = results["r1_zero"]["links"]
+    assert links["runs_table"].endswith(f"/#/experiments/{exp.experiment_id}/runs?workflowType="
+                                        "machine_learning&viewStateShareKey=grpo-headline")
+    assert links["run"].endswith(f"{p.info.run_id}?workflowType=machine_learning")
+    assert "/#/models/recipes-r1_zero/versions/1?" in links["model_version"]
     rows = T.compare_table(T.tracking_uri(cfg, wd), "recipes")
     assert [(r["recipe"], r["benchmark"]) for r in rows] == [("r1_zero", "synthetic"),
                                                              ("sft_grpo", "synthetic")]
@@ -376,10 +395,23 @@ def test_finish_pipeline_and_compare_table(store):
 
     chart = wd / "chart.png"
     chart.write_bytes(PNG_MAGIC)
-    csv_text = "recipe,final\nr1_zero,0.5\nsft_grpo,0.6\n"
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=T.COMPARE_COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    csv_text = buf.getvalue()
     parents = [results[r]["parent_run"] for r in results]
     run = T.log_comparison(cfg, wd, "| table |", csv_text, chart, parents)
     assert T.log_comparison(cfg, wd, "| table |", csv_text, chart, parents) == run
+    # The table is on the run's page too: metrics per recipe x benchmark, readable params,
+    # and the markdown as the run's description.
+    shown = client.get_run(run).data
+    assert shown.metrics["sft_grpo/synthetic/final"] == pytest.approx(0.6)
+    assert shown.metrics["sft_grpo/synthetic/base"] == pytest.approx(0.2)
+    assert shown.metrics["sft_grpo/synthetic/delta"] == pytest.approx(0.4)
+    assert shown.metrics["sft_grpo/synthetic/final_lo"] == pytest.approx(0.5)
+    assert shown.params["sft_grpo/synthetic"].startswith("base 0.200")
+    assert shown.tags["mlflow.note.content"] == "| table |"
     files = set(_all_artifact_files(client, run))
     assert {"comparison/comparison.md", "comparison/comparison.csv", "comparison/chart.png",
             "comparison/comparison_table.json"} <= files

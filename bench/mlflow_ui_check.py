@@ -1,0 +1,192 @@
+"""Look at a finished workspace the way a user does: in MLflow's UI, in a real browser.
+
+    python bench/mlflow_ui_check.py --workdir .grpo [--out reports/ui]
+
+Starts `mlflow ui` on the workspace's store (loopback, a free port), opens in headless
+Chromium the experiment as a new user lands on it, the runs-table link `grpo run` prints,
+each recipe's parent run, the comparison run and the champion model versions; saves a
+screenshot of each page and checks that the headline metric names and values (read back
+through MLflow's API) are on the pages. Prints one line per page and check; exit 1 if a
+check failed.
+
+Needs the optional `ui` extra (Playwright, `pip install -e '.[ui]'`) and a Chromium:
+the Debian package (`apt-get install chromium`) is used when present, so nothing is
+downloaded from Playwright's CDN.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from common import ROOT
+
+from tasks.headline import ui_links
+
+ASSISTANT_CLOSED = ("localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
+                    "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');")
+SETTLE_S = 6.0  # the single-page app fetches after load; charts and tables render late
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_ui(db: Path, port: int, log: Path):
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    with log.open("w") as fh:
+        proc = subprocess.Popen([str(mlflow_bin), "ui", "--backend-store-uri", f"sqlite:///{db}",
+                                 "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlflow ui exited: {log.read_text()[-2000:]}")
+            time.sleep(1)
+        else:
+            raise RuntimeError("mlflow ui did not answer within 180 s")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+
+def chromium() -> str | None:
+    """The system Chromium, else None (Playwright's own browser, if installed)."""
+    return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser",
+                                                        "google-chrome")) if p), None)
+
+
+def shown(value: float) -> list[str]:
+    """How the UI may print a metric value (it shows the logged float, sometimes rounded)."""
+    forms = {repr(value), f"{value:g}", f"{value:.4g}", f"{value:.3g}", f"{value:.2f}",
+             f"{value:.3f}", f"{value:.4f}"}
+    if value == int(value):
+        forms.add(str(int(value)))
+    return sorted(forms)
+
+
+class Checker:
+    def __init__(self, page, out: Path):
+        self.page, self.out, self.failed, self.n = page, out, 0, 0
+
+    def visit(self, name: str, url: str, wait_for: str | None = None) -> str:
+        self.page.goto(url)
+        if wait_for:
+            with contextlib.suppress(Exception):
+                self.page.get_by_text(wait_for, exact=False).first.wait_for(timeout=30_000)
+        time.sleep(SETTLE_S)
+        self.n += 1
+        shot = self.out / f"{self.n:02d}-{name}.png"
+        self.page.screenshot(path=str(shot), full_page=True)
+        print(f"[page] {name}: {url}\n       -> {self.page.url}\n       screenshot {shot}")
+        return self.page.inner_text("body")
+
+    def check(self, what: str, ok: bool) -> None:
+        self.failed += not ok
+        print(f"  [{'ok' if ok else 'FAIL'}] {what}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path, default=ROOT / ".grpo")
+    ap.add_argument("--experiment", default="recipes")
+    ap.add_argument("--out", type=Path, default=None, help="screenshots (default <workdir>/reports/ui)")
+    args = ap.parse_args()
+    from mlflow import MlflowClient
+    from playwright.sync_api import sync_playwright
+
+    wd = args.workdir.resolve()
+    out = (args.out or wd / "reports" / "ui").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    db = wd / "mlflow.db"
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name(args.experiment)
+    if exp is None:
+        print(f"no experiment {args.experiment!r} in {db}: run `grpo run` first")
+        return 2
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = {r.data.tags["recipe"]: r for r in sorted(runs, key=lambda r: r.info.start_time)
+               if r.data.tags.get("grpo.pipeline") == "parent"}
+    comps = [r for r in runs if r.data.tags.get("grpo.pipeline") == "comparison"]
+    benches = sorted({k.split("/")[0] for p in parents.values() for k in p.data.metrics
+                      if k.endswith("/final")})
+
+    with mlflow_ui(db, free_port(), out / "mlflow-ui.log") as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        context = browser.new_context(viewport={"width": 1600, "height": 1000})
+        # MLflow 3.17 opens its "Assistant" side panel over a third of the page on a
+        # browser's first visit (closing it is remembered): start as a user who closed it.
+        context.add_init_script(ASSISTANT_CLOSED)
+        page = context.new_page()
+        c = Checker(page, out)
+        link = lambda run=None, model=None: ui_links(  # noqa: E731
+            "", exp.experiment_id, run, model, base=base)
+
+        c.visit("landing", f"{base}/#/experiments/{exp.experiment_id}", wait_for="Traces")
+        print(f"  [info] without the printed link a new browser lands on "
+              f"{page.url.split('#')[1][:80]} (MLflow 3.17 starts in its GenAI mode)")
+
+        text = c.visit("runs-table", link()["runs_table"], wait_for=next(iter(parents), None))
+        c.check("runs table, not the GenAI overview", "Run Name" in text and "Traces\n0" not in text)
+        for bench in benches:
+            for col in ("base", "final", "delta"):
+                c.check(f"runs table shows column {bench}/{col}", f"{bench}/{col}" in text)
+        for recipe, p in parents.items():
+            c.check(f"runs table lists {p.info.run_name}", p.info.run_name in text)
+            for bench in benches:
+                v = p.data.metrics.get(f"{bench}/final")
+                c.check(f"runs table shows {recipe} {bench}/final = {v}",
+                        v is not None and any(s in text for s in shown(v)))
+
+        for recipe, p in parents.items():
+            text = c.visit(f"parent-{recipe}", link(p.info.run_id)["run"], wait_for="Metrics")
+            c.check(f"{recipe} page: description with the headline", f"{recipe}" in text
+                    and "Headline metrics" in text)
+            for bench in benches:
+                for col in ("base", "final", "delta"):
+                    v = p.data.metrics.get(f"{bench}/{col}")
+                    c.check(f"{recipe} page: {bench}/{col} = {v}", v is not None
+                            and f"{bench}/{col}" in text and any(s in text for s in shown(v)))
+
+        for comp in comps[:1]:
+            text = c.visit("comparison", link(comp.info.run_id)["run"], wait_for="Metrics")
+            for key, v in sorted(comp.data.metrics.items()):
+                if key.endswith(("/base", "/final", "/delta")):
+                    c.check(f"comparison page: {key} = {v:.4g}",
+                            key in text and any(s in text for s in shown(v)))
+            c.check("comparison page: the table as its description",
+                    "delta [paired 95% CI]" in text)
+
+        for recipe in parents:
+            name = f"{exp.name}-{recipe}"
+            with contextlib.suppress(Exception):
+                mv = client.get_model_version_by_alias(name, "champion")
+                text = c.visit(f"model-{recipe}", link(model=(name, mv.version))["model_version"],
+                               wait_for="Version")
+                c.check(f"{name} v{mv.version}: a model page with a schema (not a 404)",
+                        "Schema" in text and not re.search(r"Inputs\s*\(0\)", text)
+                        and "404" not in text and "not found" not in text.lower())
+                c.check(f"{name} v{mv.version}: alias champion shown", "champion" in text)
+        browser.close()
+    print(f"{c.n} pages, {c.failed} failed checks; screenshots in {out}")
+    return 1 if c.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

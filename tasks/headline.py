@@ -1,0 +1,129 @@
+"""The few numbers a person opens MLflow for, where the UI shows them without a guide.
+
+- `headline_metrics`: the parent run's short-named metrics, per benchmark of the config
+  and on its primary metric: `<bench>/base`, `<bench>/final`, `<bench>/delta` (paired,
+  final minus base), each with `_lo` / `_hi` (95% CI), then `grpo_steps`, `sft_steps`,
+  `wall_min` and `findings` (how many).
+- `set_experiment_view`: the experiment is tagged as model development (MLflow's
+  `mlflow.experimentKind`) and given a saved runs-table view (MLflow's own "share view"
+  mechanism, an experiment tag read through `?viewStateShareKey=`) whose columns are the
+  headline metrics, first: the link `grpo run` prints opens the runs table with those
+  numbers showing, in MLflow's model-training mode (`?workflowType=machine_learning`:
+  MLflow 3.17 ignores the kind tag and opens every experiment in its GenAI view).
+- `ui_links`: the UI addresses of the runs table, a run and a model version.
+
+No Prefect import; the MLflow client comes from the caller."""
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from tasks.mlflow_client import current_uri, get_client, sanitize_key
+from tasks.tracking_store import strip_userinfo
+
+EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
+VIEW_KEY = "grpo-headline"
+# MLflow 3.17's UI starts in its GenAI mode whatever the experiment's kind tag says (the
+# mode is a browser-wide switch, remembered in local storage): links ask for the model
+# training mode explicitly. Checked in Chromium (bench/mlflow_ui_check.py).
+WORKFLOW = "machine_learning"
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui`'s default address, for a local store
+_STATS = ("grpo_steps", "sft_steps", "wall_min", "findings")
+
+
+def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, Any],
+                     final: Mapping[str, Any], deltas: Mapping[str, Any], *, grpo_steps: int,
+                     sft_steps: int, wall_s: float, findings: int) -> dict[str, float]:
+    """`base`/`final`: {bench: {"metrics": {metric: {"mean", "lo", "hi"}}}} (stage results);
+    `deltas`: {bench: {metric: {"delta", "lo", "hi"}}} (finish_pipeline's paired deltas).
+    A number that does not exist (no base evaluation of a benchmark, an unpaired delta) is
+    left out rather than logged as 0."""
+    out: dict[str, float] = {}
+    for bench in benchmarks:
+        b = sanitize_key(bench)
+        blocks = {"base": _block(base, bench, metric), "final": _block(final, bench, metric),
+                  "delta": _delta(deltas, bench, metric)}
+        for name, (v, lo, hi) in blocks.items():
+            for suffix, x in (("", v), ("_lo", lo), ("_hi", hi)):
+                if x is not None:
+                    out[f"{b}/{name}{suffix}"] = float(x)
+    out.update({"grpo_steps": float(grpo_steps), "sft_steps": float(sft_steps),
+                "wall_min": round(wall_s / 60.0, 2), "findings": float(findings)})
+    return out
+
+
+def _block(results: Mapping[str, Any], bench: str, metric: str) -> tuple:
+    m = ((results.get(bench) or {}).get("metrics") or {}).get(metric) or {}
+    return m.get("mean"), m.get("lo"), m.get("hi")
+
+
+def _delta(deltas: Mapping[str, Any], bench: str, metric: str) -> tuple:
+    d = (deltas.get(bench) or {}).get(metric) or {}
+    return d.get("delta"), d.get("lo"), d.get("hi")
+
+
+def headline_columns(benchmarks: Iterable[str]) -> list[str]:
+    """The runs table's columns for the headline (MLflow's `metrics.\\`name\\`` ids):
+    base, final and delta per benchmark, then the run's size. CIs stay on the run page:
+    nine columns per benchmark would push the deltas off screen."""
+    cols = ["attributes.`Models`"]
+    for bench in benchmarks:
+        b = sanitize_key(bench)
+        cols += [f"metrics.`{b}/{name}`" for name in ("base", "final", "delta")]
+    return cols + [f"metrics.`{s}`" for s in _STATS]
+
+
+def set_experiment_view(client: MlflowClient, exp_id: str, benchmarks: Iterable[str]) -> str:
+    """Tag the experiment as model development and save the headline runs-table view
+    (columns of earlier configs' benchmarks are kept: one experiment, one table).
+    Returns the view key for `ui_links`."""
+    client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT)
+    tag = VIEW_TAG_PREFIX + VIEW_KEY
+    old = client.get_experiment(exp_id).tags.get(tag)
+    try:
+        kept = json.loads(old).get("selectedColumns", []) if old else []
+    except (ValueError, AttributeError):
+        kept = []
+    cols = list(dict.fromkeys([*kept, *headline_columns(benchmarks)]))
+    stats = [f"metrics.`{s}`" for s in _STATS]  # the run's size after every benchmark
+    cols = [c for c in cols if c not in stats] + stats
+    view = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False,
+            "startTime": "ALL", "lifecycleFilter": "Active", "modelVersionFilter": "All Runs",
+            "datasetsFilter": [], "selectedColumns": cols, "columnOrder": cols}
+    client.set_experiment_tag(exp_id, tag, json.dumps(view))
+    return VIEW_KEY
+
+
+def ui_base(tracking_uri: str) -> str:
+    """Where the MLflow UI of `tracking_uri` is: the server itself for http(s) stores
+    (credentials stripped), else `mlflow ui`'s default local address."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return strip_userinfo(tracking_uri).rstrip("/")
+    return DEFAULT_UI
+
+
+def ui_links(tracking_uri: str, exp_id: str, run_id: str | None = None,
+             model: tuple[str, str] | None = None, base: str | None = None) -> dict[str, str]:
+    """{"runs_table": ..., "run": ..., "model_version": ...} (the last two when asked);
+    `base`: the UI's address when not ui_base's (an `mlflow ui` on another port)."""
+    base, ml = (base or ui_base(tracking_uri)).rstrip("/"), f"workflowType={WORKFLOW}"
+    links = {"runs_table": f"{base}/#/experiments/{exp_id}/runs?{ml}&viewStateShareKey={VIEW_KEY}"}
+    if run_id:
+        links["run"] = f"{base}/#/experiments/{exp_id}/runs/{run_id}?{ml}"
+    if model:
+        name, version = model
+        links["model_version"] = (f"{base}/#/models/{urllib.parse.quote(name)}/versions/"
+                                  f"{version}?{ml}")
+    return links
+
+
+def links_for_run(run_id: str, model: tuple[str, str] | None = None,
+                  client: MlflowClient | None = None) -> dict[str, str]:
+    """ui_links of `run_id` in this process's store (tasks.mlflow_client.connect)."""
+    exp_id = get_client(client).get_run(run_id).info.experiment_id
+    return ui_links(current_uri(), exp_id, run_id, model)

@@ -1,0 +1,183 @@
+"""Prefect tells the same story as the terminal and MLflow (issue 16, point 5).
+
+`grpo run` over both recipes (the compare flow, a pipeline subflow per recipe) on a tiny
+random model, in a subprocess with Prefect's temporary server writing into
+<workdir>/prefect; then the README's way of opening that history, `PREFECT_HOME=<workdir>/
+prefect prefect server start`, on loopback, read back through Prefect's client:
+
+- flow runs named after what they ran: `compare-r1_zero-vs-sft_grpo`, and
+  `<recipe>-<config hash[:8]>` for each pipeline (the hash MLflow's parent run is tagged with);
+- task runs named by the stage labels, each stage's end line in its task run's log;
+- each pipeline run's log holds the stage start/end lines, the findings and the `final:`
+  line (sent before the temporary server stopped at the process's exit);
+- the recipe-comparison markdown artifact on the compare flow run.
+
+(tests/test_deployment.py checks the names and log lines against a server a worker reports to.)
+"""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env
+
+pytest_plugins = ["fixtures_models"]
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+
+# Both recipes in about a minute: 40 problems, 2 GRPO steps of 2 prompts x 2, 8 eval problems.
+TINY = ["filter.k=2", "filter.max_problems=8", "grpo.max_steps=2", "grpo.save_steps=1",
+        "grpo.prompts_per_step=2", "grpo.num_generations=2", "grpo.max_completion_length=8",
+        "eval.limit=8", "eval.samples=2", "eval.primary_metric=avg@2", "eval.max_new_tokens=8",
+        "eval.bootstrap=20", "sft.max_steps=2", "sft.batch_size=4",
+        'data.train=[{source: "synthetic:arith", limit: 40, levels: [1]}]']
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_history(home: Path, port: int, log: Path) -> subprocess.Popen:
+    """The README's command: the workspace's Prefect home served by a real server."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, cwd=ROOT, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 150
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited: {log.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2)
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise TimeoutError(f"prefect server not healthy: {log.read_text()[-2000:]}")
+
+
+def _read_history(api: str) -> dict:
+    """Flow runs, their task runs and logs, and the artifacts, through Prefect's client."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs()
+        out = {"runs": {}, "artifacts": client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["recipe-comparison"])))}
+        for run in runs:
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[run.id])))
+            logs = client.read_logs(log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+            out["runs"][run.name] = {"run": run, "tasks": {t.name: t for t in tasks}, "logs": logs}
+        return out
+
+
+def test_grpo_run_tells_the_same_story_in_prefect(tiny_model_path, tmp_path):
+    workdir = tmp_path / "ws"
+    sets = [arg for s in [f"model.name_or_path={tiny_model_path}", *TINY] for arg in ("--set", s)]
+    run = subprocess.run([GRPO, "run", "--quiet", *sets], env=run_env(workdir), cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    # MLflow's side of the story: each recipe's parent run and its config hash.
+    _, mlflow = mlflow_runs(workdir, "recipes")
+    parents = {r.data.tags["recipe"]: r for r in mlflow if "mlflow.parentRunId" not in r.data.tags
+               and r.data.tags.get("config_hash")}
+    assert set(parents) == {"r1_zero", "sft_grpo"}, sorted(parents)
+
+    port = _free_port()
+    server = _serve_history(workdir / "prefect", port, tmp_path / "prefect-server.log")
+    try:
+        history = _read_history(f"http://127.0.0.1:{port}/api")
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    runs = history["runs"]
+
+    compare = runs.get("compare-r1_zero-vs-sft_grpo")
+    assert compare is not None, sorted(runs)
+    assert compare["run"].state_type.value == "COMPLETED"
+    # the comparison table, as a markdown artifact on the compare flow run
+    artifacts = [a for a in history["artifacts"] if a.flow_run_id == compare["run"].id]
+    assert len(artifacts) == 1 and "| recipe | benchmark |" in artifacts[0].data
+
+    for recipe, parent in parents.items():
+        name = f"{recipe}-{parent.data.tags['config_hash'][:8]}"
+        assert name in runs, (name, sorted(runs))
+        pipeline = runs[name]
+        assert pipeline["run"].state_type.value == "COMPLETED"
+        assert pipeline["run"].parent_task_run_id is not None  # a subflow of the compare run
+        assert parent.data.tags["prefect_flow_run_id"] == str(pipeline["run"].id)
+
+        stages = ["data", "model", "eval/base", "filter/round-1", "grpo/round-1",
+                  "eval/round-1", "eval/final"] + (["sft", "eval/sft"] if recipe == "sft_grpo" else [])
+        assert set(stages) <= set(pipeline["tasks"]), (recipe, sorted(pipeline["tasks"]))
+
+        messages = [log.message for log in pipeline["logs"]]
+        text = "\n".join(messages)
+        for stage in stages:
+            assert f"{stage}: started" in messages, (stage, text)
+            assert re.search(rf"^{re.escape(stage)}: (computed|cached) in [0-9.]+ s", text, re.M), \
+                (stage, text)
+        assert re.search(r"^final: synthetic avg@2 ", text, re.M), text
+        findings = parent.data.tags.get("findings", "none")
+        for finding in ([] if findings == "none" else findings.split(" | ")):
+            assert f"finding: {finding}" in messages, (finding, text)
+        # the end line is in the stage's task run's log too (its page in the UI)
+        final_task = pipeline["tasks"]["eval/final"].id
+        assert any(log.task_run_id == final_task and log.message.startswith("eval/final: ")
+                   for log in pipeline["logs"]), text
+
+
+def test_run_names_and_plain_stages():
+    """Without Prefect in the way: the name formats, and run_stage/named on a plain function."""
+    import logging
+
+    from flows.stage_log import config_run_name, named, run_stage
+    from grpo_core.config import PipelineConfig
+
+    cfg = PipelineConfig()
+    cfg.project.recipe = "sft_grpo"
+    assert config_run_name(cfg) == f"sft_grpo-{cfg.hash()[:8]}"
+    assert config_run_name(cfg.model_dump(mode="json"), "retrain-") == f"retrain-sft_grpo-{cfg.hash()[:8]}"
+
+    def fn(x):
+        return {"kept": x, "considered": 8}
+
+    assert named(fn, "filter/round-1") is fn
+    records = []
+    log = logging.getLogger("test_prefect_story")
+    log.addHandler(handler := logging.Handler())
+    handler.emit = records.append
+    log.setLevel(logging.INFO)
+    try:
+        assert run_stage(log, "filter/round-1", "filter", fn, 3) == {"kept": 3, "considered": 8}
+    finally:
+        log.removeHandler(handler)
+    lines = [r.getMessage() for r in records]
+    assert lines[0] == "filter/round-1: started"
+    assert re.fullmatch(r"filter/round-1: computed in [0-9.]+ s: kept 3 of 8", lines[1])

@@ -1,0 +1,127 @@
+"""What a user finds in MLflow after the main job, read through MLflow's API: `grpo run`
+(both shipped recipes, shrunk, on the built-in model) in a subprocess, then the facts the
+UI shows. The same facts in a real browser: bench/mlflow_ui_check.py.
+
+- each parent run carries the headline metrics under short names (base, final, paired
+  delta per benchmark with CIs; steps, wall time, findings), and a description;
+- the comparison run carries the comparison table as metrics and params;
+- child runs start and end with their stage (durations true) and are named after the
+  recipe, so two recipes' stages are told apart;
+- the experiment opens on the runs table with the headline columns (a saved view), and
+  `grpo run` prints the links to it and to the comparison run."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+from pipeline_runs import GRPO, ROOT, run_env
+
+from tasks.mlflow_client import stage_of
+
+pytestmark = pytest.mark.integration
+
+SHRINK = ["grpo.max_steps=2", "sft.max_steps=4", "eval.limit=16", "eval.samples=2",
+          "eval.primary_metric=avg@2", "filter.max_problems=16", "filter.k=2",
+          "grpo.prompts_per_step=2", "grpo.num_generations=2", "eval.bootstrap=100",
+          "grpo.save_steps=1"]
+RECIPES = ("r1_zero", "sft_grpo")
+HEADLINE = ["synthetic/base", "synthetic/final", "synthetic/delta"]
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    """`grpo run` as the README's main job runs it (no config: both recipes compared)."""
+    wd = tmp_path_factory.mktemp("ui") / "ws"
+    args = [GRPO, "run", "--workdir", str(wd), "--quiet"]
+    for kv in SHRINK:
+        args += ["--set", kv]
+    proc = subprocess.run(args, env=run_env(wd), cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{wd}/mlflow.db")
+    exp = client.get_experiment_by_name("recipes")
+    runs = client.search_runs([exp.experiment_id], max_results=500)
+    return proc.stdout, client, exp, runs
+
+
+def _parents(runs) -> dict:
+    return {r.data.tags["recipe"]: r for r in runs if r.data.tags.get("grpo.pipeline") == "parent"}
+
+
+def test_parents_carry_the_headline_metrics(main_job):
+    _, _, _, runs = main_job
+    parents = _parents(runs)
+    assert set(parents) == set(RECIPES)
+    for recipe, p in parents.items():
+        m = p.data.metrics
+        for key in HEADLINE:
+            assert key in m and f"{key}_lo" in m and f"{key}_hi" in m, (recipe, key, sorted(m))
+            assert m[f"{key}_lo"] <= m[key] <= m[f"{key}_hi"]
+        # the same numbers as the long-named final metrics, the delta is final minus base
+        assert m["synthetic/final"] == m["final/synthetic/avg_at_2"]
+        assert m["synthetic/delta"] == pytest.approx(m["synthetic/final"] - m["synthetic/base"])
+        kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id]
+        grpo_steps = sum(r.data.metrics.get("grpo/steps", 0) for r in kids)
+        assert m["grpo_steps"] == grpo_steps == 2  # one round of grpo.max_steps
+        assert m["sft_steps"] == (4 if recipe == "sft_grpo" else 0)
+        assert m["findings"] == len([f for f in p.data.tags["findings"].split(" | ") if f != "none"])
+        assert 0 < m["wall_min"] < 15
+        assert p.data.tags["mlflow.note.content"].startswith(f"**{recipe}**: synthetic avg@2")
+
+
+def test_comparison_run_holds_the_table(main_job):
+    _, client, _, runs = main_job
+    (comp,) = [r for r in runs if r.data.tags.get("grpo.pipeline") == "comparison"]
+    m, parents = comp.data.metrics, _parents(runs)
+    for recipe in RECIPES:
+        p = parents[recipe].data.metrics
+        for col in ("base", "final", "delta"):
+            assert m[f"{recipe}/synthetic/{col}"] == pytest.approx(p[f"synthetic/{col}"])
+        assert comp.data.params[f"{recipe}/synthetic"].startswith("base ")
+    pair = m["sft_grpo vs r1_zero/synthetic/delta"]
+    assert pair == pytest.approx(parents["sft_grpo"].data.metrics["synthetic/final"]
+                                 - parents["r1_zero"].data.metrics["synthetic/final"])
+    assert comp.data.params["metric"] == "avg@2"
+    assert "| sft_grpo vs r1_zero | synthetic |" in comp.data.tags["mlflow.note.content"]
+
+
+def test_child_runs_last_as_long_as_their_stage(main_job):
+    _, client, _, runs = main_job
+    parents = _parents(runs)
+    names = {}
+    for recipe, p in parents.items():
+        kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id]
+        assert {"data", "eval/base", "filter/round-1", "grpo/round-1", "eval/final"} <= \
+            {stage_of(k) for k in kids}
+        for k in kids:
+            names[k.info.run_name] = recipe
+            assert k.info.run_name == f"{recipe}/{stage_of(k)}"
+            assert k.info.status == "FINISHED" and k.info.end_time is not None
+            assert p.info.start_time <= k.info.start_time <= k.info.end_time <= p.info.end_time
+            seconds = k.data.metrics.get("stage/seconds")
+            if seconds is not None:  # computed here (a cache hit has no stage time of its own)
+                took = (k.info.end_time - k.info.start_time) / 1000
+                assert abs(took - seconds) < 5, (k.info.run_name, took, seconds)
+    # computed stages exist in both recipes, and the two recipes' runs are told apart
+    assert any(k.data.metrics.get("stage/seconds", 0) > 1 for k in runs
+               if stage_of(k) == "grpo/round-1")
+    assert len(names) == len([r for r in runs if "mlflow.parentRunId" in r.data.tags])
+
+
+def test_experiment_opens_on_the_headline_table(main_job):
+    stdout, client, exp, runs = main_job
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(exp.tags["mlflow.sharedViewState.grpo-headline"])
+    cols = [f"metrics.`{k}`" for k in HEADLINE]
+    assert view["selectedColumns"][1:4] == cols and view["columnOrder"] == view["selectedColumns"]
+    (comp,) = [r for r in runs if r.data.tags.get("grpo.pipeline") == "comparison"]
+    base = rf"http://127\.0\.0\.1:5000/#/experiments/{exp.experiment_id}/runs"
+    assert re.search(rf"comparison run: {base}/{comp.info.run_id}\?workflowType=machine_learning",
+                     stdout), stdout[-2000:]
+    assert re.search(rf"runs table: {base}\?workflowType=machine_learning&viewStateShareKey="
+                     "grpo-headline", stdout)
+    assert "mlflow ui --backend-store-uri sqlite:///" in stdout
