@@ -5,8 +5,14 @@ Layout in MLflow (experiment = tracking.experiment or project.name):
     parent run  "<recipe>-<config hash>"   tags recipe, config_hash, git_commit,
                                            prefect_flow_run_id, grpo.pipeline=parent
       params    the resolved config, flattened ("grpo.beta": 0.04), secrets redacted
-      artifacts config/resolved.yaml, config/environment.json, model/ (registered)
-      children  data, filter/round-N, sft, grpo/round-N, eval/base, eval/round-N, eval/final
+      metrics   final/<bench>/<metric>..., and the headline (tasks/headline.py):
+                <bench>/base|final|delta (+ _lo, _hi), grpo_steps, sft_steps, wall_min,
+                findings; its description says the result in one line
+      artifacts config/resolved.yaml, config/environment.json
+      model     the registered model, a LoggedModel of the run (tasks/mlflow_model.py)
+      children  "<recipe>/<stage>", stage (tag grpo.stage) one of data, filter/round-N,
+                sft, grpo/round-N, eval/base, eval/round-N, eval/final; each ends with
+                its stage
 
 Everything goes through the process's MlflowClient (tasks.mlflow_client), with explicit
 run ids; `start_parent_run` chooses the store for the process (`connect`).
@@ -14,7 +20,7 @@ run ids; `start_parent_run` chooses the store for the process (`connect`).
 Resume: the parent run of a config hash is remembered in <workdir>/runs/<hash>.json and
 reused by every later run of the same config, whatever its status. A killed run thus
 continues under its parent, and a re-run of a finished config (a cache hit) appears as
-the same parent run again rather than as an empty twin. Child runs are found by name
+the same parent run again rather than as an empty twin. Child runs are found by stage
 under their parent, so a resumed stage logs into the run it started.
 """
 from __future__ import annotations

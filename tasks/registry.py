@@ -4,11 +4,8 @@ above 0), and fetch the champion. tasks.tracking re-exports the public names."""
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
 import os
 import shutil
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -21,13 +18,11 @@ from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.metrics import paired_delta
 from tasks.mlflow_client import get_client, sanitize_key, set_tags
+from tasks.mlflow_model import hf_folder, log_and_register
 from tasks.redaction import redact
 from tasks.tracking_store import read_state, slug, write_state
 
 CHAMPION, CHALLENGER = "champion", "challenger"
-MODEL_FORMAT_TAG = "grpo.model_format"
-MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # mlflow.utils.mlflow_tags.MLFLOW_MODEL_VERSIONS
-_log = logging.getLogger(__name__)
 EVAL_RUN_TAG = "grpo.eval_run_id"
 PAIRED_RULE = ("paired: promote when the lower bound of the 95% paired bootstrap CI of "
                "challenger minus champion (per-problem scores, same problems) is > 0")
@@ -75,139 +70,11 @@ def register_model(run_id: str, model_dir: str | os.PathLike, name: str,
             if Path(model_dir).resolve() in (store, *store.parents):
                 raise ValueError(f"model_dir {model_dir} contains the artifact store {store}")
         version_tags = {k: str(v) for k, v in redact(dict(tags or {})).items()}
-        with tempfile.TemporaryDirectory(prefix="grpo-mlflow-model-") as tmp:
-            local = Path(tmp) / "model"
-            try:
-                _save_flavour(model_dir, local, name, run_id)
-            except Exception as exc:  # noqa: BLE001 - registered anyway, as plain files
-                _log.warning("register_model: %s is not loadable as an MLflow transformers "
-                             "model (%s: %s); logging the folder as plain files",
-                             model_dir, type(exc).__name__, exc)
-                version_tags.update({MODEL_FORMAT_TAG: "hf-folder",
-                                     "grpo.flavour_error": f"{type(exc).__name__}: {exc}"[:500]})
-                c.log_artifacts(run_id, str(model_dir), "model")
-                mv = c.create_model_version(name, source=f"runs:/{run_id}/model",
-                                            run_id=run_id, tags=version_tags)
-            else:
-                version_tags[MODEL_FORMAT_TAG] = "mlflow-transformers"
-                mv = _log_and_register(c, run_id, local, name, version_tags)
+        mv = log_and_register(c, run_id, model_dir, name, version_tags)
         version = mv.version
     c.set_registered_model_alias(name, CHALLENGER, version)
     set_tags(run_id, {"grpo.registered_model": name, "grpo.model_version": str(version)}, c)
     return str(version)
-
-
-def _model_card(name: str, run_id: str):
-    """A short card of our own: without one MLflow looks the model's folder path up on
-    the Hugging Face hub for a card, and warns when that fails."""
-    from huggingface_hub import ModelCard
-
-    return ModelCard("---\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n"
-                     f"# {name}\n\nFine-tuned by the GRPO pipeline (MLflow run {run_id}).\n")
-
-
-def _pip_requirements() -> list[str]:
-    """What loading the model needs, pinned to the versions here. Given explicitly:
-    mlflow.transformers.get_default_pip_requirements raises when torchvision is not
-    installed (it pins it unconditionally), and inferring them would load the model again
-    in a subprocess."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = []
-    for pkg in ("transformers", "torch", "tokenizers", "safetensors", "accelerate"):
-        with contextlib.suppress(PackageNotFoundError):
-            out.append(f"{pkg}=={version(pkg).split('+')[0]}")
-    return out
-
-
-def _save_flavour(model_dir: str | os.PathLike, path: Path, name: str, run_id: str) -> None:
-    """mlflow.transformers.save_model of the HF folder into `path` (which must not exist):
-    model/ (config, generation config, weights), components/tokenizer/, MLmodel.
-
-    The model is loaded (dtype "auto": the stored dtype, so a bf16 checkpoint is saved and
-    reloaded in bf16) and saved again rather than handed over as a folder path: MLflow's
-    local-checkpoint route (save_model(<path>, task=...)) fails under transformers 5
-    (flavor_config.build_flavor_config_from_local_checkpoint reads
-    pipelines.check_task(task)[1]["impl"].__name__, now a dotted string). Re-saving also
-    leaves out what a trainer's folder holds besides the model (training_args.bin, or a
-    checkpoint's optimizer state).
-
-    The flavour's save_pretrained=False (log a reference to a hub repository instead of
-    the weights) only applies to an unmodified hub model; ours are fine-tuned local weights,
-    so they are always copied into the artifact store, large or not."""
-    import mlflow.transformers
-    from mlflow.models.signature import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto")
-    model.eval()
-    signature = ModelSignature(inputs=Schema([ColSpec("string")]),
-                               outputs=Schema([ColSpec("string")]),
-                               params=ParamSchema([ParamSpec("max_new_tokens", "long", 256)]))
-    mlflow.transformers.save_model(
-        {"model": model, "tokenizer": tokenizer}, str(path), task="text-generation",
-        torch_dtype=model.dtype, signature=signature, model_card=_model_card(name, run_id),
-        pip_requirements=_pip_requirements())
-
-
-def _log_and_register(c: MlflowClient, run_id: str, local: Path, name: str,
-                      version_tags: dict[str, str]):
-    """Log the flavour folder `local` as a LoggedModel of the run and register it, as
-    mlflow.<flavour>.log_model + mlflow.register_model would, through `c` only."""
-    from mlflow.entities import LoggedModelOutput
-    from mlflow.models import Model
-
-    run = c.get_run(run_id)
-    lm = c.create_logged_model(run.info.experiment_id, name="model", source_run_id=run_id,
-                               tags={"grpo.registered_model": name})
-    try:
-        c.log_outputs(run_id, [LoggedModelOutput(lm.model_id, step=0)])
-        mlmodel = local / "MLmodel"
-        meta = Model.load(str(mlmodel))  # the ids the logged model got, as Model.log writes
-        meta.run_id, meta.model_id, meta.model_uuid = run_id, lm.model_id, lm.model_id
-        meta.artifact_path = lm.artifact_location
-        meta.save(str(mlmodel))
-        c.log_model_artifacts(lm.model_id, str(local))
-    except BaseException:
-        with contextlib.suppress(Exception):
-            c.finalize_logged_model(lm.model_id, "FAILED")
-        raise
-    c.finalize_logged_model(lm.model_id, "READY")
-    mv = c.create_model_version(name, source=_version_source(c, lm), run_id=run_id,
-                                tags=version_tags, model_id=lm.model_id)
-    _link_version(c, lm.model_id, name, str(mv.version))
-    return mv
-
-
-def _version_source(c: MlflowClient, lm) -> str:
-    """models:/<model_id>, what MLflow 3's register_model records (the version page then
-    links its logged model), where that resolves to this store: a tracking server (it
-    resolves it itself) or the process's global tracking URI. Otherwise the logged
-    model's artifact location: a local SQL registry resolves a models:/<model_id> source
-    through a default MlflowClient(), i.e. the global tracking URI, which connect leaves
-    alone; the version still records the run and loads the same."""
-    uri = c.tracking_uri
-    remote = urllib.parse.urlparse(uri).scheme in ("http", "https", "databricks")
-    if remote or mlflow.get_tracking_uri() == uri:
-        return f"models:/{lm.model_id}"
-    return lm.artifact_location
-
-
-def _link_version(c: MlflowClient, model_id: str, name: str, version: str) -> None:
-    """The logged model's mlflow.modelVersions tag (its page lists the versions made from
-    it), as mlflow.register_model sets it; a tracking server may have set it already."""
-    entry = {"name": name, "version": version}
-    try:
-        raw = c.get_logged_model(model_id).tags.get(MODEL_VERSIONS_TAG)
-        seen = json.loads(raw) if raw else []
-        if not any(isinstance(e, dict) and e.get("name") == name
-                   and str(e.get("version")) == version for e in seen):
-            c.set_logged_model_tags(model_id, {MODEL_VERSIONS_TAG: json.dumps(seen + [entry])})
-    except (MlflowException, ValueError) as exc:
-        _log.warning("register_model: could not tag logged model %s with %s v%s: %s",
-                     model_id, name, version, exc)
 
 
 def _ensure_registered_model(client: MlflowClient, name: str) -> None:
@@ -461,27 +328,3 @@ def download_champion(name: str, dst: str | os.PathLike, client: MlflowClient | 
         shutil.rmtree(dst / f"v{old}", ignore_errors=True)
     write_state(marker, {**want, "folder": os.path.relpath(folder, dst)})
     return folder
-
-
-def hf_folder(root: str | os.PathLike) -> Path:
-    """The from_pretrained folder of a downloaded model: `root` when it holds config.json
-    (a plain HF folder); for an MLflow transformers model (MLmodel), its weights folder
-    (model/) with the tokenizer files of components/tokenizer/ copied in beside them."""
-    root = Path(root)
-    if (root / "config.json").is_file():
-        return root
-    if not (root / "MLmodel").is_file():
-        raise LookupError(f"{root} holds neither config.json nor an MLmodel file")
-    from mlflow.models import Model
-
-    conf = Model.load(str(root / "MLmodel")).flavors.get("transformers") or {}
-    weights = root / conf.get("model_binary", "model")
-    if not (weights / "config.json").is_file():
-        raise LookupError(f"{root}: no config.json under {weights.name}/ (a transformers "
-                          f"flavour saved with save_pretrained=False holds no weights)")
-    for component in conf.get("components", []):
-        src = root / "components" / component
-        for f in src.iterdir() if src.is_dir() else ():
-            if f.is_file() and not (weights / f.name).exists():
-                shutil.copy2(f, weights / f.name)
-    return weights

@@ -5,8 +5,10 @@ re-exporting what its callers use from the modules doing the work, layered botto
 - tasks.redaction, tasks.tracking_store: secrets, where the store is and whether it
   answers, the workdir and its run-state files (no mlflow import)
 - tasks.mlflow_client: the process's client, params/tags/metrics, child runs
-- tasks.artifacts, tasks.registry, tasks.trainer_logging, tasks.comparison: artifacts
-  and tables, the model registry, the trainer callback, paired comparisons
+- tasks.comparison, tasks.mlflow_model: paired comparisons and their tables; a model as
+  an MLflow transformers model
+- tasks.artifacts, tasks.registry, tasks.trainer_logging: artifacts and tables, the model
+  registry, the trainer callback
 - tasks.headline: the headline metrics, the experiment's runs-table view, UI links
 - tasks.parent_run: a pipeline's parent run from start to finish (see its docstring for
   the layout in MLflow)

@@ -15,7 +15,7 @@ import torch
 
 from grpo_core.config import PipelineConfig
 from tasks import tracking as T
-from tasks.registry import MODEL_FORMAT_TAG
+from tasks.mlflow_model import MODEL_FORMAT_TAG
 
 NAME = "flav-r1_zero"
 
