@@ -4,7 +4,9 @@ Built in about a second, so the real HF rollout path (tokenise, left-pad, genera
 decode) runs in unit tests without the 2-minute built-in model. Its answers are noise:
 tests that need known pass rates use a fake backend instead.
 
-Also `shard_flows`: flows.shards with Prefect's home in a temporary folder.
+Also `shard_flows`: flows.shards with Prefect's home in a temporary folder; and
+`main_job`: the README's main job (`grpo run`, both recipes compared) shrunk to about a
+minute, run once per session for the tests that read what it leaves in MLflow and Prefect.
 
 Use from a test module with `pytest_plugins = ["fixtures_models"]`.
 """
@@ -73,3 +75,30 @@ def shard_flows(tmp_path_factory):
     import flows.shards
 
     return flows.shards
+
+
+# Both recipes on the built-in model in about a minute: 40 problems, 2 GRPO steps of 2
+# prompts x 2, 2 SFT steps, 8 eval problems x 2 samples.
+MAIN_JOB_SHRINK = [
+    "filter.k=2", "filter.max_problems=8", "grpo.max_steps=2", "grpo.save_steps=1",
+    "grpo.prompts_per_step=2", "grpo.num_generations=2", "grpo.max_completion_length=8",
+    "eval.limit=8", "eval.samples=2", "eval.primary_metric=avg@2", "eval.max_new_tokens=8",
+    "eval.bootstrap=20", "sft.max_steps=2", "sft.batch_size=4",
+    'data.train=[{source: "synthetic:arith", limit: 40, levels: [1]}]']
+
+
+@pytest.fixture(scope="session")
+def main_job(tmp_path_factory) -> tuple[Path, str]:
+    """(workdir, stdout) of `grpo run --quiet --set ...` (MAIN_JOB_SHRINK) in a subprocess:
+    Prefect's temporary server writing into <workdir>/prefect, MLflow on SQLite."""
+    import subprocess
+
+    from pipeline_runs import GRPO, ROOT, run_env
+
+    workdir = tmp_path_factory.mktemp("main-job") / "ws"
+    sets = [arg for s in MAIN_JOB_SHRINK for arg in ("--set", s)]
+    run = subprocess.run([GRPO, "run", "--quiet", "--workdir", str(workdir), *sets],
+                         env=run_env(workdir), cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return workdir, run.stdout

@@ -1,7 +1,7 @@
 """Prefect tells the same story as the terminal and MLflow (issue 16, point 5).
 
-`grpo run` over both recipes (the compare flow, a pipeline subflow per recipe) on a tiny
-random model, in a subprocess with Prefect's temporary server writing into
+`grpo run` over both recipes (the compare flow, a pipeline subflow per recipe; the
+`main_job` fixture, shrunk) on the built-in model, in a subprocess with Prefect's temporary server writing into
 <workdir>/prefect; then the README's way of opening that history, `PREFECT_HOME=<workdir>/
 prefect prefect server start`, on loopback, read back through Prefect's client:
 
@@ -25,20 +25,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env
+from pipeline_runs import ROOT, mlflow_runs
 
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
-
-# Both recipes in about a minute: 40 problems, 2 GRPO steps of 2 prompts x 2, 8 eval problems.
-TINY = ["filter.k=2", "filter.max_problems=8", "grpo.max_steps=2", "grpo.save_steps=1",
-        "grpo.prompts_per_step=2", "grpo.num_generations=2", "grpo.max_completion_length=8",
-        "eval.limit=8", "eval.samples=2", "eval.primary_metric=avg@2", "eval.max_new_tokens=8",
-        "eval.bootstrap=20", "sft.max_steps=2", "sft.batch_size=4",
-        'data.train=[{source: "synthetic:arith", limit: 40, levels: [1]}]']
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -92,12 +84,8 @@ def _read_history(api: str) -> dict:
         return out
 
 
-def test_grpo_run_tells_the_same_story_in_prefect(tiny_model_path, tmp_path):
-    workdir = tmp_path / "ws"
-    sets = [arg for s in [f"model.name_or_path={tiny_model_path}", *TINY] for arg in ("--set", s)]
-    run = subprocess.run([GRPO, "run", "--quiet", *sets], env=run_env(workdir), cwd=ROOT,
-                         capture_output=True, text=True, timeout=600, check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+def test_grpo_run_tells_the_same_story_in_prefect(main_job, tmp_path):
+    workdir, _ = main_job
 
     # MLflow's side of the story: each recipe's parent run and its config hash.
     _, mlflow = mlflow_runs(workdir, "recipes")

@@ -1,5 +1,5 @@
 """What a user finds in MLflow after the main job, read through MLflow's API: `grpo run`
-(both shipped recipes, shrunk, on the built-in model) in a subprocess, then the facts the
+(both shipped recipes, shrunk, on the built-in model: the `main_job` fixture) in a subprocess, then the facts the
 UI shows. The same facts in a real browser: bench/mlflow_ui_check.py.
 
 - each parent run carries the headline metrics under short names (base, final, paired
@@ -13,47 +13,35 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 
 import pytest
-from pipeline_runs import GRPO, ROOT, run_env
 
 from tasks.mlflow_client import stage_of
 
+pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
 
-SHRINK = ["grpo.max_steps=2", "sft.max_steps=4", "eval.limit=16", "eval.samples=2",
-          "eval.primary_metric=avg@2", "filter.max_problems=16", "filter.k=2",
-          "grpo.prompts_per_step=2", "grpo.num_generations=2", "eval.bootstrap=100",
-          "grpo.save_steps=1"]
 RECIPES = ("r1_zero", "sft_grpo")
 HEADLINE = ["synthetic/base", "synthetic/final", "synthetic/delta"]
 
 
 @pytest.fixture(scope="module")
-def main_job(tmp_path_factory):
-    """`grpo run` as the README's main job runs it (no config: both recipes compared)."""
-    wd = tmp_path_factory.mktemp("ui") / "ws"
-    args = [GRPO, "run", "--workdir", str(wd), "--quiet"]
-    for kv in SHRINK:
-        args += ["--set", kv]
-    proc = subprocess.run(args, env=run_env(wd), cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def mlflow_side(main_job):
+    """What the main job left in MLflow: (stdout, client, experiment, runs)."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{wd}/mlflow.db")
+    workdir, stdout = main_job
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     exp = client.get_experiment_by_name("recipes")
-    runs = client.search_runs([exp.experiment_id], max_results=500)
-    return proc.stdout, client, exp, runs
+    return stdout, client, exp, client.search_runs([exp.experiment_id], max_results=500)
 
 
 def _parents(runs) -> dict:
     return {r.data.tags["recipe"]: r for r in runs if r.data.tags.get("grpo.pipeline") == "parent"}
 
 
-def test_parents_carry_the_headline_metrics(main_job):
-    _, _, _, runs = main_job
+def test_parents_carry_the_headline_metrics(mlflow_side):
+    _, _, _, runs = mlflow_side
     parents = _parents(runs)
     assert set(parents) == set(RECIPES)
     for recipe, p in parents.items():
@@ -67,14 +55,14 @@ def test_parents_carry_the_headline_metrics(main_job):
         kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id]
         grpo_steps = sum(r.data.metrics.get("grpo/steps", 0) for r in kids)
         assert m["grpo_steps"] == grpo_steps == 2  # one round of grpo.max_steps
-        assert m["sft_steps"] == (4 if recipe == "sft_grpo" else 0)
+        assert m["sft_steps"] == (2 if recipe == "sft_grpo" else 0)
         assert m["findings"] == len([f for f in p.data.tags["findings"].split(" | ") if f != "none"])
         assert 0 < m["wall_min"] < 15
         assert p.data.tags["mlflow.note.content"].startswith(f"**{recipe}**: synthetic avg@2")
 
 
-def test_comparison_run_holds_the_table(main_job):
-    _, client, _, runs = main_job
+def test_comparison_run_holds_the_table(mlflow_side):
+    _, client, _, runs = mlflow_side
     (comp,) = [r for r in runs if r.data.tags.get("grpo.pipeline") == "comparison"]
     m, parents = comp.data.metrics, _parents(runs)
     for recipe in RECIPES:
@@ -89,8 +77,8 @@ def test_comparison_run_holds_the_table(main_job):
     assert "| sft_grpo vs r1_zero | synthetic |" in comp.data.tags["mlflow.note.content"]
 
 
-def test_child_runs_last_as_long_as_their_stage(main_job):
-    _, client, _, runs = main_job
+def test_child_runs_last_as_long_as_their_stage(mlflow_side):
+    _, client, _, runs = mlflow_side
     parents = _parents(runs)
     names = {}
     for recipe, p in parents.items():
@@ -112,8 +100,8 @@ def test_child_runs_last_as_long_as_their_stage(main_job):
     assert len(names) == len([r for r in runs if "mlflow.parentRunId" in r.data.tags])
 
 
-def test_experiment_opens_on_the_headline_table(main_job):
-    stdout, client, exp, runs = main_job
+def test_experiment_opens_on_the_headline_table(mlflow_side):
+    stdout, client, exp, runs = mlflow_side
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(exp.tags["mlflow.sharedViewState.grpo-headline"])
     cols = [f"metrics.`{k}`" for k in HEADLINE]
@@ -125,3 +113,23 @@ def test_experiment_opens_on_the_headline_table(main_job):
     assert re.search(rf"runs table: {base}\?workflowType=machine_learning&viewStateShareKey="
                      "grpo-headline", stdout)
     assert "mlflow ui --backend-store-uri sqlite:///" in stdout
+
+
+def test_champions_load_as_mlflow_models_and_generate(mlflow_side, monkeypatch):
+    """`mlflow.transformers.load_model("models:/<project>-<recipe>@champion")`, as a user
+    would serve or load it, on the built-in model the main job trained and registered."""
+    import mlflow.transformers
+
+    _, client, exp, runs = mlflow_side
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    parents = _parents(runs)
+    for recipe in RECIPES:
+        name = f"recipes-{recipe}"
+        mv = client.get_model_version_by_alias(name, "champion")
+        assert mv.run_id == parents[recipe].info.run_id
+        assert mv.tags["grpo.model_format"] == "mlflow-transformers"
+        pipe = mlflow.transformers.load_model(f"models:/{name}@champion")
+        out = pipe("What is 2 + 3?", max_new_tokens=4, do_sample=False)
+        assert out[0]["generated_text"].startswith("What is 2 + 3?")
+        assert len(pipe.tokenizer(out[0]["generated_text"])["input_ids"]) > \
+            len(pipe.tokenizer("What is 2 + 3?")["input_ids"])
