@@ -32,7 +32,9 @@ def summary(kind: str, result: Any, primary: str = "") -> str:
     if kind == "filter":
         return f"kept {result['kept']} of {result['considered']}"
     if kind in ("sft", "grpo"):
-        return f"{result['steps']} steps" + (" (stopped early)" if result.get("stopped_early") else "")
+        diagnosis = result.get("diagnosis", "none")  # the rules' codes, info ones too
+        return (f"{result['steps']} steps" + (" (stopped early)" if result.get("stopped_early") else "")
+                + (f"; diagnosis: {diagnosis}" if diagnosis != "none" else ""))
     if kind == "eval":
         return ", ".join(f"{bench} {primary} {_metric(v['metrics'].get(primary))}"
                          for bench, v in result["benchmarks"].items())

@@ -356,7 +356,8 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
                                             resume=True, rollout_sink=sink,
                                             extra_callbacks=[logger], round_no=round_no)
                 result.findings += [f for f in [logger.finding()] if f]
-        findings = result.findings + diagnose_round(run, result.history, ctx.cfg)
+        warns, codes = diagnose_round(run, result.history, ctx.cfg)
+        findings = result.findings + warns
         tracking.log_training_curves(run, result.history, "grpo")
         tags = {"findings": " | ".join(findings) or "none"}
         if result.in_round_evals:  # grpo.eval_every: which checkpoint the round hands on
@@ -364,6 +365,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
                          "in_round_eval.protocol_hash": str(result.in_round_protocol)})
         tracking.set_tags(run, tags)
         return {"model_dir": result.output_dir, "steps": result.steps, "findings": findings,
+                "diagnosis": codes,
                 "stopped_early": result.stopped_early, "train_seconds": result.train_seconds,
                 "best_step": result.best_step, "in_round_evals": result.in_round_evals}
 
@@ -371,7 +373,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
                    metrics=lambda v: {"grpo/steps": v["steps"], "grpo/findings": len(v["findings"])})
 
 
-def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig) -> list[str]:
+def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig) -> tuple[list[str], str]:
     """The diagnosis rules over a round's history (grpo_core.train.diagnosis): all findings
     as diagnosis.json and their codes as the `diagnosis` tag of `run`; returns the warn
     findings' lines, for the stage's findings (the report). Stops are in-round findings."""
@@ -379,8 +381,11 @@ def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig) -> list[s
 
     found = diagnose(history, cfg.grpo)
     tracking.log_json(run, [f.as_dict() for f in found], "diagnosis.json")
-    tracking.set_tags(run, {"diagnosis": codes_tag(found)})
-    return [f.line() for f in found if f.severity == "warn"]
+    # Every finding, info ones too (a reward function that never moves), on the run's page.
+    note = "\n".join(f"- {f.line()}" for f in found) or "- none"
+    tracking.set_tags(run, {"diagnosis": codes_tag(found),
+                            "mlflow.note.content": f"**Diagnosis of this round**\n\n{note}\n"})
+    return [f.line() for f in found if f.severity == "warn"], codes_tag(found)
 
 
 def _launched_round(ctx: Ctx, run: str, store, sink, model_path: str, problems, out: Path,

@@ -28,6 +28,14 @@ def replay_unsent_metrics(workspace, client: MlflowClient | None = None) -> dict
     return replay_unsent(workdir_of(workspace), _send_points(client))
 
 
+def _zero_by_construction(args, key: str, value: float) -> bool:
+    """TRL's clip_ratio/* with one optimisation pass per generation (num_iterations 1):
+    the importance ratio is then exactly 1, so they are 0 at every step, and the run
+    page would open on their five flat charts. A non-zero value is always streamed."""
+    return (key.startswith("clip_ratio/") and value == 0
+            and getattr(args, "num_iterations", None) == 1)
+
+
 def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | None = None,
                workspace=None, close_timeout_s: float = 120.0):
     """A transformers TrainerCallback streaming the trainer's logs into `run_id`.
@@ -69,7 +77,8 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
                     return
                 ts = int(time.time() * 1000)
                 for k, v in {**flatten_metrics(logs), **self.scorer_errors()}.items():
-                    self.buffer.append((sanitize_key(k), v, ts, int(state.global_step)))
+                    if not _zero_by_construction(args, k, v):
+                        self.buffer.append((sanitize_key(k), v, ts, int(state.global_step)))
                 if time.monotonic() - self.last_flush >= self.every:
                     self.flush()
 

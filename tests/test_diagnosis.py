@@ -329,13 +329,17 @@ def test_stage_logs_diagnosis_and_returns_the_warns(monkeypatch):
     monkeypatch.setattr(tracking, "set_tags", lambda run, t: tags.update(t))
     rows = with_(healthy(), completions__clipped_ratio=lambda s: 0.9)
     rows[3]["loss"] = math.nan
-    lines = stages.diagnose_round("run-1", rows, config_from_dict({}))
+    lines, codes = stages.diagnose_round("run-1", rows, config_from_dict({}))
     assert [d["code"] for d in logged[("run-1", "diagnosis.json")]] == ["nonfinite", "truncation"]
     assert set(logged[("run-1", "diagnosis.json")][0]) == {"code", "severity", "steps", "evidence", "action"}
-    assert tags == {"diagnosis": "nonfinite,truncation"}
+    assert tags["diagnosis"] == codes == "nonfinite,truncation"
+    # every finding, the stop one too, on the run's page (its description)
+    assert "- nonfinite [stop]" in tags["mlflow.note.content"]
+    assert "- truncation [warn] steps 1-20" in tags["mlflow.note.content"]
     assert len(lines) == 1 and lines[0].startswith("truncation [warn] steps 1-20")
-    stages.diagnose_round("run-2", healthy(), config_from_dict({}))
-    assert logged[("run-2", "diagnosis.json")] == [] and tags == {"diagnosis": "none"}
+    assert stages.diagnose_round("run-2", healthy(), config_from_dict({}))[1] == "none"
+    assert logged[("run-2", "diagnosis.json")] == [] and tags["diagnosis"] == "none"
+    assert tags["mlflow.note.content"].endswith("- none\n")
 
 
 # ------------------------------------------------------------------------------ CLI

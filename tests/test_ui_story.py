@@ -94,6 +94,11 @@ def test_child_runs_last_as_long_as_their_stage(mlflow_side):
             if seconds is not None:  # computed here (a cache hit has no stage time of its own)
                 took = (k.info.end_time - k.info.start_time) / 1000
                 assert abs(took - seconds) < 5, (k.info.run_name, took, seconds)
+    # a GRPO round's page: its diagnosis as description, no charts flat by construction
+    for k in (k for k in runs if stage_of(k) == "grpo/round-1"):
+        assert k.data.tags["mlflow.note.content"].startswith("**Diagnosis of this round**")
+        assert "reward" in k.data.metrics
+        assert not [m for m in k.data.metrics if m.startswith("clip_ratio/")]
     # computed stages exist in both recipes, and the two recipes' runs are told apart
     assert any(k.data.metrics.get("stage/seconds", 0) > 1 for k in runs
                if stage_of(k) == "grpo/round-1")
