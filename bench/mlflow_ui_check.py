@@ -157,7 +157,7 @@ def main() -> int:
         for recipe, p in parents.items():
             text = c.visit(f"parent-{recipe}", link(p.info.run_id)["run"], wait_for="Metrics")
             c.check(f"{recipe} page: description with the headline", f"{recipe}" in text
-                    and "Headline metrics" in text)
+                    and "delta (paired)" in text)
             for bench in benches:
                 for col in ("base", "final", "delta"):
                     v = p.data.metrics.get(f"{bench}/{col}")

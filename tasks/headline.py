@@ -57,6 +57,24 @@ def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, 
     return out
 
 
+def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str, float]) -> str:
+    """The headline as a markdown table (a parent run's description, at the top of its
+    page): base, final and the paired delta per benchmark with their CIs, then the size."""
+    def cell(key: str, sign: str = "") -> str:
+        v, lo, hi = (numbers.get(key + s) for s in ("", "_lo", "_hi"))
+        if v is None:
+            return "-"
+        return f"{v:{sign}.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+
+    rows = [f"| {bench} | {cell(f'{b}/base')} | {cell(f'{b}/final')} | {cell(f'{b}/delta', '+')} |"
+            for bench, b in ((x, sanitize_key(x)) for x in benchmarks)]
+    return "\n".join([f"| benchmark ({metric}, 95% CI) | base | final | delta (paired) |",
+                      "|---|---|---|---|", *rows, "",
+                      f"{numbers['grpo_steps']:.0f} GRPO steps, {numbers['sft_steps']:.0f} SFT "
+                      f"steps, {numbers['wall_min']:.1f} min, {numbers['findings']:.0f} findings. "
+                      "Columns of the runs table: `<benchmark>/base`, `/final`, `/delta`."])
+
+
 def _block(results: Mapping[str, Any], bench: str, metric: str) -> tuple:
     m = ((results.get(bench) or {}).get("metrics") or {}).get(metric) or {}
     return m.get("mean"), m.get("lo"), m.get("hi")

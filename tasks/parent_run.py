@@ -296,10 +296,10 @@ def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[s
             steps[kind] += int(run.data.metrics.get(f"{kind}/steps", 0))
     if wall_s is None:
         wall_s = time.time() - c.get_run(parent_id).info.start_time / 1000
-    log_metrics(parent_id, headline.headline_metrics(
+    numbers = headline.headline_metrics(
         cfg.eval.benchmarks, cfg.eval.primary_metric, base or {}, final, deltas,
-        grpo_steps=steps["grpo"], sft_steps=steps["sft"], wall_s=wall_s, findings=n_findings),
-        client=c)
-    set_tags(parent_id, {"mlflow.note.content": f"**{cfg.project.recipe}**: {summary}. "
-                         f"Headline metrics: `<benchmark>/base`, `/final`, `/delta` "
-                         f"({cfg.eval.primary_metric}, 95% CI in `_lo`/`_hi`)."}, c)
+        grpo_steps=steps["grpo"], sft_steps=steps["sft"], wall_s=wall_s, findings=n_findings)
+    log_metrics(parent_id, numbers, client=c)
+    set_tags(parent_id, {"mlflow.note.content": f"**{cfg.project.recipe}**: {summary}.\n\n"
+                         + headline.headline_table(cfg.eval.benchmarks,
+                                                   cfg.eval.primary_metric, numbers)}, c)

@@ -58,7 +58,10 @@ def test_parents_carry_the_headline_metrics(mlflow_side):
         assert m["sft_steps"] == (2 if recipe == "sft_grpo" else 0)
         assert m["findings"] == len([f for f in p.data.tags["findings"].split(" | ") if f != "none"])
         assert 0 < m["wall_min"] < 15
-        assert p.data.tags["mlflow.note.content"].startswith(f"**{recipe}**: synthetic avg@2")
+        note = p.data.tags["mlflow.note.content"]
+        assert note.startswith(f"**{recipe}**: synthetic avg@2")
+        assert f"| synthetic | {m['synthetic/base']:.3f} [" in note  # the headline table
+        assert f"| {m['synthetic/delta']:+.3f} [" in note
 
 
 def test_comparison_run_holds_the_table(mlflow_side):
