@@ -1,16 +1,14 @@
 """Prefect tasks: one unit of work each, thin I/O around grpo_core.
 
-Every task is keyed by content through tasks.cache (config section, input model
-fingerprint, data, code version), so a re-run skips completed stages and a killed GRPO
-round resumes from its last checkpoint. The flow process is the single DuckDB writer:
+Every task is keyed by content (tasks/stage_keys.py: config section, input model
+fingerprint, data; tasks.cache adds the code version and stores the results), so a re-run
+skips completed stages and a killed GRPO round resumes from its last checkpoint. The flow process is the single DuckDB writer:
 tasks run in it one after another and open the store only while they need it.
 Retries are set where a retry can help (ingest I/O, tracking calls), none on training.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +22,16 @@ from grpo_core.modeling.gpu import peak_metrics, stage_memory
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
 from tasks import tracking
-from tasks.cache import StageCache, stage_key
+from tasks.cache import StageCache
 from tasks.launch import launched, read_rollouts_file, run_launched
+from tasks.stage_keys import (
+    eval_key,
+    filter_key,
+    grpo_key,
+    ingest_key,
+    problems_fingerprint,
+    sft_key,
+)
 from tasks.vllm_server import vllm_server
 
 
@@ -95,112 +101,6 @@ def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics
             tracking.set_tags(run, {"grpo.cached_from": hit["mlflow_run"]})
     tracking.end_run(run, only_running=True)
     return {**hit, "cached": True}
-
-
-# ----------------------------------------------------------------------------- cache keys
-# One pure function per stage: every input that changes the stage's result, nothing
-# else (tests/test_cache_keys.py checks both ways). Left out on purpose: where or how
-# visibly work runs (filter.shards/shard_runner, eval.shards, ports, timeouts, save
-# cadence), what only later decisions read (eval.primary_metric, filter.enabled,
-# filter.refilter_each_round, grpo.rounds), MLflow settings (`tracking`), progress bars,
-# the diagnosis thresholds (grpo.diagnosis: `grpo diagnose --run` re-reads a cached round).
-
-def _sampling_model(cfg: PipelineConfig) -> dict:
-    """The model settings that shape filter/eval samples (weights: the model fingerprint)."""
-    return cfg.model.model_dump(mode="json", include={"template", "dtype", "gguf_file"})
-
-
-def _train_setup(cfg: PipelineConfig) -> dict:
-    return cfg.train.model_dump(mode="json", exclude={"main_process_port"})
-
-
-def problems_fingerprint(problems: list[Problem]) -> str:
-    """The exact problem list, every field in order: an id names a row of a source, not
-    its content, so a re-ingested file with edited rows is a new key."""
-    blob = json.dumps([p.to_row() for p in problems], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def data_files(cfg: PipelineConfig) -> dict[str, str | None]:
-    """Content digest of each local file the training sources and the benchmarks read
-    (preset copies under the data dir, file sources). Hub datasets are keyed by name."""
-    from grpo_core.data.adapters import PRESETS
-    from grpo_core.workspace import resolve_data_dir
-
-    root = resolve_data_dir(cfg.data.data_dir)
-    files: list[Path] = []
-    for name in [s.source for s in cfg.data.train] + list(cfg.eval.benchmarks):
-        if name in PRESETS and root is not None:
-            files += [root / f for f in PRESETS[name].files.values()]
-        elif not name.startswith("synthetic:") and Path(name).expanduser().is_file():
-            files.append(Path(name).expanduser())
-    return {str(f): _file_sha(f) for f in files}
-
-
-def _file_sha(path: Path) -> str | None:
-    try:
-        with path.open("rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()[:16]
-    except OSError:
-        return None  # missing: the ingest itself says so
-
-
-def ingest_key(cfg: PipelineConfig) -> str:
-    from grpo_core.workspace import resolve_data_dir
-
-    data = cfg.data.model_dump(mode="json", exclude={"store_lock_timeout", "data_dir"})
-    root = resolve_data_dir(cfg.data.data_dir)
-    return stage_key("data", data=data, data_dir=str(root) if root else None,
-                     files=data_files(cfg), benchmarks=cfg.eval.benchmarks,
-                     seed=cfg.project.seed)
-
-
-def filter_key(cfg: PipelineConfig, model_fp: str, problems_fp: str,
-               evidence: str | None = None) -> str:
-    """`evidence`: grpo_core.eval.evidence.evidence_fingerprint of the rollout priors (they
-    hold rollout_evidence_weight); None without any. The adaptive rule's settings count
-    only when it is on."""
-    skip = {"shards", "shard_runner", "enabled", "refilter_each_round",
-            "rollout_evidence_weight"}
-    if not cfg.filter.adaptive:
-        skip |= {"adaptive_start", "adaptive_step", "adaptive_confidence"}
-    how = cfg.filter.model_dump(mode="json", exclude=skip)
-    extra = {"evidence": evidence} if evidence else {}
-    return stage_key("filter", model=model_fp, problems=problems_fp, filter=how,
-                     rollout=cfg.rollout.model_dump(mode="json"), sampling=_sampling_model(cfg),
-                     seed=cfg.project.seed, **extra)
-
-
-def sft_key(cfg: PipelineConfig, model_fp: str, problems_fp: str) -> str:
-    return stage_key("sft", model=model_fp, problems=problems_fp,
-                     sft=cfg.sft.model_dump(mode="json", exclude={"enabled"}),
-                     template=cfg.model.template, train=_train_setup(cfg), seed=cfg.project.seed)
-
-
-def grpo_key(cfg: PipelineConfig, model_fp: str, problems_fp: str, round_no: int) -> str:
-    g = cfg.grpo
-    skip = {"save_steps", "save_total_limit", "vllm_server_host", "vllm_server_port",
-            "vllm_server_timeout", "diagnosis"}
-    if g.kl_schedule.per == "round":  # a run-long schedule's beta depends on the round count
-        skip.add("rounds")
-    grpo = g.model_dump(mode="json", exclude=skip)
-    if g.eval_every:  # the in-round eval picks the round's model with eval's length limit
-        grpo["eval_max_new_tokens"] = cfg.eval.max_new_tokens
-    return stage_key("grpo", model=model_fp, problems=problems_fp, grpo=grpo,
-                     rewards=cfg.rewards.model_dump(mode="json"), template=cfg.model.template,
-                     round=round_no, seed=cfg.project.seed, train=_train_setup(cfg))
-
-
-def eval_key(cfg: PipelineConfig, model_fp: str, benchmarks: list[str],
-             problem_sets: dict[str, str]) -> str:
-    """`problem_sets`: benchmark -> grpo_core.data.benchmarks.fingerprint of its problem list.
-    The exact lists are in the key: a changed store (another split, more rows) is a new
-    evaluation, never a cached number from the old set."""
-    how = cfg.eval.model_dump(mode="json", exclude={"shards", "benchmarks", "primary_metric"})
-    return stage_key("eval", model=model_fp, benchmarks=list(benchmarks),
-                     problem_sets=problem_sets, eval=how, sampling=_sampling_model(cfg),
-                     rollout=cfg.rollout.model_dump(mode="json", exclude={"max_new_tokens"}),
-                     seed=cfg.project.seed)
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=2)

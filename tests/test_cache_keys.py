@@ -15,7 +15,7 @@ import pytest
 from grpo_core.config import config_from_dict
 from grpo_core.data.problems import Problem
 from tasks import cache
-from tasks.stages import (
+from tasks.stage_keys import (
     data_files,
     eval_key,
     filter_key,
