@@ -164,6 +164,14 @@ def _num(x) -> float | None:
         return None
 
 
+def ci_text(v: float | None, lo: float | None, hi: float | None, sign: str = "") -> str:
+    """"0.136 [0.102, 0.171]" ("+0.083 [...]" with sign="+"); "-" for no value, no
+    brackets without both bounds. One format for every table cell of a comparison."""
+    if v is None:
+        return "-"
+    return f"{v:{sign}.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+
+
 def comparison_metrics(rows: Iterable[Mapping]) -> dict[str, float]:
     """The comparison table as metrics: `<recipe>/<benchmark>/{base,final,delta}` and
     their `_lo` / `_hi` (recipe-vs-recipe rows are named `A vs B`)."""
@@ -182,10 +190,7 @@ def comparison_params(rows: Sequence[Mapping]) -> dict[str, str]:
     """The comparison table as readable params, one per row ("base 0.054 [0.035, 0.072]
     -> final 0.136 [...]; delta +0.082 [...]"), and the metric the table is on."""
     def cell(r, col, sign=""):
-        v, lo, hi = (_num(r.get(col + s)) for s in ("", "_lo", "_hi"))
-        if v is None:
-            return "-"
-        return f"{v:{sign}.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+        return ci_text(*(_num(r.get(col + s)) for s in ("", "_lo", "_hi")), sign=sign)
 
     out = {"metric": rows[0]["metric"]} if rows else {}
     for r in rows:

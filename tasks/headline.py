@@ -22,6 +22,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from tasks.comparison import ci_text
 from tasks.mlflow_client import current_uri, get_client, sanitize_key
 from tasks.tracking_store import strip_userinfo
 
@@ -61,10 +62,7 @@ def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str,
     """The headline as a markdown table (a parent run's description, at the top of its
     page): base, final and the paired delta per benchmark with their CIs, then the size."""
     def cell(key: str, sign: str = "") -> str:
-        v, lo, hi = (numbers.get(key + s) for s in ("", "_lo", "_hi"))
-        if v is None:
-            return "-"
-        return f"{v:{sign}.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+        return ci_text(*(numbers.get(key + s) for s in ("", "_lo", "_hi")), sign=sign)
 
     rows = [f"| {bench} | {cell(f'{b}/base')} | {cell(f'{b}/final')} | {cell(f'{b}/delta', '+')} |"
             for bench, b in ((x, sanitize_key(x)) for x in benchmarks)]

@@ -12,6 +12,7 @@ from test_shards import (  # the same settings and comparisons
     _eval_cfg,
     _eval_in_a_flow,
     _exact,
+    _prefill_in_a_flow,
     _rows,
 )
 
@@ -70,19 +71,7 @@ def test_sharded_filter_on_a_dask_local_cluster_gives_the_unsharded_rows(
     cfg = _cfg(2)
     cfg.filter.shard_runner = "dask"
     db = tmp_path / "two.duckdb"
-    # As in the pipeline: the sharded flow runs from inside a task of an outer flow.
-    from prefect import flow, task
-
-    @task(name="filter")
-    def filter_task():
-        return shard_flows.prefill_estimates(cfg, tiny_model_path, problems,
-                                             lambda: Store.open(db), tmp_path / "ws")
-
-    @flow(name="pipeline-like")
-    def outer():
-        return filter_task()
-
-    fresh = outer()
+    fresh = _prefill_in_a_flow(shard_flows, tiny_model_path, cfg, problems, db, tmp_path / "ws")
     assert fresh == [problem_key(p) for p in problems]
     # One cluster of 2 workers, and it ran both shards.
     assert len(clusters) == 1 and len(clusters[0]) == 2 and sum(clusters[0].values()) == 2

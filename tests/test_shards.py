@@ -149,19 +149,7 @@ def test_sharded_filter_gives_the_unsharded_rows(shard_flows, tiny_model_path, t
     with Store.open(db) as store:  # a third already stored: reuse stays
         run_filter(tiny_model_path, problems[:4], _cfg(1), store=store)
     cfg = _cfg(2)
-    # As in the pipeline: the sharded flow runs from inside a task of an outer flow.
-    from prefect import flow, task
-
-    @task(name="filter")
-    def filter_task():
-        return shard_flows.prefill_estimates(cfg, tiny_model_path, problems,
-                                             lambda: Store.open(db), tmp_path / "ws")
-
-    @flow(name="pipeline-like")
-    def outer():
-        return filter_task()
-
-    fresh = outer()
+    fresh = _prefill_in_a_flow(shard_flows, tiny_model_path, cfg, problems, db, tmp_path / "ws")
     assert fresh == [problem_key(p) for p in problems[4:]]  # only the missing, in order
     with Store.open(db) as store:
         two = run_filter(tiny_model_path, problems, cfg, store=store, fresh=fresh)
@@ -335,6 +323,21 @@ def _eval_cfg(shards: int, workdir) -> PipelineConfig:
     cfg.eval.shards = shards
     return cfg
 
+
+
+def _prefill_in_a_flow(shard_flows, model: str, cfg, problems, db, ws):
+    """As in the pipeline: the sharded filter flow runs from inside a task of an outer flow."""
+    from prefect import flow, task
+
+    @task(name="filter")
+    def filter_task():
+        return shard_flows.prefill_estimates(cfg, model, problems, lambda: Store.open(db), ws)
+
+    @flow(name="pipeline-like")
+    def outer():
+        return filter_task()
+
+    return outer()
 
 
 def _eval_in_a_flow(shard_flows, model: str, cfg, db, ws, limit: int):
