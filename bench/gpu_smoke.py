@@ -713,7 +713,7 @@ def dry_run(args, parts: list[str]) -> int:
                 line = (f"rollout.backend={cfg.rollout.backend} grpo.use_vllm={cfg.grpo.use_vllm}"
                         f" vllm_mode={cfg.grpo.vllm_mode} model.dtype={cfg.model.dtype}")
                 if name.startswith("grpo"):
-                    from grpo_core.train.grpo import trl_grpo_args
+                    from grpo_core.train.trl_args import trl_grpo_args
 
                     a = trl_grpo_args(cfg, str(Path(tmp) / name))
                     line += (f"; TRL: use_vllm={a.use_vllm} per_device_train_batch_size="

@@ -32,7 +32,7 @@ def bare_trl(model: str, steps: int, out: str) -> dict:
     from grpo_core.data.synthetic import generate_problems
     from grpo_core.modeling.loading import configure_threads
     from grpo_core.prompts import render_prompt
-    from grpo_core.train.grpo import checkpointing_field
+    from grpo_core.train.trl_args import checkpointing_field
     from grpo_core.verify.rewards import accuracy, format, tag_count
 
     configure_threads()  # the same torch thread count as the pipeline's stages

@@ -45,7 +45,7 @@ def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
     """cfg shrunk for a CPU smoke run, everything structural kept (see the module doc).
     Raises ConfigError (naming the field) when the shrunk config cannot run."""
     from grpo_core.modeling.memory_plan import gradient_checkpointing
-    from grpo_core.train.grpo import checkpointing_field
+    from grpo_core.train.trl_args import checkpointing_field
     from grpo_core.workspace import Workspace
 
     tree = cfg.model_dump(mode="json")
@@ -169,7 +169,7 @@ def _master_dtype(rec: Recorder, model_path: str) -> tuple[str, str]:
     load_for_training gives for that input now."""
     if model_path in rec.loaded:
         return rec.loaded[model_path], "observed"
-    from grpo_core.train.grpo import load_for_training
+    from grpo_core.modeling.loading import load_for_training
 
     model, _ = load_for_training(model_path)
     return str(next(model.parameters()).dtype).removeprefix("torch."), "load_for_training (stage cached)"

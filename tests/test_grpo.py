@@ -8,14 +8,8 @@ import torch
 
 from grpo_core.config import config_from_dict, load_config
 from grpo_core.data.synthetic import generate_problems
-from grpo_core.train.grpo import (
-    checkpointing_field,
-    kl_beta,
-    last_checkpoint,
-    prompts_per_update,
-    run_grpo_round,
-    trl_grpo_args,
-)
+from grpo_core.train.grpo import last_checkpoint, prompts_per_update, run_grpo_round
+from grpo_core.train.trl_args import checkpointing_field, kl_beta, trl_grpo_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,7 +81,7 @@ def test_kl_schedules():
 def test_kl_schedule_per_run_continues_across_rounds(tmp_path):
     """per: run spans rounds x max_steps: round 2 starts where round 1 ended (per: round
     restarts at beta_start), and TRL's initial beta is the round's first value."""
-    from grpo_core.train.grpo import owned_grpo_args
+    from grpo_core.train.trl_args import owned_grpo_args
 
     sched = {"kind": "linear", "beta_start": 0.1, "beta_end": 0.0}
     per_round = config_from_dict({"grpo": {"rounds": 2, "max_steps": 10, "kl_schedule": sched}})
@@ -106,7 +100,7 @@ def test_kl_schedule_per_run_continues_across_rounds(tmp_path):
 def test_mask_truncated_completions_is_a_grpo_field(tmp_path):
     """TRL's mask_truncated_completions is first-class (grpo.mask_truncated_completions),
     so grpo.trl refuses it, naming the field to use."""
-    from grpo_core.train.grpo import owned_grpo_args
+    from grpo_core.train.trl_args import owned_grpo_args
 
     cfg = config_from_dict({"grpo": {"mask_truncated_completions": True}})
     assert owned_grpo_args(cfg, str(tmp_path))["mask_truncated_completions"] is True

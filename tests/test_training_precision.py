@@ -116,14 +116,14 @@ def test_sft_step_at_lr_1e5_trains_fp32_master_and_saves_bf16(bf16_model, tmp_pa
     ("fp32", (False, False)), ("bf16", (True, False)), ("fp16", (False, True)),
 ])
 def test_precision_sets_trl_autocast_flags(precision, flags):
-    from grpo_core.train.grpo import precision_flags
+    from grpo_core.train.trl_args import precision_flags
 
     got = precision_flags(config_from_dict({"train": {"precision": precision}}))
     assert (got["bf16"], got["fp16"]) == flags
 
 
 def test_auto_precision_is_fp32_on_cpu_and_mixed_on_gpu():
-    from grpo_core.train.grpo import precision_flags
+    from grpo_core.train.trl_args import precision_flags
 
     got = precision_flags(config_from_dict({}))
     if torch.cuda.is_available():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config import ConfigError, GRPOConfig, SFTConfig, config_from_dict
-from grpo_core.train.grpo import checkpointing_field
+from grpo_core.train.trl_args import checkpointing_field
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["fixtures_models"]
@@ -44,7 +44,7 @@ def test_owned_keys_are_what_the_pipeline_sets(tmp_path):
     config, plus the TRL fields derived from those; every one is a real TRL field."""
     import trl
 
-    from grpo_core.train.grpo import owned_grpo_args
+    from grpo_core.train.trl_args import owned_grpo_args
 
     cfg = config_from_dict({})
     derived = {"steps_per_generation", "generation_batch_size", "gradient_checkpointing",
@@ -97,7 +97,7 @@ def test_values_reach_the_grpo_config_run_grpo_round_builds(tiny_model_path, tmp
 
 
 def owned_args(cfg, tmp_path):
-    from grpo_core.train.grpo import owned_grpo_args
+    from grpo_core.train.trl_args import owned_grpo_args
 
     return owned_grpo_args(cfg, str(tmp_path))
 

@@ -4,7 +4,7 @@ itself needs a GPU: tests/test_gpu.py."""
 import pytest
 
 from grpo_core.config import config_from_dict
-from grpo_core.train.grpo import trl_grpo_args
+from grpo_core.train.trl_args import trl_grpo_args
 from tasks.launch import launched
 from tasks.vllm_server import server_command, split_gpus, visible_gpus
 

@@ -243,3 +243,24 @@ def fetch_smollm2(dst: str | Path | None = None, *, version: str = SMOLLM2_VERSI
     except OSError:  # a concurrent fetch won the race: keep theirs
         shutil.rmtree(stage, ignore_errors=True)
     return final
+
+
+def stored_dtype(model_path: str):
+    """The dtype a checkpoint's weights are stored in (config dtype / torch_dtype)."""
+    import torch
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def load_for_training(model_path: str):
+    """(policy in float32, the checkpoint's stored dtype). transformers 5 would load a
+    bf16-stored checkpoint in bf16, where Adam steps of ~1e-6 on weights of ~0.02 round
+    away: the master weights are float32, autocast (train.precision) does the rest."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), stored_dtype(model_path)

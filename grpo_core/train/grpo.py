@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_core.config import PipelineConfig, grpo_micro_batching
+from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
-from grpo_core.modeling.memory_plan import gradient_checkpointing
+from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt, stop_strings
 from grpo_core.train.diagnosis import RoundMonitor, is_step_log
 from grpo_core.train.in_round_eval import (
@@ -22,6 +22,7 @@ from grpo_core.train.in_round_eval import (
     load_tracker,
     split_held_out,
 )
+from grpo_core.train.trl_args import kl_beta, trl_grpo_args
 from grpo_core.verify.rewards import build_reward_funcs
 
 RolloutSink = Callable[[int, list[dict]], None]  # (global step, one dict per completion)
@@ -41,31 +42,6 @@ class RoundResult:
     in_round_protocol: str | None = None  # the protocol hash of those numbers
 
 
-def precision_flags(cfg: PipelineConfig) -> dict:
-    """TRL/accelerate mixed-precision flags for train.precision. The policy itself is
-    always loaded in float32 (load_for_training): these only add autocast."""
-    import torch
-
-    on_gpu = torch.cuda.is_available()
-    mode = cfg.train.precision
-    if mode == "auto":
-        mode = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if on_gpu else "fp32"
-    return {"bf16": mode == "bf16", "fp16": mode == "fp16", "use_cpu": not on_gpu}
-
-
-def checkpointing_field(args_cls=None) -> str:
-    """TrainingArguments' name for activation checkpointing in the installed transformers:
-    `activation_checkpointing` where it exists (there `gradient_checkpointing` is its
-    deprecated alias and warns), `gradient_checkpointing` before (5.17 has only that)."""
-    import dataclasses
-
-    if args_cls is None:
-        from transformers import TrainingArguments as args_cls
-
-    names = {f.name for f in dataclasses.fields(args_cls)}
-    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-
-
 def prompts_per_update(cfg: PipelineConfig) -> int:
     """Prompts one optimizer step consumes. TRL generates for a whole optimizer step at
     once (its generation batch: per_device_train_batch_size x processes x accumulation
@@ -83,68 +59,6 @@ def check_round_size(n_problems: int, cfg: PipelineConfig) -> None:
             f"x grpo.gradient_accumulation_steps = {g.prompts_per_step} x "
             f"{g.gradient_accumulation_steps} = {need} (TRL drops an incomplete batch: nothing "
             "would train). Add problems, widen filter.band, or lower those fields")
-
-
-# Pipeline defaults that grpo.trl may override (TRL's own defaults differ).
-GRPO_TRL_DEFAULTS = {"top_k": 0, "disable_tqdm": True, "dataloader_num_workers": 0}
-
-
-def trl_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None,
-                  round_no: int = 1):
-    """Every GRPO knob set explicitly from our config (TRL's defaults differ from the
-    paper), over the pass-through grpo.trl, over GRPO_TRL_DEFAULTS."""
-    from trl import GRPOConfig
-
-    return GRPOConfig(**{**GRPO_TRL_DEFAULTS, **cfg.grpo.trl,
-                         **owned_grpo_args(cfg, output_dir, report_to, round_no)})
-
-
-def owned_grpo_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None,
-                    round_no: int = 1) -> dict:
-    """The TRL arguments the pipeline decides: config.GRPOConfig.TRL_OWNED lists them (plus
-    the ones TRL derives from these), and grpo.trl refuses them."""
-    g = cfg.grpo
-    beta = kl_beta(0, g.max_steps, cfg, round_no)
-    micro, passes = grpo_micro_batching(cfg)
-    return dict(  # reads as TRL's keyword arguments
-        output_dir=output_dir,
-        num_generations=g.num_generations,
-        # forward/backward passes of per_device_micro_batch completions; one generation
-        # batch (TRL's default steps_per_generation = GA) per optimizer step
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=passes,
-        beta=beta,
-        epsilon=g.epsilon,
-        epsilon_high=g.epsilon_high if g.epsilon_high is not None else g.epsilon,
-        loss_type=g.loss_type,
-        scale_rewards=g.scale_rewards,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        learning_rate=g.learning_rate,
-        max_completion_length=g.max_completion_length,
-        num_iterations=g.num_iterations,
-        max_steps=g.max_steps,
-        save_steps=g.save_steps,
-        save_strategy="steps",
-        save_total_limit=g.save_total_limit,
-        logging_steps=g.logging_steps,
-        seed=cfg.project.seed,
-        data_seed=cfg.project.seed,
-        **precision_flags(cfg),
-        report_to=report_to or [],
-        use_vllm=g.use_vllm,
-        vllm_mode=g.vllm_mode,
-        vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
-        vllm_tensor_parallel_size=g.vllm_tensor_parallel_size,
-        vllm_server_host=g.vllm_server_host,
-        vllm_server_port=g.vllm_server_port,
-        vllm_server_timeout=g.vllm_server_timeout,
-        remove_unused_columns=False,
-        mask_truncated_completions=g.mask_truncated_completions,
-        # TRL's default (on) would be on for every model: ours is per model, under the
-        # installed transformers' name for it
-        **{checkpointing_field(): gradient_checkpointing(cfg, g.gradient_checkpointing)},
-    )
 
 
 def trl_stop_kwargs(stops: tuple[str, ...], use_vllm: bool) -> dict:
@@ -176,21 +90,6 @@ def stop_at_text(model, tokenizer, stops: tuple[str, ...]) -> None:
         return generate(*args, **kwargs)
 
     model.generate = generate_stopping_at_text
-
-
-def kl_beta(step: int, total: int, cfg: PipelineConfig, round_no: int = 1) -> float:
-    """beta at a round's step under the configured schedule (the seeds' 0.1 -> 0.01 decay).
-    kl_schedule.per "run": one schedule over every round's steps, round `round_no` (from 1)
-    starting where round_no - 1 ended; "round": each round runs it from the start."""
-    sched = cfg.grpo.kl_schedule
-    if sched.kind == "constant":
-        return cfg.grpo.beta
-    if sched.per == "run":
-        step, total = step + (round_no - 1) * total, total * cfg.grpo.rounds
-    frac = min(max(step / max(total, 1), 0.0), 1.0)
-    if sched.kind == "linear":
-        return sched.beta_start + (sched.beta_end - sched.beta_start) * frac
-    return sched.beta_end + 0.5 * (sched.beta_start - sched.beta_end) * (1 + math.cos(math.pi * frac))
 
 
 def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list, round_no: int):
@@ -266,27 +165,6 @@ def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list, roun
                 trainer.accelerator.gradient_state._set_sync_gradients(False)
 
     return [KLSchedule(), Monitor(), FlushRollouts(), SkipUpdate()]
-
-
-def stored_dtype(model_path: str):
-    """The dtype a checkpoint's weights are stored in (config dtype / torch_dtype)."""
-    import torch
-    from transformers import AutoConfig
-
-    dtype = getattr(AutoConfig.from_pretrained(model_path), "dtype", None)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, None)
-    return dtype if isinstance(dtype, torch.dtype) else torch.float32
-
-
-def load_for_training(model_path: str):
-    """(policy in float32, the checkpoint's stored dtype). transformers 5 would load a
-    bf16-stored checkpoint in bf16, where Adam steps of ~1e-6 on weights of ~0.02 round
-    away: the master weights are float32, autocast (train.precision) does the rest."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), stored_dtype(model_path)
 
 
 def saving_in_dtype(trainer_cls):

@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from grpo_core.train.auxiliary import add_auxiliary, check_one_process, with_auxiliary
-from grpo_core.train.grpo import owned_grpo_args, recording_trainer_class, trl_grpo_args
+from grpo_core.train.grpo import recording_trainer_class
+from grpo_core.train.trl_args import owned_grpo_args, trl_grpo_args
 
 
 class ValueModel(nn.Module):
@@ -132,7 +133,7 @@ def trl_args(cfg, output_dir: str, report_to=None, round_no: int = 1):
         return trl_grpo_args(cfg, output_dir, report_to, round_no)
     from trl import GRPOConfig
 
-    from grpo_core.train.grpo import GRPO_TRL_DEFAULTS
+    from grpo_core.train.trl_args import GRPO_TRL_DEFAULTS
 
     owned = owned_grpo_args(cfg, output_dir, report_to, round_no)
     batch = owned["per_device_train_batch_size"] * owned["gradient_accumulation_steps"]

@@ -18,7 +18,8 @@ training processes work as TRL's RLOOTrainer does.
 """
 from __future__ import annotations
 
-from grpo_core.train.grpo import GRPO_TRL_DEFAULTS, owned_grpo_args, recording_trainer_class
+from grpo_core.train.grpo import recording_trainer_class
+from grpo_core.train.trl_args import GRPO_TRL_DEFAULTS, owned_grpo_args
 
 GRPO_ONLY = ("loss_type", "scale_rewards")  # GRPOConfig fields RLOOConfig lacks
 

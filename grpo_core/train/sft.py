@@ -8,15 +8,10 @@ from pathlib import Path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
-from grpo_core.modeling.memory_plan import gradient_checkpointing
+from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt
-from grpo_core.train.grpo import (
-    checkpointing_field,
-    load_for_training,
-    precision_flags,
-    quiet_trainer,
-    saving_in_dtype,
-)
+from grpo_core.train.grpo import quiet_trainer, saving_in_dtype
+from grpo_core.train.trl_args import trl_sft_args
 
 _CALCULATOR_NOTE = re.compile(r"<<[^<>]*>>")  # GSM8K's "<<48/2=24>>" annotations
 _FINAL_SENTENCE = re.compile(r"\s*The answer is [^.]*\.\s*$")  # synthetic solutions
@@ -66,7 +61,7 @@ def run_sft(
 ) -> SFTResult:
     """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final."""
     from transformers import TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     from grpo_core.modeling.loading import configure_threads, load_tokenizer
 
@@ -79,28 +74,7 @@ def run_sft(
     out = Path(output_dir)
     tokenizer = load_tokenizer(model_path, padding_side=None)  # the tokenizer's own side
     model, save_dtype = load_for_training(model_path)  # fp32 master weights
-    # The pipeline's defaults, which sft.trl may override ...
-    defaults = dict(  # noqa: C408 - reads as TRL's keyword arguments
-        lr_scheduler_type="cosine",
-        warmup_steps=max(1, cfg.sft.max_steps // 20),
-        logging_steps=max(1, cfg.sft.max_steps // 50),
-        disable_tqdm=True,
-        **{checkpointing_field(): gradient_checkpointing(cfg)},
-    )
-    # ... and what it decides (config.SFTConfig.TRL_OWNED), which sft.trl may not.
-    owned = dict(  # reads as TRL's keyword arguments
-        output_dir=str(out),
-        max_steps=cfg.sft.max_steps,
-        learning_rate=cfg.sft.learning_rate,
-        per_device_train_batch_size=cfg.sft.batch_size // cfg.train.num_processes,
-        max_length=cfg.sft.max_length,
-        completion_only_loss=True,
-        save_strategy="no",
-        seed=cfg.project.seed,
-        **precision_flags(cfg),
-        report_to=report_to or [],
-    )
-    args = SFTConfig(**{**defaults, **cfg.sft.trl, **owned})
+    args = trl_sft_args(cfg, str(out), report_to)
     result = SFTResult(output_dir=str(out / "final"), steps=0)
 
     class History(TrainerCallback):

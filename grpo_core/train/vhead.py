@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from grpo_core.train.auxiliary import add_auxiliary, check_one_process, with_auxiliary
-from grpo_core.train.grpo import recording_trainer_class, trl_grpo_args
+from grpo_core.train.grpo import recording_trainer_class
+from grpo_core.train.trl_args import trl_grpo_args
 
 FEATURES, TARGET = "vhead_features", "vhead_target"  # per-row batch keys
 EQUAL_STD = 1e-6  # a reward std at or below this counts as zero
