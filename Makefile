@@ -3,9 +3,14 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test test-all lint run bench secrets
+.PHONY: setup lock test test-all lint run bench secrets
+# Installs exactly locks/cpu.txt (no GPU) or locks/gpu.txt (NVIDIA GPU): infra/setup.sh.
 setup:
 	bash infra/setup.sh
+
+# Re-resolves both locks from pyproject.toml's ranges with uv (UPGRADE=1: newest in range).
+lock:
+	bash infra/lock.sh
 
 test:
 	$(BIN)/python -m pytest -q

@@ -54,6 +54,17 @@ def fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
+def require_supported_trl() -> None:
+    """Start of a training command: a TRL outside the project's range (pyproject.toml; the
+    locks pin the tested one) stops here, exit 2, one line naming the installed version and
+    the supported range, before any work. Read from metadata: TRL is not imported."""
+    from grpo_core.versions import trl_problem
+
+    problem = trl_problem()
+    if problem:
+        fail(problem, 2)
+
+
 def load_or_exit(path: Path | None, overrides: list[str] | None,
                  workdir: Path | None = None) -> PipelineConfig:
     """The validated config, or one line naming the field and exit 2 (before any work)."""

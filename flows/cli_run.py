@@ -9,7 +9,15 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit, quiet_libraries
+from flows.cli_common import (
+    CONFIG,
+    SET,
+    WORKDIR,
+    fail,
+    load_or_exit,
+    quiet_libraries,
+    require_supported_trl,
+)
 
 
 def _check_benchmarks_or_exit(configs, ws) -> None:
@@ -48,6 +56,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
             "--gpu-gb", min=1, help="With --smoke: GPU memory (GiB) the plan must fit.")] = 80.0) -> None:
     """Run a config through the pipeline; with no CONFIG, compare R1-Zero and SFT+GRPO on
     the built-in model and synthetic task (offline, minutes on a CPU)."""
+    require_supported_trl()
     if not verbose:
         quiet_libraries()
     from grpo_core.config import ConfigError
@@ -192,7 +201,8 @@ def report(workdir: WORKDIR = None) -> None:
 
 
 def doctor(workdir: WORKDIR = None) -> None:
-    """Check torch/CUDA/vLLM, MLflow and Prefect reachability, workspace, data dir."""
+    """Check installed versions against the lock (locks/), TRL's and vLLM's ranges,
+    torch/CUDA/vLLM, MLflow and Prefect reachability, workspace, data dir."""
     from grpo_core.config import PipelineConfig
     from grpo_core.generation.rollout import vllm_available
     from grpo_core.workspace import Workspace, resolve_data_dir
@@ -209,6 +219,13 @@ def doctor(workdir: WORKDIR = None) -> None:
 
     line(True, f"torch {torch.__version__}, CUDA {'available: ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'not available (CPU)'}")
     typer.echo(f"[info] vLLM {'available' if vllm_available() else 'not installed or no GPU (hf backend)'}")
+    from grpo_core.versions import doctor_lines
+
+    for status, text in doctor_lines():
+        if status == "WARN":
+            typer.echo(f"[WARN] {text}")
+        else:
+            line(status == "ok", text)
     cfg = PipelineConfig()
     ws = Workspace.at(workdir)
     try:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit
+from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit, require_supported_trl
 
 MODEL = Annotated[str | None, typer.Option("--model", help="Start from this model [default: config's].")]
 OUT = Annotated[Path | None, typer.Option("--out", help="Output folder [default: <workdir>/checkpoints/...].")]
@@ -35,6 +35,7 @@ def _setup(config, overrides, workdir, model):
 def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model: MODEL = None,
         out: OUT = None) -> None:
     """SFT cold start on the config's training pool (reasoning traces from solutions)."""
+    require_supported_trl()
     from grpo_core.train.sft import run_sft
 
     cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
@@ -49,6 +50,7 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
           out: OUT = None, resume: Annotated[bool, typer.Option(
               "--resume", help="Continue from the last checkpoint in --out.")] = False) -> None:
     """One GRPO round on the config's training pool; every completion goes to DuckDB."""
+    require_supported_trl()
     from grpo_core.data.records import rollout_sink
     from grpo_core.data.store import Store
     from grpo_core.train.grpo import run_grpo_round

@@ -2,8 +2,8 @@
 
 Modules are layered by concern; imports point one way, down the layers:
 
-- top modules (config, progress, workspace, prompts): the base any layer may import.
-  They import no subpackage. Exception, by design: config's validators import two
+- top modules (config, progress, workspace, prompts, versions): the base any layer may
+  import. They import no subpackage. Exception, by design: config's validators import two
   registries late (inside the validator, not at import time): `data.benchmarks`
   (is_eval_split) and `verify.rewards` (REWARDS), to refuse bad configs by name.
 - verify/: answer extraction, comparison and rewards.
@@ -23,7 +23,7 @@ Importing this package is cheap: it imports nothing."""
 LAYERS = ("verify", "data", "modeling", "generation", "eval", "train")
 """Subpackages, lowest first: each may import the top modules and the ones before it."""
 
-TOP_MODULES = ("config", "progress", "workspace", "prompts")
+TOP_MODULES = ("config", "progress", "workspace", "prompts", "versions")
 """The base modules at the top of grpo_core (no subpackage imports, see CONFIG_LATE_IMPORTS)."""
 
 CONFIG_LATE_IMPORTS = ("grpo_core.data.benchmarks", "grpo_core.verify.rewards")

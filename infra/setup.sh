@@ -1,33 +1,56 @@
 #!/usr/bin/env bash
-# Creates .venv/ in the project root and installs the project with its dev and dask extras
-# (dask: the filter.shard_runner=dask runner, tested by tests/test_dask_runner.py).
-# Without an NVIDIA GPU it installs the CPU build of torch first, so that pip never
-# resolves the bare `torch` requirement to a multi-GB CUDA build (see FIELD-NOTES).
-# With a GPU it installs the `gpu` extra (vLLM, which brings its own CUDA torch).
+# Creates .venv/ in the project root and installs exactly one lock, then the project itself
+# (editable, no dependencies of its own: the lock has them all).
+#   No NVIDIA GPU: locks/cpu.txt (Python 3.11; extras dev+dask; torch 2.13.0+cpu, a local
+#                  wheel from pip's find-links, so nothing pulls a multi-GB CUDA build).
+#   NVIDIA GPU:    locks/gpu.txt (Python 3.12; extras dev+dask+gpu: vLLM and its CUDA torch).
+# LOCK=locks/x.txt chooses another. The install is a sync: a package outside the lock is
+# removed, one at another version is replaced. uv (pinned in the lock) installs it, in
+# parallel; pip's constraint file and find-links stay in force. `make lock` refreshes the
+# locks (infra/lock.sh); README "Versions".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-python3}
-TORCH_CPU=${TORCH_CPU:-torch==2.13.0}
+
+if [ -z "${LOCK:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    LOCK=locks/gpu.txt
+    echo "setup: NVIDIA GPU found: installing $LOCK (vLLM + CUDA torch)"
+  else
+    LOCK=locks/cpu.txt
+    echo "setup: no GPU: installing $LOCK (CPU torch)"
+  fi
+fi
+[ -f "$LOCK" ] || { echo "setup: no lock $LOCK (make lock)" >&2; exit 2; }
+# The lock's Python ("# target: python 3.11, ..." written by infra/lock.sh).
+want=$(sed -n 's/^# target: python \([0-9.]*\),.*/\1/p' "$LOCK")
+PY=${PY:-$(command -v "python$want" || echo python3)}
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-PIP=".venv/bin/python -m pip"
-$PIP install -q --upgrade pip >/dev/null 2>&1 || true
-
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  echo "setup: NVIDIA GPU found: installing the project with the gpu extra (vLLM + CUDA torch)"
-  $PIP install -e '.[dev,dask,gpu]'
-else
-  if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
-    echo "setup: no GPU: installing CPU torch ($TORCH_CPU)"
-    # A local wheel (pip's find-links) first: instant and offline. Else PyTorch's CPU index.
-    # Its dependencies come from the normal index afterwards; torch itself is then satisfied.
-    if $PIP install -q --no-index --no-deps "$TORCH_CPU" 2>/dev/null; then
-      $PIP install "$TORCH_CPU"
-    else
-      $PIP install "$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu \
-        --extra-index-url https://pypi.org/simple
-    fi
-  fi
-  $PIP install -e '.[dev,dask]'
+have=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ -n "$want" ] && [ "$have" != "$want" ]; then
+  echo "setup: $LOCK is for Python $want; .venv has $have (remove .venv; PY=python$want make setup)" >&2
+  exit 2
 fi
-.venv/bin/grpo --help >/dev/null && echo "setup: done (.venv ready; try: .venv/bin/grpo --help)"
+
+# uv at the lock's version, then the lock itself.
+uv_pin=$(grep -m1 '^uv==' "$LOCK" || echo 'uv>=0.13,<0.14')
+[ -x .venv/bin/uv ] && .venv/bin/uv --version | grep -q "^uv ${uv_pin#uv==} " ||
+  .venv/bin/python -m pip install -q "$uv_pin"
+UV=(.venv/bin/uv pip)
+opts=(--python .venv/bin/python)
+links=${PIP_FIND_LINKS:-$(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true)}
+for d in $links; do
+  if [ -d "${d#file://}" ]; then opts+=(--find-links "${d#file://}"); fi
+done
+constraint=${PIP_CONSTRAINT:-$(.venv/bin/python -m pip config get global.constraint 2>/dev/null || true)}
+if [ -n "$constraint" ] && [ -f "$constraint" ]; then opts+=(-c "$constraint"); fi
+torch_pin=$(sed -n 's/^torch==\(.*+cpu\)$/\1/p' "$LOCK")
+local_wheel=$(for d in $links; do ls "${d#file://}/torch-$torch_pin-"*.whl 2>/dev/null; done || true)
+if [ -n "$torch_pin" ] && [ -z "$local_wheel" ]; then
+  # No local CPU wheel: PyTorch's CPU index (the normal index stays first for the rest).
+  opts+=(--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
+fi
+# (uv leaves the venv's pip in place: not in the lock, yet `pip freeze` still works.)
+"${UV[@]}" sync "${opts[@]}" "$LOCK"
+"${UV[@]}" install "${opts[@]}" --no-deps -e .
+.venv/bin/grpo --help >/dev/null && echo "setup: done ($LOCK; .venv ready; try: .venv/bin/grpo --help)"

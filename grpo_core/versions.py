@@ -1,0 +1,266 @@
+"""Installed versions against the locks and the supported ranges (`grpo doctor`, start-up).
+
+The locks (locks/cpu.txt, locks/gpu.txt: `make lock`, infra/lock.sh) pin every package
+`make setup` installs; pyproject.toml holds the ranges they were resolved from. This module
+reads both and the installed versions through importlib.metadata only: it imports neither
+TRL nor torch (`grpo --help` stays fast), nor Prefect or MLflow.
+
+- `lock_differences`: every locked package installed at another version, or missing. The
+  comparison is exact, local label included: the CPU lock pins `torch==2.13.0+cpu`, and a
+  CUDA build of 2.13.0 on a CPU machine is a difference worth reporting.
+- `trl_problem`: TRL outside the project's range (pyproject's `trl` requirement), the one
+  refusal at start-up of the training commands.
+- `vllm_problem`: a TRL/vLLM pair outside the vLLM range that TRL declares (its `vllm`
+  extra, read from TRL's metadata; TRL 1.16: 0.22.0 to 0.31.0).
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCKS = ROOT / "locks"
+PYPROJECT = ROOT / "pyproject.toml"
+DIST = "grpo-pipeline"
+
+# TRL's supported vLLM range when TRL's metadata does not declare one (trl/import_utils.py).
+KNOWN_TRL_VLLM = {"1.16": ">=0.22.0,<=0.31.0"}
+
+Lookup = Callable[[str], "str | None"]
+
+
+def canonical(name: str) -> str:
+    """PEP 503 name: `Flask_WTF` and `flask-wtf` are one package."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_version(name: str) -> str | None:
+    """The installed distribution's version, None when it is not installed (the one lookup;
+    tests replace it)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    python: str | None  # "3.11", from the "# target:" line infra/lock.sh writes
+    extras: tuple[str, ...]
+    pins: dict[str, str]  # canonical name -> version
+
+
+_TARGET = re.compile(r"#\s*target:\s*python\s+([0-9.]+),[^,]*,\s*extras:\s*(.*)")
+
+
+def parse_lock(path: Path) -> Lock:
+    """A `uv pip compile` output: `name==version` lines, comments and `# via` lines ignored.
+    Raises ValueError on a line that pins nothing exactly."""
+    python, extras, pins = None, (), {}
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if m := _TARGET.match(line):
+            python, extras = m.group(1), tuple(m.group(2).split())
+        if not line or line.startswith("#"):
+            continue
+        req = line.split(";")[0].split("\\")[0].strip()
+        name, sep, version = req.partition("==")
+        if not sep or not name.strip() or not version.strip():
+            raise ValueError(f"{path}:{n}: not an exact pin: {raw!r}")
+        pins[canonical(name.strip().split("[")[0])] = version.strip()
+    return Lock(path, python, extras, pins)
+
+
+def machine_lock(gpu: bool | None = None) -> Path:
+    """The lock `make setup` installs on a machine with (gpu) or without an NVIDIA GPU;
+    gpu=None: this machine, found as infra/setup.sh finds it (`nvidia-smi -L` succeeds)."""
+    if gpu is None:
+        gpu = machine_has_gpu()
+    return LOCKS / ("gpu.txt" if gpu else "cpu.txt")
+
+
+def machine_has_gpu() -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30,
+                              check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@dataclass(frozen=True)
+class Difference:
+    name: str
+    locked: str
+    installed: str | None
+
+    def line(self) -> str:
+        have = "not installed" if self.installed is None else f"installed {self.installed}"
+        return f"{self.name}: {have}, locked {self.locked}"
+
+
+def lock_differences(lock: Lock, lookup: Lookup | None = None) -> list[Difference]:
+    """Every locked package whose installed version is not the locked one (exact)."""
+    lookup = lookup or installed_version
+    out = []
+    for name, locked in sorted(lock.pins.items()):
+        have = lookup(name)
+        if have is None or not _same(have, locked):
+            out.append(Difference(name, locked, have))
+    return out
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def project_requirement(name: str) -> Requirement | None:
+    """The project's requirement on `name`: pyproject.toml in a checkout (the source of the
+    locks), else the installed distribution's metadata."""
+    lines: list[str] = []
+    if PYPROJECT.is_file():
+        project = tomllib.loads(PYPROJECT.read_text())["project"]
+        lines = list(project.get("dependencies", []))
+        for extra in project.get("optional-dependencies", {}).values():
+            lines += extra
+    else:
+        try:
+            lines = metadata.requires(DIST) or []
+        except metadata.PackageNotFoundError:
+            lines = []
+    for line in lines:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if canonical(req.name) == canonical(name):
+            return req
+    return None
+
+
+def trl_problem(lookup: Lookup | None = None) -> str | None:
+    """None when the installed TRL is in the project's range, else one line naming the
+    installed version and the supported range (and the locked version when there is one)."""
+    lookup = lookup or installed_version
+    req = project_requirement("trl")
+    spec = req.specifier if req is not None else SpecifierSet()
+    have = lookup("trl")
+    if have is not None and _contains(spec, have):
+        return None
+    locked = _locked("trl")
+    hint = f" (tested: {locked}; `make setup` installs the lock)" if locked else ""
+    what = "TRL is not installed" if have is None else f"TRL {have} is installed"
+    return f"{what}; this pipeline supports trl{spec or ' (any)'}{hint}"
+
+
+def _locked(name: str) -> str | None:
+    path = machine_lock(gpu=False)
+    try:
+        return parse_lock(path).pins.get(canonical(name)) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _contains(spec: SpecifierSet, version: str) -> bool:
+    try:
+        return spec.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def trl_vllm_range(trl_version: str | None,
+                   requires: Callable[[str], list[str] | None] | None = None) -> SpecifierSet | None:
+    """The vLLM range the installed TRL supports: its `vllm` extra's requirement, else
+    KNOWN_TRL_VLLM for its minor version; None when unknown."""
+    requires = requires or _dist_requires
+    for line in requires("trl") or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if canonical(req.name) == "vllm" and req.specifier:
+            return req.specifier
+    if trl_version:
+        minor = ".".join(trl_version.split(".")[:2])
+        if minor in KNOWN_TRL_VLLM:
+            return SpecifierSet(KNOWN_TRL_VLLM[minor])
+    return None
+
+
+def _dist_requires(name: str) -> list[str] | None:
+    try:
+        return metadata.requires(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def vllm_problem(lookup: Lookup | None = None,
+                 requires: Callable[[str], list[str] | None] | None = None) -> str | None:
+    """None when vLLM is absent or inside the installed TRL's supported range; else one line.
+    TRL compares vLLM's base version (0.31.0rc1 counts as 0.31.0), and so does this."""
+    lookup = lookup or installed_version
+    trl, vllm = lookup("trl"), lookup("vllm")
+    if vllm is None or trl is None:
+        return None
+    spec = trl_vllm_range(trl, requires)
+    if spec is None:
+        return None
+    try:
+        base = Version(Version(vllm).base_version)
+    except InvalidVersion:
+        return f"vLLM {vllm}: not a version TRL {trl} can check (it supports vllm{spec})"
+    if spec.contains(base, prereleases=True):
+        return None
+    return f"vLLM {vllm} with TRL {trl}: outside the vLLM range TRL {trl} supports (vllm{spec})"
+
+
+def doctor_lines(gpu: bool | None = None, lookup: Lookup | None = None,
+                 python: str | None = None) -> list[tuple[str, str]]:
+    """(status, text) lines for `grpo doctor`: "ok", "FAIL" (TRL outside the project's
+    range, a TRL/vLLM pair outside TRL's range) and "WARN" (each installed version that
+    differs from the machine's lock: it runs, but not what was tested)."""
+    import sys
+
+    lookup = lookup or installed_version
+    python = python or f"{sys.version_info[0]}.{sys.version_info[1]}"
+    out: list[tuple[str, str]] = []
+    path = machine_lock(gpu)
+    if not path.is_file():
+        out.append(("WARN", f"no lock at {path} (an install from a wheel?): versions not compared"))
+    else:
+        lock = parse_lock(path)
+        rel = path.relative_to(ROOT)
+        if lock.python and lock.python != python:
+            out.append(("WARN", f"Python {python}; {rel} is for Python {lock.python}"))
+        diffs = lock_differences(lock, lookup)
+        if not diffs:
+            out.append(("ok", f"all {len(lock.pins)} packages of {rel} installed as locked"))
+        else:
+            out.append(("WARN", f"{len(diffs)} of {len(lock.pins)} packages differ from {rel} "
+                                "(`make setup` installs the lock):"))
+            out += [("WARN", f"  {d.line()}") for d in diffs]
+    problem = trl_problem(lookup)
+    req = project_requirement("trl")
+    out.append(("FAIL", problem) if problem else
+               ("ok", f"TRL {lookup('trl')} in the supported range trl{req.specifier if req else ''}"))
+    if lookup("vllm") is not None:
+        problem = vllm_problem(lookup)
+        out.append(("FAIL", problem) if problem else
+                   ("ok", f"vLLM {lookup('vllm')} in the range TRL {lookup('trl')} supports"))
+    return out
