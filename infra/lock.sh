@@ -30,8 +30,6 @@ fi
 UPGRADE_FLAG=()
 [ "${UPGRADE:-0}" = 1 ] && UPGRADE_FLAG=(--upgrade)
 mkdir -p locks
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp" ${tools:+"$tools"}' EXIT
 
 compile() {  # compile OUT PYTHON_VERSION EXTRA... [-- more uv args]
   local out=$1 pyver=$2; shift 2
@@ -48,14 +46,16 @@ compile() {  # compile OUT PYTHON_VERSION EXTRA... [-- more uv args]
 }
 
 # CPU: torch is the local CPU wheel (no nvidia-* packages); pip's constraint file stays in force.
-echo "torch==$TORCH_CPU" > "$tmp/cpu-torch.txt"
-cpu_args=(-c "$tmp/cpu-torch.txt")
+printf '# Written by `make lock` (infra/lock.sh): the CPU build of torch (TORCH_CPU).\ntorch==%s\n' \
+  "$TORCH_CPU" > locks/cpu-constraints.txt
+cpu_args=(-c locks/cpu-constraints.txt)
 [ -d "$FIND_LINKS" ] && cpu_args+=(--find-links "$FIND_LINKS")
 [ -f /etc/xdg/pip/constraints.txt ] && cpu_args+=(-c /etc/xdg/pip/constraints.txt)
 compile locks/cpu.txt 3.11 dev dask -- "${cpu_args[@]}"
 
 # GPU: vllm's own torch pin decides torch (CUDA build from PyPI). The training libraries
 # are the CPU lock's versions (the tested ones), the rest may differ where vllm's pins demand.
-grep -E '^(trl|transformers|accelerate|peft|datasets)==' locks/cpu.txt > "$tmp/gpu-same.txt"
+{ echo '# Written by `make lock` (infra/lock.sh): the training libraries at their locks/cpu.txt pins.'
+  grep -E '^(trl|transformers|accelerate|peft|datasets)==' locks/cpu.txt; } > locks/gpu-constraints.txt
 [ -f locks/gpu.txt ] || grep -v '^torch==' locks/cpu.txt > locks/gpu.txt
-compile locks/gpu.txt 3.12 dev dask gpu -- -c "$tmp/gpu-same.txt"
+compile locks/gpu.txt 3.12 dev dask gpu -- -c locks/gpu-constraints.txt
