@@ -26,7 +26,7 @@ NEED="trl datasets math-verify duckdb pydantic"
 if [ "${1:-}" = "--fetch" ]; then
   W=${GRPO_WHEELS:-.whl}
   bash infra/device/fetch_wheels.sh "$W" || exit 1
-  if [ -n "${GRPO_SMOKE_VLLM:-}" ]; then  # e.g. vllm==0.33.0: with ALL its deps, gigabytes
+  if [ -n "${GRPO_SMOKE_VLLM:-}" ]; then  # e.g. vllm==0.22.1 (locks/gpu.txt): with ALL its deps, gigabytes
     PLAT="--only-binary=:all: --python-version ${GRPO_SMOKE_PYVER:-3.12} --implementation cp"
     for t in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
       PLAT="$PLAT --platform ${t}_x86_64"
