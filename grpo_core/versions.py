@@ -166,7 +166,12 @@ def trl_problem(lookup: Lookup | None = None) -> str | None:
     locked = _locked("trl")
     hint = f" (tested: {locked}; `make setup` installs the lock)" if locked else ""
     what = "TRL is not installed" if have is None else f"TRL {have} is installed"
-    return f"{what}; this pipeline supports trl{spec or ' (any)'}{hint}"
+    return f"{what}; this pipeline supports trl{show_range(spec) or ' (any)'}{hint}"
+
+
+def show_range(spec: SpecifierSet) -> str:
+    """`>=1.16,<1.17`: lower bounds first (packaging's own order is alphabetical)."""
+    return ",".join(sorted((str(s) for s in spec), key=lambda s: (not s.startswith(">"), s)))
 
 
 def _locked(name: str) -> str | None:
@@ -224,10 +229,11 @@ def vllm_problem(lookup: Lookup | None = None,
     try:
         base = Version(Version(vllm).base_version)
     except InvalidVersion:
-        return f"vLLM {vllm}: not a version TRL {trl} can check (it supports vllm{spec})"
+        return f"vLLM {vllm}: not a version TRL {trl} can check (it supports vllm{show_range(spec)})"
     if spec.contains(base, prereleases=True):
         return None
-    return f"vLLM {vllm} with TRL {trl}: outside the vLLM range TRL {trl} supports (vllm{spec})"
+    return (f"vLLM {vllm} with TRL {trl}: outside the vLLM range TRL {trl} supports "
+            f"(vllm{show_range(spec)})")
 
 
 def doctor_lines(gpu: bool | None = None, lookup: Lookup | None = None,
@@ -241,11 +247,16 @@ def doctor_lines(gpu: bool | None = None, lookup: Lookup | None = None,
     python = python or f"{sys.version_info[0]}.{sys.version_info[1]}"
     out: list[tuple[str, str]] = []
     path = machine_lock(gpu)
+    lock = None
     if not path.is_file():
         out.append(("WARN", f"no lock at {path} (an install from a wheel?): versions not compared"))
     else:
-        lock = parse_lock(path)
-        rel = path.relative_to(ROOT)
+        try:
+            lock = parse_lock(path)
+        except ValueError as exc:
+            out.append(("FAIL", f"unreadable lock: {exc} (`make lock` writes it)"))
+    if lock is not None:
+        rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         if lock.python and lock.python != python:
             out.append(("WARN", f"Python {python}; {rel} is for Python {lock.python}"))
         diffs = lock_differences(lock, lookup)
@@ -258,7 +269,8 @@ def doctor_lines(gpu: bool | None = None, lookup: Lookup | None = None,
     problem = trl_problem(lookup)
     req = project_requirement("trl")
     out.append(("FAIL", problem) if problem else
-               ("ok", f"TRL {lookup('trl')} in the supported range trl{req.specifier if req else ''}"))
+               ("ok", f"TRL {lookup('trl')} in the supported range "
+                     f"trl{show_range(req.specifier) if req else ''}"))
     if lookup("vllm") is not None:
         problem = vllm_problem(lookup)
         out.append(("FAIL", problem) if problem else

@@ -189,7 +189,7 @@ def test_doctor_flags_a_trl_that_differs_from_the_lock_and_the_range(monkeypatch
     res = CliRunner().invoke(_app(), ["doctor", "--workdir", str(tmp_path / "ws")])
     assert res.exit_code == 1, res.output
     assert "[WARN]   trl: installed 1.15.2, locked 1.16.0" in res.output
-    assert "[FAIL] TRL 1.15.2 is installed; this pipeline supports trl<1.17,>=1.16" in res.output
+    assert "[FAIL] TRL 1.15.2 is installed; this pipeline supports trl>=1.16,<1.17" in res.output
 
 
 def test_doctor_lines_flag_a_vllm_outside_trls_range():
@@ -199,14 +199,29 @@ def test_doctor_lines_flag_a_vllm_outside_trls_range():
     lines = versions.doctor_lines(gpu=True, lookup=fake(trl="1.16.0", vllm="0.33.0"))
     fails = [t for s, t in lines if s == "FAIL"]
     assert fails == ["vLLM 0.33.0 with TRL 1.16.0: outside the vLLM range TRL 1.16.0 supports "
-                     "(vllm<=0.31.0,>=0.22.0)"], lines
+                     "(vllm>=0.22.0,<=0.31.0)"], lines
     assert ("WARN", "  vllm: installed 0.33.0, locked 0.22.1") in lines
     # TRL compares the base version: 0.31.0rc1 is in, 0.31.1 out.
     assert versions.vllm_problem(fake(trl="1.16.0", vllm="0.31.0rc1")) is None
     assert versions.vllm_problem(fake(trl="1.16.0", vllm="0.31.1")) is not None
     assert versions.vllm_problem(fake(trl="1.16.0", vllm=None)) is None
     # No declaration in TRL's metadata: the known table.
-    assert str(versions.trl_vllm_range("1.16.0", lambda _: [])) == "<=0.31.0,>=0.22.0"
+    assert versions.show_range(versions.trl_vllm_range("1.16.0", lambda _: [])) == ">=0.22.0,<=0.31.0"
+
+
+def test_doctor_lines_without_a_lock_or_with_a_broken_one(monkeypatch, tmp_path):
+    monkeypatch.setattr(versions, "LOCKS", tmp_path)
+    lines = versions.doctor_lines(gpu=False, lookup={"trl": "1.16.0"}.get, python="3.11")
+    assert lines[0][0] == "WARN" and "no lock at" in lines[0][1]
+    (tmp_path / "cpu.txt").write_text("# target: python 3.11, x, extras: dev\ntrl>=1\n")
+    lines = versions.doctor_lines(gpu=False, lookup={"trl": "1.16.0"}.get, python="3.12")
+    assert lines[0] == ("FAIL", f"unreadable lock: {tmp_path}/cpu.txt:2: not an exact pin: "
+                                "'trl>=1' (`make lock` writes it)")
+    (tmp_path / "cpu.txt").write_text("# target: python 3.11, x, extras: dev\ntrl==1.16.0\n")
+    lines = versions.doctor_lines(gpu=False, lookup={"trl": "1.16.0"}.get, python="3.12")
+    assert lines[:2] == [("WARN", f"Python 3.12; {tmp_path}/cpu.txt is for Python 3.11"),
+                         ("ok", f"all 1 packages of {tmp_path}/cpu.txt installed as locked")]
+    assert lines[2] == ("ok", "TRL 1.16.0 in the supported range trl>=1.16,<1.17")
 
 
 @pytest.mark.parametrize("command", ["run", "sft", "train"])
@@ -217,7 +232,7 @@ def test_training_commands_refuse_a_trl_outside_the_range_before_any_work(
     res = CliRunner().invoke(_app(), [command, "--workdir", str(tmp_path / "ws")])
     assert res.exit_code == 2, res.output
     what = f"TRL {trl} is installed" if trl else "TRL is not installed"
-    assert f"error: {what}; this pipeline supports trl<1.17,>=1.16 (tested: 1.16.0" in res.output
+    assert f"error: {what}; this pipeline supports trl>=1.16,<1.17 (tested: 1.16.0" in res.output
     assert not (tmp_path / "ws").exists()
 
 
@@ -232,4 +247,4 @@ def test_start_up_check_imports_no_trl():
                          timeout=120, check=False, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert res.stdout.strip().splitlines()[-1] == "exit 2 False False", res.stdout + res.stderr
-    assert "TRL 0.9.0 is installed; this pipeline supports trl<1.17,>=1.16" in res.stderr
+    assert "TRL 0.9.0 is installed; this pipeline supports trl>=1.16,<1.17" in res.stderr
