@@ -49,7 +49,14 @@ compile() {  # compile OUT PYTHON_VERSION EXTRA... [-- more uv args]
 printf '# Written by `make lock` (infra/lock.sh): the CPU build of torch (TORCH_CPU).\ntorch==%s\n' \
   "$TORCH_CPU" > locks/cpu-constraints.txt
 cpu_args=(-c locks/cpu-constraints.txt)
-[ -d "$FIND_LINKS" ] && cpu_args+=(--find-links "$FIND_LINKS")
+for d in $FIND_LINKS; do
+  if [ -d "${d#file://}" ]; then cpu_args+=(--find-links "${d#file://}"); fi
+done
+if ! ls ${FIND_LINKS//file:\/\//} 2>/dev/null | grep -q "^torch-$TORCH_CPU-"; then
+  echo "lock: no torch-$TORCH_CPU wheel in find-links ($FIND_LINKS): the CPU lock pins that" \
+    "build; give its folder in PIP_FIND_LINKS" >&2
+  exit 2
+fi
 [ -f /etc/xdg/pip/constraints.txt ] && cpu_args+=(-c /etc/xdg/pip/constraints.txt)
 compile locks/cpu.txt 3.11 dev dask -- "${cpu_args[@]}"
 

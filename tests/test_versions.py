@@ -149,9 +149,10 @@ def test_lock_is_a_resolution_of_pyproject_for_its_platform(path, tmp_path):
     extra_args = []
     if lock.pins["torch"].endswith("+cpu"):
         links = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
-        if not list(Path(links).glob(f"torch-{lock.pins['torch']}-*.whl")):
+        folders = [d.removeprefix("file://") for d in links.split()]
+        if not any(Path(d).glob(f"torch-{lock.pins['torch']}-*.whl") for d in folders):
             pytest.skip(f"no local torch {lock.pins['torch']} wheel under {links} (find-links)")
-        extra_args = ["--find-links", links]
+        extra_args = [a for d in folders if Path(d).is_dir() for a in ("--find-links", d)]
     out = tmp_path / "resolved.txt"
     cmd = [*uv, "pip", "compile", str(ROOT / "pyproject.toml"), "-c", str(path), *extra_args,
            *[a for e in lock.extras for a in ("--extra", e)], "--python-version", lock.python,
