@@ -36,6 +36,17 @@ def test_wilson_known_values(c, n, lo, hi):
     assert got == pytest.approx((lo, hi), abs=1e-4)
 
 
+@pytest.mark.parametrize("z", [1.96, 1.3, 1.2815515655446004])
+def test_wilson_is_scipys_on_whole_counts(z):
+    from scipy.special import ndtr
+
+    level = float(2 * ndtr(z) - 1)
+    for n in range(1, 41):
+        for c in range(n + 1):
+            ci = stats.binomtest(c, n).proportion_ci(confidence_level=level, method="wilson")
+            assert wilson_interval(c, n, z) == pytest.approx((ci.low, ci.high), abs=1e-12)
+
+
 def test_wilson_edges():
     assert wilson_interval(0, 0) == (0.0, 1.0)  # no data: no information
     assert wilson_interval(0, 5)[0] == 0.0
