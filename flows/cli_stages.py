@@ -88,25 +88,6 @@ def _shard_flows(cfg):
     return flows.shards
 
 
-def _prefill_sharded(cfg, problems: list, progress: bool) -> list[str]:
-    """With filter.shards > 1, the sharded-filter flow stores the missing estimates (the
-    store closed meanwhile: one writer); the ids it stored. Otherwise nothing to do.
-    A pipeline running on this workspace holds it: exit 1 after data.store_lock_timeout."""
-    if cfg.filter.shards <= 1:
-        return []
-    from grpo_core.data.store import StoreLockedError
-    from grpo_core.modeling.loading import resolve_model_path
-    from grpo_core.workspace import Workspace
-
-    ws = Workspace.at(cfg.project.workdir)
-    path = resolve_model_path(cfg.model.name_or_path, ws.models, progress)
-    try:
-        return _shard_flows(cfg).prefill_estimates(cfg, path, problems,
-                                                   lambda: _open_store(cfg), ws.root)
-    except StoreLockedError as exc:
-        _fail(str(exc), 1)
-
-
 def _progress(as_json: bool) -> bool:
     return not as_json and sys.stderr.isatty()
 
@@ -137,10 +118,13 @@ def filter_cmd(
         "--plot", help="Also write the pass-rate histogram as a PNG here.")] = None,
 ) -> None:
     """Estimate each prompt's pass rate under the model and keep the in-band ones."""
+    from flows import prefill_sharded
     from grpo_core.data.adapters import SourceError, SourceUnreadable
     from grpo_core.data.records import stage_problems
+    from grpo_core.data.store import StoreLockedError
     from grpo_core.eval.difficulty import run_filter
     from grpo_core.eval.passrate import plot_histogram
+    from grpo_core.workspace import Workspace
 
     cfg = _config(config, overrides, **{
         "model.name_or_path": model, "filter.k": k, "filter.band": _parse_band(band),
@@ -166,10 +150,14 @@ def filter_cmd(
     _building_note(cfg.model.name_or_path)
     try:
         # filter.shards > 1: workers sample what is missing while the store is closed
-        fresh = _prefill_sharded(cfg, problems, progress)
+        fresh = prefill_sharded(cfg, cfg.model.name_or_path, lambda: problems,
+                                lambda: _open_store(cfg), Workspace.at(cfg.project.workdir).root,
+                                progress=progress)
         with _open_store(cfg) as store:
             report = run_filter(cfg.model.name_or_path, problems, cfg, store=store,
                                 progress=progress, fresh=fresh)
+    except StoreLockedError as exc:  # a pipeline running on this workspace holds it
+        _fail(str(exc), 1)
     except OSError as exc:
         _fail(f"cannot load model {cfg.model.name_or_path}: "
               f"{str(exc).strip().splitlines()[0]}", 1)
