@@ -12,7 +12,6 @@ from scipy import stats
 from grpo_core.eval.passrate import (
     classify,
     histogram,
-    plot_histogram,
     select_band,
     spearman,
     wilson_interval,
@@ -118,10 +117,6 @@ def test_histogram_puts_each_j_over_k_in_bin_j(k_js):
     counts = histogram([j / k for j in js], bins=k)["counts"]
     assert counts == [js.count(j) for j in range(k + 1)]
 
-
-def test_plot_histogram_writes_a_png(tmp_path):
-    path = plot_histogram([0.0, 0.25, 0.5, 0.5, 1.0], (0.3, 0.7), tmp_path / "sub" / "h.png", bins=4)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---------------------------------------------------------------- Spearman

@@ -8,7 +8,6 @@ statistics are scipy's where it has them (imported on first use).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -97,40 +96,6 @@ def histogram(pass_rates: Sequence[float], bins: int = 8) -> dict[str, list]:
     edges = (np.arange(bins + 2) - 0.5) / bins
     counts, _ = np.histogram(x, bins=edges)
     return {"centres": centres.tolist(), "edges": edges.tolist(), "counts": counts.tolist()}
-
-
-def plot_histogram(
-    pass_rates: Sequence[float],
-    band: tuple[float, float],
-    path: str | Path,
-    bins: int = 8,
-    title: str = "Estimated pass rate per prompt",
-) -> Path:
-    """Write a PNG of the pass-rate histogram with the kept band shaded; returns the path.
-
-    Uses the Agg canvas directly (not pyplot), so it neither needs a display nor changes
-    the backend of a notebook that imported us.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    h = histogram(pass_rates, bins)
-    fig = Figure(figsize=(6, 3.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.axvspan(band[0], band[1], color="tab:green", alpha=0.15, label=f"band [{band[0]}, {band[1]}]")
-    ax.bar(h["centres"], h["counts"], width=0.8 / bins, color="tab:blue", label="prompts")
-    ax.set_xlim(-0.5 / bins, 1 + 0.5 / bins)
-    ax.set_xlabel("pass rate")
-    ax.set_ylabel("prompts")
-    ax.set_title(f"{title} (n={len(pass_rates)})", loc="left", fontsize=10)
-    # Above the axes, so it never hides a bar.
-    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False, fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
