@@ -188,13 +188,17 @@ def _ci(m: dict | None) -> tuple[str, str, str]:
 
 
 def _print_eval(result) -> None:
+    from grpo_core.eval.metric_names import GREEDY, metric_name, parse_metric
+
     m = result.metrics
     table = Table(title=f"{result.benchmark}: {result.model} (protocol {result.protocol_hash})")
     for col, just in (("metric", "left"), ("value", "right"), ("95% CI", "right"),
                       ("n", "right")):
         table.add_column(col, justify=just)
-    names = ["greedy_accuracy"] + [n for n in m if "@" in n and "/" not in n] + \
-        [n for n in m if n.startswith("flexible/")] + ["format_adherence"]
+    parsed = {n: p for n in m if (p := parse_metric(n)) is not None}
+    # strict extraction first, then flexible; greedy accuracy first in each, kind@k as scored
+    names = sorted(parsed, key=lambda n: (parsed[n].extraction != "strict",
+                                          parsed[n].kind != GREEDY)) + ["format_adherence"]
     for name in names:
         if m.get(name):
             table.add_row(name, *_ci(m[name]))
@@ -202,7 +206,7 @@ def _print_eval(result) -> None:
         if rate is not None and kind != "all":
             table.add_row(f"truncation_rate ({kind})", f"{rate:.3f}", "", "")
     console.print(table)
-    head = "avg@" + str(m.get("k")) if m.get("k") else None
+    head = metric_name("avg", m["k"]) if m.get("k") else None
     for label in ("by_level", "by_subject"):
         groups = m.get(label)
         if not groups or len(groups) < 2:
@@ -214,7 +218,7 @@ def _print_eval(result) -> None:
         if head:
             t.add_column(head, justify="right")
         for g, block in groups.items():
-            row = [g, str(block["n_problems"]), _ci(block.get("greedy_accuracy"))[0]]
+            row = [g, str(block["n_problems"]), _ci(block.get(GREEDY))[0]]
             if head:
                 row.append(_ci(block.get(head))[0])
             t.add_row(*row)

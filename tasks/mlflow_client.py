@@ -31,6 +31,7 @@ from mlflow.utils.validation import (
     MAX_TAG_VAL_LENGTH,
 )
 
+from grpo_core.eval.metric_names import CI_BLOCK
 from tasks.redaction import redact
 from tasks.tracking_store import check_reachable
 
@@ -181,7 +182,7 @@ def flatten_metrics(metrics: Mapping, prefix: str = "") -> dict[str, float]:
         key = f"{prefix}/{k}" if prefix else str(k)
         if isinstance(v, Mapping):
             if "mean" in v and ("lo" in v or "hi" in v):
-                for sub, suffix in (("mean", ""), ("lo", "_ci_lo"), ("hi", "_ci_hi"), ("n", "_n")):
+                for sub, suffix in CI_BLOCK:
                     x = _number(v.get(sub))
                     if x is not None:
                         out[key + suffix] = x

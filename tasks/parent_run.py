@@ -34,6 +34,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from grpo_core.eval.metric_names import FINAL_PREFIX
 from grpo_core.workspace import Workspace
 from tasks import comparison, headline
 from tasks.artifacts import log_json, log_text
@@ -199,7 +200,8 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     c = get_client(client)
     benchmarks = final.get("benchmarks", final)
     workdir = workspace if workspace is not None else workdir_of(None, cfg)
-    log_metrics(parent_id, {f"final/{k}": v for k, v in eval_metrics(benchmarks).items()}, client=c)
+    log_metrics(parent_id, {FINAL_PREFIX + k: v for k, v in eval_metrics(benchmarks).items()},
+                client=c)
     set_tags(parent_id, {"findings": " | ".join(findings) or "none"}, c)
     if findings:
         log_text(parent_id, "\n".join(f"- {f}" for f in findings) + "\n", "report/findings.md", c)

@@ -189,6 +189,7 @@ def comparison_chart(rows: Sequence[dict], path: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from grpo_core.eval.metric_names import ci_cells
     from tasks.comparison import ci_text
 
     rows = [r for r in rows if " vs " not in r["recipe"]]
@@ -197,15 +198,16 @@ def comparison_chart(rows: Sequence[dict], path: str | Path) -> Path:
     ax = fig.add_subplot()
     labels = [f"{r['recipe']}\n{r['benchmark']}" for r in rows]
     for offset, (which, colour) in zip((-0.2, 0.2), (("base", "#9aa5b1"), ("final", "#2b6cb0"))):
+        _, lo, hi = ci_cells(which)
         means = [r[which] or 0.0 for r in rows]
-        err = [[max(0.0, (r[which] or 0) - (r[f"{which}_lo"] or 0)) for r in rows],
-               [max(0.0, (r[f"{which}_hi"] or 0) - (r[which] or 0)) for r in rows]]
+        err = [[max(0.0, (r[which] or 0) - (r[lo] or 0)) for r in rows],
+               [max(0.0, (r[hi] or 0) - (r[which] or 0)) for r in rows]]
         ax.bar([i + offset for i in range(len(rows))], means, width=0.4, yerr=err, capsize=3,
                color=colour, label=which)
     for i, r in enumerate(rows):
         if r["delta"] is not None:
             top = max(r["base_hi"] or r["base"] or 0, r["final_hi"] or r["final"] or 0)
-            delta = ci_text(r["delta"], r["delta_lo"], r["delta_hi"], sign="+")
+            delta = ci_text(*(r[cell] for cell in ci_cells("delta")), sign="+")
             ax.text(i, min(top + 0.03, 0.97), f"Δ {delta}", ha="center", fontsize=7)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_ylabel(rows[0]["metric"] if rows else "")
