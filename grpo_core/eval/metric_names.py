@@ -24,7 +24,6 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 EXTRACTIONS = ("strict", "flexible")
-FLEXIBLE_PREFIX = "flexible/"
 GREEDY = "greedy_accuracy"
 SAMPLED = ("avg", "maj", "pass")  # kinds scored on k samples per problem
 
