@@ -29,7 +29,7 @@ from pathlib import Path
 from common import ROOT
 
 from grpo_core.eval.metric_names import HEADLINE, benchmarks_in
-from tasks.headline import ui_links
+from tasks.tracking.headline import ui_links
 
 ASSISTANT_CLOSED = ("localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
                     "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');")

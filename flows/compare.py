@@ -18,9 +18,10 @@ from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-export
 from flows.stage_log import compare_run_name
 from grpo_core.config import PipelineConfig
 from grpo_core.workspace import Workspace
-from tasks import comparison, tracking
-from tasks.comparison import COMPARE_COLUMNS, ci_triple, table_row
+from tasks import tracking
 from tasks.plots import comparison_chart
+from tasks.tracking import comparison
+from tasks.tracking.comparison import COMPARE_COLUMNS, ci_triple, table_row
 
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
 
@@ -40,7 +41,7 @@ def comparison_rows(results: dict[str, dict], metric: str) -> list[dict]:
 
 
 def _row(label: str, bench: str, metric: str, base: dict, now: dict, paired: dict | None) -> dict:
-    """The table row (tasks.comparison.table_row) of CI blocks and a paired delta."""
+    """The table row (tasks.tracking.comparison.table_row) of CI blocks and a paired delta."""
     return table_row(label, bench, metric, ci_triple(base), ci_triple(now),
                      ci_triple(paired, "delta"))
 

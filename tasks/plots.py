@@ -183,14 +183,14 @@ def passrate_histogram(pass_rates: Sequence[float], band: tuple[float, float], p
 
 
 def comparison_chart(rows: Sequence[dict], path: str | Path) -> Path:
-    """Base vs final per recipe and benchmark (tasks.comparison.COMPARE_COLUMNS rows), with
+    """Base vs final per recipe and benchmark (tasks.tracking.comparison.COMPARE_COLUMNS rows), with
     95% CI error bars, and the paired delta with its CI written above each pair
     (recipe-vs-recipe rows are in the table); returns the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from grpo_core.eval.metric_names import ci_cells
-    from tasks.comparison import ci_text
+    from tasks.tracking.comparison import ci_text
 
     rows = [r for r in rows if " vs " not in r["recipe"]]
     fig = Figure(figsize=(max(5, 1.6 * len(rows)), 3.8))

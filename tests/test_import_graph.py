@@ -205,16 +205,20 @@ def _in_package(module: str, pkg: str) -> bool:
 
 
 def test_modules_found():
-    assert {"tasks.tracking", "flows.pipeline", "grpo_core.data.store"} <= set(MODULES)
+    assert {"tasks.tracking", "tasks.tracking.parent_run", "flows.pipeline",
+            "grpo_core.data.store"} <= set(MODULES)
 
 
 def test_graph_sees_submodule_and_relative_imports():
-    mod = "tasks.tracking"
+    mod = "tasks.launch"
     tree = ast.parse("from tasks import stages\nfrom . import cache\nfrom .cache import x\n"
                      "import flows.pipeline\nif TYPE_CHECKING:\n    import tasks.launch\n"
                      "def f():\n    import tasks.plots\n")
     targets = {t for node in _import_time_nodes(tree.body) for t, _ in _targets(mod, node)}
     assert targets == {"tasks.stages", "tasks.cache", "flows.pipeline"}
+    sub = ast.parse("from . import comparison\nfrom .. import cache\nfrom tasks.tracking import headline\n")
+    assert {t for node in _import_time_nodes(sub.body) for t, _ in _targets("tasks.tracking.registry", node)} \
+        == {"tasks.tracking.comparison", "tasks.cache", "tasks.tracking.headline"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
 

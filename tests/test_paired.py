@@ -20,9 +20,9 @@ from grpo_core.data.store import Store
 from grpo_core.eval.metrics import summarise
 from grpo_core.modeling.loading import model_fingerprint
 from grpo_core.workspace import Workspace
-from tasks import comparison
 from tasks import tracking as T
-from tasks.registry import EVAL_RUN_TAG, PAIRED_RULE
+from tasks.tracking import comparison
+from tasks.tracking.registry import EVAL_RUN_TAG, PAIRED_RULE
 
 K = 20  # samples per problem: avg@20 moves in steps of 0.05
 METRIC = f"avg@{K}"

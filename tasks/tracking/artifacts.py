@@ -14,8 +14,8 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tasks.comparison import comparison_metrics, comparison_params
-from tasks.mlflow_client import (
+from tasks.tracking.comparison import comparison_metrics, comparison_params
+from tasks.tracking.mlflow_client import (
     connect,
     experiment_id,
     get_client,
@@ -23,7 +23,13 @@ from tasks.mlflow_client import (
     log_params,
     set_tags,
 )
-from tasks.tracking_store import artifact_root, experiment_name, slug, tracking_uri, workdir_of
+from tasks.tracking.tracking_store import (
+    artifact_root,
+    experiment_name,
+    slug,
+    tracking_uri,
+    workdir_of,
+)
 
 
 def log_text(run_id: str, text: str, path: str, client: MlflowClient | None = None) -> str:

@@ -6,7 +6,7 @@ run": that one is thread-local, so a Prefect task in a worker thread would not s
 The store is chosen once per process by `connect` (which `start_parent_run` calls);
 later calls in any thread of that process use it unless given a client.
 
-Imports only the leaves tasks.tracking_store and tasks.redaction."""
+Imports only the leaves tasks.tracking.tracking_store and tasks.tracking.redaction."""
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +32,8 @@ from mlflow.utils.validation import (
 )
 
 from grpo_core.eval.metric_names import CI_BLOCK
-from tasks.redaction import redact
-from tasks.tracking_store import check_reachable
+from tasks.tracking.redaction import redact
+from tasks.tracking.tracking_store import check_reachable
 
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"
 

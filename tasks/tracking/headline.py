@@ -23,9 +23,9 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.metric_names import HEADLINE, ci_cells
-from tasks.comparison import ci_text
-from tasks.mlflow_client import current_uri, get_client, sanitize_key
-from tasks.tracking_store import strip_userinfo
+from tasks.tracking.comparison import ci_text
+from tasks.tracking.mlflow_client import current_uri, get_client, sanitize_key
+from tasks.tracking.tracking_store import strip_userinfo
 
 EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
 VIEW_KEY = "grpo-headline"
@@ -141,6 +141,6 @@ def ui_links(tracking_uri: str, exp_id: str, run_id: str | None = None,
 
 def links_for_run(run_id: str, model: tuple[str, str] | None = None,
                   client: MlflowClient | None = None) -> dict[str, str]:
-    """ui_links of `run_id` in this process's store (tasks.mlflow_client.connect)."""
+    """ui_links of `run_id` in this process's store (tasks.tracking.mlflow_client.connect)."""
     exp_id = get_client(client).get_run(run_id).info.experiment_id
     return ui_links(current_uri(), exp_id, run_id, model)

@@ -35,7 +35,7 @@ from grpo_core.eval.metric_names import (
 from grpo_core.eval.metrics import paired_delta, paired_metric
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
-from tasks.mlflow_client import child_runs, get_client, sanitize_key, stage_of
+from tasks.tracking.mlflow_client import child_runs, get_client, sanitize_key, stage_of
 
 COMPARE_COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final",
                    "final_lo", "final_hi", "delta", "delta_lo", "delta_hi"]
