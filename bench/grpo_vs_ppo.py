@@ -326,11 +326,11 @@ def chart(results: list[dict], path: Path) -> Path:
 def log_mlflow(uri: str, results: list[dict], markdown: str, csv_text: str, chart_path: Path,
                a) -> str:
     """One run per arm (params, per-step reward, the measurements) and the comparison run
-    (table + chart), as the recipe comparison is logged (tasks.artifacts.log_comparison)."""
+    (table + chart), as the recipe comparison is logged (tasks.tracking.artifacts.log_comparison)."""
     from grpo_core.config import config_from_dict
     from tasks import tracking
-    from tasks.mlflow_client import connect, experiment_id
-    from tasks.tracking_store import artifact_root
+    from tasks.tracking.mlflow_client import connect, experiment_id
+    from tasks.tracking.tracking_store import artifact_root
 
     workspace = Path(uri[len("sqlite:///"):]).parent if uri.startswith("sqlite:///") else None
     cfg = config_from_dict({"tracking": {"tracking_uri": uri, "experiment": EXPERIMENT},

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from common import ROOT
 
-from tasks.headline import ui_links
+from grpo_core.eval.metric_names import HEADLINE, benchmarks_in
+from tasks.tracking.headline import ui_links
 
 ASSISTANT_CLOSED = ("localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
                     "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');")
@@ -124,8 +125,7 @@ def main() -> int:
     parents = {r.data.tags["recipe"]: r for r in sorted(runs, key=lambda r: r.info.start_time)
                if r.data.tags.get("grpo.pipeline") == "parent"}
     comps = [r for r in runs if r.data.tags.get("grpo.pipeline") == "comparison"]
-    benches = sorted({k.split("/")[0] for p in parents.values() for k in p.data.metrics
-                      if k.endswith("/final")})
+    benches = sorted({b for p in parents.values() for b in benchmarks_in(p.data.metrics, "final")})
 
     with mlflow_ui(db, free_port(), out / "mlflow-ui.log") as base, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
@@ -167,7 +167,7 @@ def main() -> int:
         for comp in comps[:1]:
             text = c.visit("comparison", link(comp.info.run_id)["run"], wait_for="Metrics")
             for key, v in sorted(comp.data.metrics.items()):
-                if key.endswith(("/base", "/final", "/delta")):
+                if key.rpartition("/")[2] in HEADLINE:
                     c.check(f"comparison page: {key} = {v:.4g}",
                             key in text and any(s in text for s in shown(v)))
             c.check("comparison page: the table as its description",

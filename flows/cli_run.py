@@ -61,7 +61,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         quiet_libraries()
     from grpo_core.config import ConfigError
     from grpo_core.workspace import Workspace
-    from tasks import tracking_store
+    from tasks.tracking import tracking_store
 
     # Live bars only on a terminal: a log file gets the stage lines, not bar redraws.
     quiet = quiet or not sys.stderr.isatty()

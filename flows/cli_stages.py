@@ -88,25 +88,6 @@ def _shard_flows(cfg):
     return flows.shards
 
 
-def _prefill_sharded(cfg, problems: list, progress: bool) -> list[str]:
-    """With filter.shards > 1, the sharded-filter flow stores the missing estimates (the
-    store closed meanwhile: one writer); the ids it stored. Otherwise nothing to do.
-    A pipeline running on this workspace holds it: exit 1 after data.store_lock_timeout."""
-    if cfg.filter.shards <= 1:
-        return []
-    from grpo_core.data.store import StoreLockedError
-    from grpo_core.modeling.loading import resolve_model_path
-    from grpo_core.workspace import Workspace
-
-    ws = Workspace.at(cfg.project.workdir)
-    path = resolve_model_path(cfg.model.name_or_path, ws.models, progress)
-    try:
-        return _shard_flows(cfg).prefill_estimates(cfg, path, problems,
-                                                   lambda: _open_store(cfg), ws.root)
-    except StoreLockedError as exc:
-        _fail(str(exc), 1)
-
-
 def _progress(as_json: bool) -> bool:
     return not as_json and sys.stderr.isatty()
 
@@ -137,10 +118,13 @@ def filter_cmd(
         "--plot", help="Also write the pass-rate histogram as a PNG here.")] = None,
 ) -> None:
     """Estimate each prompt's pass rate under the model and keep the in-band ones."""
+    from flows import prefill_sharded
     from grpo_core.data.adapters import SourceError, SourceUnreadable
     from grpo_core.data.records import stage_problems
+    from grpo_core.data.store import StoreLockedError
     from grpo_core.eval.difficulty import run_filter
-    from grpo_core.eval.passrate import plot_histogram
+    from grpo_core.workspace import Workspace
+    from tasks.plots import passrate_histogram
 
     cfg = _config(config, overrides, **{
         "model.name_or_path": model, "filter.k": k, "filter.band": _parse_band(band),
@@ -166,16 +150,20 @@ def filter_cmd(
     _building_note(cfg.model.name_or_path)
     try:
         # filter.shards > 1: workers sample what is missing while the store is closed
-        fresh = _prefill_sharded(cfg, problems, progress)
+        fresh = prefill_sharded(cfg, cfg.model.name_or_path, lambda: problems,
+                                lambda: _open_store(cfg), Workspace.at(cfg.project.workdir).root,
+                                progress=progress)
         with _open_store(cfg) as store:
             report = run_filter(cfg.model.name_or_path, problems, cfg, store=store,
                                 progress=progress, fresh=fresh)
+    except StoreLockedError as exc:  # a pipeline running on this workspace holds it
+        _fail(str(exc), 1)
     except OSError as exc:
         _fail(f"cannot load model {cfg.model.name_or_path}: "
               f"{str(exc).strip().splitlines()[0]}", 1)
     if plot:
-        plot_histogram([r["pass_rate"] for r in report.estimates], report.band, plot,
-                       bins=report.k)
+        passrate_histogram([r["pass_rate"] for r in report.estimates], report.band, plot,
+                           bins=report.k)
     if as_json:
         typer.echo(json.dumps(report.summary(), indent=2))
         return
@@ -200,13 +188,17 @@ def _ci(m: dict | None) -> tuple[str, str, str]:
 
 
 def _print_eval(result) -> None:
+    from grpo_core.eval.metric_names import GREEDY, metric_name, parse_metric
+
     m = result.metrics
     table = Table(title=f"{result.benchmark}: {result.model} (protocol {result.protocol_hash})")
     for col, just in (("metric", "left"), ("value", "right"), ("95% CI", "right"),
                       ("n", "right")):
         table.add_column(col, justify=just)
-    names = ["greedy_accuracy"] + [n for n in m if "@" in n and "/" not in n] + \
-        [n for n in m if n.startswith("flexible/")] + ["format_adherence"]
+    parsed = {n: p for n in m if (p := parse_metric(n)) is not None}
+    # strict extraction first, then flexible; greedy accuracy first in each, kind@k as scored
+    names = sorted(parsed, key=lambda n: (parsed[n].extraction != "strict",
+                                          parsed[n].kind != GREEDY)) + ["format_adherence"]
     for name in names:
         if m.get(name):
             table.add_row(name, *_ci(m[name]))
@@ -214,7 +206,7 @@ def _print_eval(result) -> None:
         if rate is not None and kind != "all":
             table.add_row(f"truncation_rate ({kind})", f"{rate:.3f}", "", "")
     console.print(table)
-    head = "avg@" + str(m.get("k")) if m.get("k") else None
+    head = metric_name("avg", m["k"]) if m.get("k") else None
     for label in ("by_level", "by_subject"):
         groups = m.get(label)
         if not groups or len(groups) < 2:
@@ -226,7 +218,7 @@ def _print_eval(result) -> None:
         if head:
             t.add_column(head, justify="right")
         for g, block in groups.items():
-            row = [g, str(block["n_problems"]), _ci(block.get("greedy_accuracy"))[0]]
+            row = [g, str(block["n_problems"]), _ci(block.get(GREEDY))[0]]
             if head:
                 row.append(_ci(block.get(head))[0])
             t.add_row(*row)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
@@ -19,8 +18,10 @@ from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-export
 from flows.stage_log import compare_run_name
 from grpo_core.config import PipelineConfig
 from grpo_core.workspace import Workspace
-from tasks import comparison, tracking
-from tasks.comparison import COMPARE_COLUMNS, ci_triple, table_row
+from tasks import tracking
+from tasks.plots import comparison_chart
+from tasks.tracking import comparison
+from tasks.tracking.comparison import COMPARE_COLUMNS, ci_triple, table_row
 
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
 
@@ -40,7 +41,7 @@ def comparison_rows(results: dict[str, dict], metric: str) -> list[dict]:
 
 
 def _row(label: str, bench: str, metric: str, base: dict, now: dict, paired: dict | None) -> dict:
-    """The table row (tasks.comparison.table_row) of CI blocks and a paired delta."""
+    """The table row (tasks.tracking.comparison.table_row) of CI blocks and a paired delta."""
     return table_row(label, bench, metric, ci_triple(base), ci_triple(now),
                      ci_triple(paired, "delta"))
 
@@ -114,38 +115,6 @@ def to_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def bar_chart(rows: list[dict], path: Path) -> Path:
-    """Base vs final per recipe and benchmark, with 95% CI error bars, and the paired
-    delta with its CI written above each pair (recipe-vs-recipe rows are in the table)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    rows = [r for r in rows if " vs " not in r["recipe"]]
-    fig = Figure(figsize=(max(5, 1.6 * len(rows)), 3.8))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    labels = [f"{r['recipe']}\n{r['benchmark']}" for r in rows]
-    for offset, (which, colour) in zip((-0.2, 0.2), (("base", "#9aa5b1"), ("final", "#2b6cb0"))):
-        means = [r[which] or 0.0 for r in rows]
-        err = [[max(0.0, (r[which] or 0) - (r[f"{which}_lo"] or 0)) for r in rows],
-               [max(0.0, (r[f"{which}_hi"] or 0) - (r[which] or 0)) for r in rows]]
-        ax.bar([i + offset for i in range(len(rows))], means, width=0.4, yerr=err, capsize=3,
-               color=colour, label=which)
-    for i, r in enumerate(rows):
-        if r["delta"] is not None:
-            top = max(r["base_hi"] or r["base"] or 0, r["final_hi"] or r["final"] or 0)
-            ax.text(i, min(top + 0.03, 0.97), f"Δ {_fmt_delta(r)}", ha="center", fontsize=7)
-    ax.set_xticks(range(len(rows)), labels)
-    ax.set_ylabel(rows[0]["metric"] if rows else "")
-    ax.set_ylim(0, 1)
-    ax.legend(loc="upper left")
-    ax.set_title("R1-Zero vs SFT+GRPO (95% bootstrap CI; Δ: paired CI)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
-
-
 @flow(name="grpo-compare", validate_parameters=True, flow_run_name=compare_run_name)
 def compare_recipes(configs: list[PipelineConfig], progress: bool = True) -> dict:
     results = {}
@@ -159,7 +128,7 @@ def compare_recipes(configs: list[PipelineConfig], progress: bool = True) -> dic
     md, table_csv = to_markdown(rows), to_csv(rows)
     (report_dir / "comparison.md").write_text(md + "\n")
     (report_dir / "comparison.csv").write_text(table_csv)
-    chart = bar_chart(rows, report_dir / "comparison.png")
+    chart = comparison_chart(rows, report_dir / "comparison.png")
     run = tracking.log_comparison(configs[0], ws, md, table_csv, chart,
                                   [r["parent_run"] for r in results.values()])
     create_markdown_artifact(key="recipe-comparison", markdown=md,

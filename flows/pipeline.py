@@ -10,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 
-from flows import configure_prefect
+from flows import configure_prefect, prefill_sharded
 from flows.stage_log import log_findings, pipeline_run_name, run_stage
 
 configure_prefect()  # before prefect is imported
@@ -132,23 +132,12 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: list[str], round_no: 
     `training_prompts` choice, and the finding it notes (None when the band was enough).
     `evidence_run`: the previous round's GRPO run, whose rollouts count as weighted
     evidence (filter.rollout_evidence_weight; grpo_core.eval.evidence)."""
-    fresh = _prefill_sharded(ctx, model, problem_ids, evidence_run)
+    fresh = prefill_sharded(ctx.cfg, model, lambda: stages.pool_problems(ctx, problem_ids),
+                            ctx.store, ctx.ws.root, evidence_run)
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
                      ctx, model, problem_ids, round_no, fresh, evidence_run)
     prompts, note = training_prompts(kept, problem_ids, prompts_per_update(ctx.cfg))
     return prompts, (f"round {round_no}: {note}" if note else None)
-
-
-def _prefill_sharded(ctx: stages.Ctx, model: str, problem_ids: list[str],
-                     evidence_run: str | None = None) -> list[str]:
-    """With filter.shards > 1, workers estimate the missing pass rates and this process
-    stores them (one writer); returns the ids stored now. Otherwise nothing to do."""
-    if ctx.cfg.filter.shards <= 1:
-        return []
-    from flows.shards import prefill_estimates
-
-    return prefill_estimates(ctx.cfg, model, stages.pool_problems(ctx, problem_ids),
-                             ctx.store, ctx.ws.root, evidence_run)
 
 
 def _stages(ctx: stages.Ctx, log) -> dict:

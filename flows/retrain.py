@@ -22,7 +22,8 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace
-from tasks import comparison, stages, tracking
+from tasks import stages, tracking
+from tasks.tracking import comparison
 
 
 @flow(name="grpo-retrain", validate_parameters=True, flow_run_name=retrain_run_name)

@@ -1,5 +1,7 @@
-"""PNG charts of a training run, drawn on the Agg canvas directly (no pyplot): no display
-needed, no global backend switched under a notebook that imported us, thread-safe.
+"""The pipeline's PNG charts (its only matplotlib): a training run's curves, the filter's
+pass-rate histogram and the recipe comparison's bars. Drawn on the Agg canvas directly (no
+pyplot): no display needed, no global backend switched under a notebook that imported us,
+thread-safe.
 
 GRPO panels lead with what says whether the round learns (total reward, each reward
 function, accuracy), then what usually explains why not (length, truncation at the cap,
@@ -143,4 +145,77 @@ def training_curves(history: Sequence[dict], path: str | Path, kind: str = "grpo
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure(history, kind, keys, title).savefig(path, format="png")
+    return path
+
+
+# ----------------------------------------------------------------------------- pass rates
+
+
+def passrate_histogram(pass_rates: Sequence[float], band: tuple[float, float], path: str | Path,
+                       bins: int = 8, title: str = "Estimated pass rate per prompt") -> Path:
+    """Write a PNG of the pass-rate histogram (grpo_core.eval.passrate.histogram: one bin
+    per attainable rate j/bins) with the kept band shaded; returns the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from grpo_core.eval.passrate import histogram
+
+    h = histogram(pass_rates, bins)
+    fig = Figure(figsize=(6, 3.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.axvspan(band[0], band[1], color="tab:green", alpha=0.15, label=f"band [{band[0]}, {band[1]}]")
+    ax.bar(h["centres"], h["counts"], width=0.8 / bins, color="tab:blue", label="prompts")
+    ax.set_xlim(-0.5 / bins, 1 + 0.5 / bins)
+    ax.set_xlabel("pass rate")
+    ax.set_ylabel("prompts")
+    ax.set_title(f"{title} (n={len(pass_rates)})", loc="left", fontsize=10)
+    # Above the axes, so it never hides a bar.
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False, fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+def comparison_chart(rows: Sequence[dict], path: str | Path) -> Path:
+    """Base vs final per recipe and benchmark (tasks.tracking.comparison.COMPARE_COLUMNS rows), with
+    95% CI error bars, and the paired delta with its CI written above each pair
+    (recipe-vs-recipe rows are in the table); returns the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from grpo_core.eval.metric_names import ci_cells
+    from tasks.tracking.comparison import ci_text
+
+    rows = [r for r in rows if " vs " not in r["recipe"]]
+    fig = Figure(figsize=(max(5, 1.6 * len(rows)), 3.8))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    labels = [f"{r['recipe']}\n{r['benchmark']}" for r in rows]
+    for offset, (which, colour) in zip((-0.2, 0.2), (("base", "#9aa5b1"), ("final", "#2b6cb0"))):
+        _, lo, hi = ci_cells(which)
+        means = [r[which] or 0.0 for r in rows]
+        err = [[max(0.0, (r[which] or 0) - (r[lo] or 0)) for r in rows],
+               [max(0.0, (r[hi] or 0) - (r[which] or 0)) for r in rows]]
+        ax.bar([i + offset for i in range(len(rows))], means, width=0.4, yerr=err, capsize=3,
+               color=colour, label=which)
+    for i, r in enumerate(rows):
+        if r["delta"] is not None:
+            top = max(r["base_hi"] or r["base"] or 0, r["final_hi"] or r["final"] or 0)
+            delta = ci_text(*(r[cell] for cell in ci_cells("delta")), sign="+")
+            ax.text(i, min(top + 0.03, 0.97), f"Δ {delta}", ha="center", fontsize=7)
+    ax.set_xticks(range(len(rows)), labels)
+    ax.set_ylabel(rows[0]["metric"] if rows else "")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="upper left")
+    ax.set_title("R1-Zero vs SFT+GRPO (95% bootstrap CI; Δ: paired CI)")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     return path

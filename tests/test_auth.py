@@ -18,7 +18,7 @@ import yaml
 from mlflow_server import MlflowServer
 from pipeline_runs import GRPO, ROOT, basic_auth_token, run_env, scan_for_secrets
 
-from tasks.mlflow_client import stage_of
+from tasks.tracking.mlflow_client import stage_of
 
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration
@@ -141,13 +141,13 @@ def test_mlflow_basic_auth_pipeline_run_and_guarded_registry(tiny_model_path, tm
 
 
 def test_check_reachable_probes_with_the_clients_credentials(tmp_path, monkeypatch):
-    """tasks.tracking_store.check_reachable against a stand-in for a basic-auth MLflow (open
+    """tasks.tracking.tracking_store.check_reachable against a stand-in for a basic-auth MLflow (open
     /health, 401 elsewhere without the right header): the header is built as the MLflow
     client builds it, from the environment, ~/.mlflow/credentials or the URI's userinfo."""
     import http.server
     import threading
 
-    from tasks.tracking_store import TrackingUnreachable, check_reachable
+    from tasks.tracking.tracking_store import TrackingUnreachable, check_reachable
 
     good = "Basic " + basic_auth_token(*PIPELINE)
 

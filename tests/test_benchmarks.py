@@ -23,7 +23,7 @@ from grpo_core.data.benchmarks import (
 )
 from grpo_core.data.records import stage_problems
 from grpo_core.data.store import Store
-from tasks.mlflow_client import stage_of
+from tasks.tracking.mlflow_client import stage_of
 
 pytest_plugins = ["fixtures_models"]
 

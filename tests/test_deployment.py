@@ -24,7 +24,7 @@ import yaml
 from mlflow_server import MlflowServer
 from pipeline_runs import basic_auth_token, scan_for_secrets
 
-from tasks.mlflow_client import stage_of
+from tasks.tracking.mlflow_client import stage_of
 
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from grpo_core.eval.evidence import (
     rollout_counts,
     rollout_priors,
 )
-from grpo_core.eval.passrate import wilson_bounds, wilson_interval, z_for
+from grpo_core.eval.passrate import wilson_interval, z_for
 from grpo_core.generation.rollout import Completion
 from grpo_core.prompts import render_prompt
 
@@ -98,13 +98,11 @@ def test_stop_rule_on_constructed_counts():
     assert budget(16) == 16 and budget(16, Evidence(1.0, 2.5)) == 14
 
 
-def test_weighted_wilson_is_wilson_on_whole_counts():
-    for s, n in [(0, 4), (3, 8), (8, 8), (5, 16), (1, 1)]:
-        assert wilson_bounds(s, n) == pytest.approx(wilson_interval(s, n), abs=1e-12)
-        assert wilson_bounds(s, n, 1.3) == pytest.approx(wilson_interval(s, n, 1.3), abs=1e-12)
-    lo, hi = wilson_bounds(2.5, 6.5)
-    assert wilson_bounds(2, 6)[0] < lo < hi < wilson_bounds(3, 7)[1]
-    assert wilson_bounds(0, 0) == (0.0, 1.0)
+def test_wilson_takes_fractional_counts():
+    lo, hi = wilson_interval(2.5, 6.5)
+    assert wilson_interval(2, 6)[0] < lo < hi < wilson_interval(3, 7)[1]
+    assert wilson_interval(0.0, 0.0) == (0.0, 1.0)
+    assert z_for(0.95) == pytest.approx(1.959964, abs=1e-6)
     assert z_for(0.95) == pytest.approx(1.959964, abs=1e-6)
 
 
@@ -310,7 +308,7 @@ def test_a_prior_cuts_fresh_samples_and_moves_the_estimate():
         assert after["outcomes"] == before["outcomes"][: after["samples"]]  # still a prefix
         s, n = after["successes"] + 4.0, after["samples"] + 4.0
         assert after["pass_rate"] == pytest.approx(s / n)
-        assert (after["wilson_lo"], after["wilson_hi"]) == pytest.approx(wilson_bounds(s, n))
+        assert (after["wilson_lo"], after["wilson_hi"]) == pytest.approx(wilson_interval(s, n))
         assert (after["prior_successes"], after["prior_samples"]) == (4.0, 4.0)
     # Fixed k=16 with a 4-sample prior draws 12 fresh.
     assert budget(16, Evidence(4.0, 4.0)) == 12

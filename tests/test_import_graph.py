@@ -10,6 +10,7 @@
   with `ast`): no import, wherever it sits, goes from a layer to a later one; the top
   modules import no subpackage (bar config's declared late imports), and no project module
   imports the compatibility re-exports (grpo_core/answers.py, grpo_core/rewards.py).
+- grpo_core imports neither prefect, mlflow nor matplotlib, wherever the import sits.
 
 Every .py file under the packages below is read, in subpackages too, so the test keeps
 working when a package is split into folders."""
@@ -204,16 +205,20 @@ def _in_package(module: str, pkg: str) -> bool:
 
 
 def test_modules_found():
-    assert {"tasks.tracking", "flows.pipeline", "grpo_core.data.store"} <= set(MODULES)
+    assert {"tasks.tracking", "tasks.tracking.parent_run", "flows.pipeline",
+            "grpo_core.data.store"} <= set(MODULES)
 
 
 def test_graph_sees_submodule_and_relative_imports():
-    mod = "tasks.tracking"
+    mod = "tasks.launch"
     tree = ast.parse("from tasks import stages\nfrom . import cache\nfrom .cache import x\n"
                      "import flows.pipeline\nif TYPE_CHECKING:\n    import tasks.launch\n"
                      "def f():\n    import tasks.plots\n")
     targets = {t for node in _import_time_nodes(tree.body) for t, _ in _targets(mod, node)}
     assert targets == {"tasks.stages", "tasks.cache", "flows.pipeline"}
+    sub = ast.parse("from . import comparison\nfrom .. import cache\nfrom tasks.tracking import headline\n")
+    assert {t for node in _import_time_nodes(sub.body) for t, _ in _targets("tasks.tracking.registry", node)} \
+        == {"tasks.tracking.comparison", "tasks.cache", "tasks.tracking.headline"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
 
@@ -323,6 +328,30 @@ def test_compatibility_re_exports_are_the_real_objects():
     assert grpo_core.rewards.build_reward_funcs is grpo_core.verify.rewards.build_reward_funcs
     for name in grpo_core.verify.answers.__all__:
         assert getattr(grpo_core.answers, name) is getattr(grpo_core.verify.answers, name)
+
+
+# The pure library runs from a plain script or a notebook: no orchestration, no tracking
+# server, and no plotting (the charts are tasks/plots.py's), wherever the import sits.
+CORE_NEVER_IMPORTS = ("prefect", "mlflow", "matplotlib")
+
+
+def _external_imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, top-level package) of every absolute import in `tree`, inside functions too."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.lineno, node.module.partition(".")[0]
+
+
+def test_grpo_core_never_imports_prefect_mlflow_or_matplotlib():
+    bad = [f"{_where(m, line)}: imports {pkg}" for m, tree in TREES.items()
+           if _in_package(m, "grpo_core")
+           for line, pkg in _external_imports(tree) if pkg in CORE_NEVER_IMPORTS]
+    assert not bad, "grpo_core is the pure library:\n" + "\n".join(bad)
+    tree = ast.parse("def f():\n    from matplotlib.figure import Figure\nimport mlflow.tracking\n")
+    assert sorted(pkg for _, pkg in _external_imports(tree)) == ["matplotlib", "mlflow"]
 
 
 def test_ruff_is_clean_with_the_projects_rules():

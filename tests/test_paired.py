@@ -20,9 +20,9 @@ from grpo_core.data.store import Store
 from grpo_core.eval.metrics import summarise
 from grpo_core.modeling.loading import model_fingerprint
 from grpo_core.workspace import Workspace
-from tasks import comparison
 from tasks import tracking as T
-from tasks.registry import EVAL_RUN_TAG, PAIRED_RULE
+from tasks.tracking import comparison
+from tasks.tracking.registry import EVAL_RUN_TAG, PAIRED_RULE
 
 K = 20  # samples per problem: avg@20 moves in steps of 0.05
 METRIC = f"avg@{K}"
@@ -229,7 +229,8 @@ def test_recipe_against_recipe_row(wd):
 
 def test_report_outputs_carry_the_paired_ci(wd):
     """The flow's CSV, markdown and chart, with a recipe row and a recipe-vs-recipe row."""
-    from flows.compare import bar_chart, to_csv, to_markdown
+    from flows.compare import to_csv, to_markdown
+    from tasks.plots import comparison_chart
 
     rows = [{"recipe": "r1_zero", "benchmark": BENCH, "metric": METRIC, "base": 0.4,
              "base_lo": 0.3, "base_hi": 0.5, "final": 0.45, "final_lo": 0.35, "final_hi": 0.55,
@@ -248,5 +249,5 @@ def test_report_outputs_carry_the_paired_ci(wd):
     md = to_markdown(rows)
     assert "| +0.050 [0.030, 0.070] |" in md and "| +0.050 [-0.020, 0.120] |" in md
     assert "| +0.050 |" in md  # no records, no CI: not an unpaired one either
-    png = bar_chart(rows, wd / "chart.png")
+    png = comparison_chart(rows, wd / "chart.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

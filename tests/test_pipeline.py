@@ -16,7 +16,7 @@ import duckdb
 import pytest
 from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, scan_for_secrets, write_config
 
-from tasks.mlflow_client import stage_of
+from tasks.tracking.mlflow_client import stage_of
 
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import math
 
 from PIL import Image
 
-from tasks.plots import figure, panels, training_curves
+from tasks.plots import figure, panels, passrate_histogram, training_curves
 
 LEAD = ["reward (mean +- std)", "reward per function", "accuracy", "completion length (tokens)",
         "truncated at max length (completions/clipped_ratio)",
@@ -123,3 +123,9 @@ def test_sft_curves_keep_their_panels_and_leave_out_missing(tmp_path):
 def test_explicit_keys_draw_those_panels_only():
     hist = [_grpo_row(s) for s in (1, 2)]
     assert [p.title for p in panels(hist, keys=["kl", "missing", "reward"])] == ["kl", "reward"]
+
+
+def test_passrate_histogram_writes_a_png(tmp_path):
+    path = passrate_histogram([0.0, 0.25, 0.5, 0.5, 1.0], (0.3, 0.7), tmp_path / "sub" / "h.png",
+                              bins=4)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""Registered versions are MLflow models: tasks.registry.register_model logs the trained HF
+"""Registered versions are MLflow models: tasks.tracking.registry.register_model logs the trained HF
 folder with MLflow's transformers flavour (a LoggedModel of the run, text-generation,
 string in and out, the tokenizer, the stored bf16 dtype), so `models:/<name>@champion`
 loads with mlflow.transformers.load_model and generates, and download_champion still hands
@@ -15,7 +15,7 @@ import torch
 
 from grpo_core.config import PipelineConfig
 from tasks import tracking as T
-from tasks.mlflow_model import MODEL_FORMAT_TAG
+from tasks.tracking.mlflow_model import MODEL_FORMAT_TAG
 
 NAME = "flav-r1_zero"
 
@@ -32,7 +32,7 @@ def proxy_dir(tmp_path_factory):
 @pytest.fixture
 def store(tmp_path, template_db, monkeypatch):
     """A config whose workdir holds a migrated, empty SQLite store; MLflow's global URI
-    unset (as in a pipeline: tasks.mlflow_client.connect leaves it alone)."""
+    unset (as in a pipeline: tasks.tracking.mlflow_client.connect leaves it alone)."""
     wd = tmp_path / "wd"
     wd.mkdir()
     shutil.copy(template_db, wd / "mlflow.db")

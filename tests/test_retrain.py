@@ -6,7 +6,7 @@ While the pipeline holds the store's lock, a retrain waits `data.store_lock_time
 stops with the store-locked error before it downloads the champion or starts an MLflow
 run. Once the store is free a retrain runs to the end: its MLflow run records the decision
 (report/retrain_decision.json) and the registry follows it, by the paired rule of
-tasks/registry.py promote_if_better (the challenger wins only when the 95% CI of its
+tasks/tracking/registry.py promote_if_better (the challenger wins only when the 95% CI of its
 per-problem difference to the champion, on the same problems, lies above 0). The slow
 variant shards the retrain's filter and evaluations."""
 import json
@@ -20,7 +20,7 @@ from pipeline_runs import GRPO, ROOT, mlflow_runs, prefect_flow_runs, run_env, w
 
 from grpo_core.data.locks import lock_path
 from grpo_core.workspace import Workspace
-from tasks.mlflow_client import stage_of
+from tasks.tracking.mlflow_client import stage_of
 
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
+from flows import prefill_sharded
 from grpo_core.config import ConfigError, PipelineConfig
 from grpo_core.data.db import PASS_RATE_SCHEMA
 from grpo_core.data.records import problem_key, read_pass_rates, write_pass_rates
@@ -158,9 +159,17 @@ def test_sharded_filter_gives_the_unsharded_rows(shard_flows, tiny_model_path, t
     assert two.counts == one.counts and [p.id for p in two.kept] == [p.id for p in one.kept]
     assert not list((tmp_path / "ws" / "shards").iterdir())  # shard files cleaned up
 
-    # Everything stored now: no flow, no worker.
-    assert shard_flows.prefill_estimates(cfg, tiny_model_path, problems,
-                                         lambda: Store.open(db), tmp_path / "ws") == []
+    # Everything stored now: no flow, no worker (through the prefill `grpo filter` and the
+    # pipeline call).
+    assert prefill_sharded(cfg, tiny_model_path, lambda: problems, lambda: Store.open(db),
+                           tmp_path / "ws") == []
+
+
+def test_prefill_without_shards_reads_nothing():
+    def untouched():
+        raise AssertionError("read without shards")
+
+    assert prefill_sharded(_cfg(1), "builtin:tiny-arith", untouched, untouched, "/nowhere") == []
 
 
 # ----------------------------------------------------------------------------- resuming

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from tasks.mlflow_client import stage_of
+from tasks.tracking.mlflow_client import stage_of
 
 pytest_plugins = ["fixtures_models"]
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
-"""Measuring models: benchmark evaluation (evaluation), statistics (metrics), pass-rate
-intervals and bands (passrate), the difficulty filter's pass-rate estimates (difficulty),
-how many samples each draws (adaptive: fixed k or rounds until the band is decided),
-rollouts of a GRPO round as evidence for the next filter (evidence), and splitting
-filter/eval work into shards (shards).
+"""Measuring models: benchmark evaluation (evaluation), statistics (metrics), the grammar
+of metric names (metric_names), pass-rate intervals and bands (passrate), the difficulty
+filter's pass-rate estimates (difficulty), how many samples each draws (adaptive: fixed k
+or rounds until the band is decided), rollouts of a GRPO round as evidence for the next
+filter (evidence), and splitting filter/eval work into shards (shards).
 
 May import: the top modules, verify, data, modeling and generation."""

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from grpo_core.eval.passrate import wilson_bounds, z_for
+from grpo_core.eval.passrate import wilson_interval, z_for
 from grpo_core.generation.rollout import Completion, SamplingParams
 from grpo_core.generation.sampling import sample_seeded
 
@@ -69,7 +69,7 @@ class StopPlan:
         its class."""
         if n <= 0:
             return False
-        lo, hi = wilson_bounds(successes, n, self.z)
+        lo, hi = wilson_interval(successes, n, self.z)
         blo, bhi = self.band
         return hi < blo - _TOL or lo > bhi + _TOL or (lo >= blo - _TOL and hi <= bhi + _TOL)
 

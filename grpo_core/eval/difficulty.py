@@ -29,9 +29,9 @@ from typing import Any
 
 from grpo_core.data.problems import Problem
 from grpo_core.data.records import problem_key, read_pass_rates, write_pass_rates
-from grpo_core.eval.adaptive import NO_EVIDENCE, Evidence, StopPlan, budget, draw_estimates
+from grpo_core.eval.adaptive import Evidence, StopPlan, budget, draw_estimates
 from grpo_core.eval.evidence import prior_of
-from grpo_core.eval.passrate import histogram, select_band, wilson_bounds, wilson_interval
+from grpo_core.eval.passrate import histogram, select_band, wilson_interval
 from grpo_core.generation.rollout import SamplingParams
 from grpo_core.generation.sampling import SAMPLER_VERSION, derive_seed
 from grpo_core.prompts import render_prompt, resolve_template, template_hash
@@ -75,13 +75,10 @@ def _correct(p: Problem, completions) -> list[bool]:
 
 def _estimate_row(p: Problem, completions, outcomes: list[bool], prior: Evidence) -> dict:
     """The counted columns of an estimate: fresh samples plus the prior's pseudo-counts.
-    Without a prior, exactly the fixed-k numbers (ok / n, scipy's Wilson interval)."""
+    Without a prior, exactly the fixed-k numbers (ok / n and its Wilson interval)."""
     n, ok = len(outcomes), sum(outcomes)
-    if prior == NO_EVIDENCE:
-        rate, (lo, hi) = ok / n, wilson_interval(ok, n)
-    else:
-        s, m = ok + prior.successes, n + prior.samples
-        rate, (lo, hi) = s / m, wilson_bounds(s, m)
+    s, m = ok + prior.successes, n + prior.samples  # NO_EVIDENCE adds 0.0: ok / n exactly
+    rate, (lo, hi) = s / m, wilson_interval(s, m)
     return {"successes": ok, "samples": n, "pass_rate": rate, "wilson_lo": lo,
             "wilson_hi": hi, "truncated": sum(c.truncated for c in completions),
             "mean_tokens": sum(c.num_tokens for c in completions) / max(1, n),

@@ -42,6 +42,7 @@ from grpo_core.data.benchmarks import (  # noqa: F401 - benchmark_problems: re-e
 from grpo_core.data.benchmarks import fingerprint as problems_fingerprint
 from grpo_core.data.problems import Problem
 from grpo_core.data.records import problem_key, write_eval
+from grpo_core.eval.metric_names import metric_name, parse_metric
 from grpo_core.eval.metrics import bootstrap_ci, summarise
 from grpo_core.generation.rollout import SamplingParams
 from grpo_core.generation.sampling import derive_seed, sample_seeded
@@ -194,8 +195,10 @@ def score(records: list[dict], cfg) -> dict:
     ci_kw = {"n_resamples": cfg.eval.bootstrap, "seed": cfg.project.seed}
     metrics = summarise(records, canon=vote_key, **ci_kw)
     flexible = summarise([flexible_view(r) for r in records], canon=vote_key, **ci_kw)
-    for name in ["greedy_accuracy", *(k for k in flexible if "@" in k)]:
-        metrics[f"flexible/{name}"] = flexible.get(name)
+    for name in flexible:  # greedy_accuracy, then each kind@k
+        m = parse_metric(name)
+        if m is not None:
+            metrics[metric_name(m.kind, m.k, "flexible")] = flexible[name]
     metrics["format_adherence"] = _format_adherence(records, ci_kw)
     sample_flags = [f for r in records for f in r.get("sample_well_formatted") or []]
     metrics["format_adherence_samples"] = (sum(sample_flags) / len(sample_flags)

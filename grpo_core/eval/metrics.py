@@ -16,6 +16,8 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
+from grpo_core.eval.metric_names import GREEDY, metric_name, parse_metric
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Probability that at least one of k samples drawn without replacement from n is correct.
@@ -149,11 +151,11 @@ def problem_scores(
     answers = record.get("sample_answers")
     if correct:
         n, c, k_max = len(correct), sum(correct), max(ks)
-        out[f"avg@{k_max}"] = avg_at_k(correct[:k_max])
+        out[metric_name("avg", k_max)] = avg_at_k(correct[:k_max])
         for k in ks:
-            out[f"pass@{k}"] = pass_at_k(n, c, k)
+            out[metric_name("pass", k)] = pass_at_k(n, c, k)
             if answers is not None:
-                out[f"maj@{k}"] = maj_at_k(answers[:k], correct[:k], canon=canon)
+                out[metric_name("maj", k)] = maj_at_k(answers[:k], correct[:k], canon=canon)
     return out
 
 
@@ -174,12 +176,12 @@ def _summarise_group(records: list[dict], ks: list[int], canon, ci_kw: dict) -> 
     out: dict = {"n_problems": len(records)}
     greedy = [float(bool(r["greedy_correct"])) for r in records
               if r.get("greedy_correct") is not None]
-    out["greedy_accuracy"] = _ci_dict(greedy, **ci_kw)
+    out[GREEDY] = _ci_dict(greedy, **ci_kw)
     per_metric: dict[str, list[float]] = {}
     for r in records:
         for name, value in problem_scores(r, ks, canon).items():
             per_metric.setdefault(name, []).append(value)
-    for name in sorted(per_metric, key=lambda s: (s.split("@")[0], int(s.split("@")[1]))):
+    for name in sorted(per_metric, key=parse_metric):  # by kind, then k
         out[name] = _ci_dict(per_metric[name], **ci_kw)
     greedy_trunc = [r.get("greedy_truncated") for r in records]
     sample_trunc = [t for r in records for t in (r.get("sample_truncated") or [])]
@@ -240,9 +242,6 @@ def _sort_key(label: str) -> tuple:
 # model's own CI carries that difficulty spread and makes a consistent small gain look
 # like noise (and an inconsistent one look solid).
 
-FLEXIBLE_PREFIX = "flexible/"
-
-
 def paired_bootstrap(
     a: Sequence[float],
     b: Sequence[float],
@@ -270,32 +269,23 @@ def paired_bootstrap(
 
 
 def paired_metric(name: str) -> bool:
-    """Whether `name` has a per-problem score to pair: greedy_accuracy, avg@k, maj@k,
-    pass@k, optionally prefixed strict/ or flexible/."""
-    base = _split_metric(name)[0]
-    kind, _, k = base.partition("@")
-    return base == "greedy_accuracy" or (kind in ("avg", "maj", "pass") and k.isdigit()
-                                         and int(k) >= 1)
-
-
-def _split_metric(name: str) -> tuple[str, str]:
-    """(metric without extraction prefix, suffix of the record fields that hold it)."""
-    if name.startswith(FLEXIBLE_PREFIX):
-        return name[len(FLEXIBLE_PREFIX):], "_flexible"
-    return name.removeprefix("strict/"), ""
+    """Whether `name` has a per-problem score to pair: every evaluation metric does
+    (greedy_accuracy, avg@k, maj@k, pass@k, optionally prefixed strict/ or flexible/;
+    grpo_core.eval.metric_names)."""
+    return parse_metric(name) is not None
 
 
 def _problem_score(record: dict, name: str, canon) -> float:
     """One problem's value of `name`, by the definitions problem_scores uses; only that
     metric is computed (voting canonicalises every answer, which costs the most)."""
-    base, suffix = _split_metric(name)
+    m = parse_metric(name)
+    kind, k, suffix = m.kind, m.k, m.record_suffix
     pid = record.get("problem_id")
-    if base == "greedy_accuracy":
+    if kind == GREEDY:
         value = record.get(f"greedy_correct{suffix}")
         if value is None:
             raise ValueError(f"problem {pid!r} has no greedy_correct{suffix} for {name}")
         return float(bool(value))
-    kind, k = base.split("@")[0], int(base.split("@")[1])
     correct = [bool(c) for c in record.get(f"sample_correct{suffix}") or []]
     if len(correct) < k:
         raise ValueError(f"problem {pid!r} has {len(correct)} sample_correct{suffix} "
@@ -332,7 +322,7 @@ def _check_same_problems(a: dict, b: dict) -> None:
 def _check_same_samples(a: dict, b: dict, name: str) -> None:
     """pass@k's estimator and avg@k's first k both depend on the sample count: pairing
     problems with different counts would compare two different estimates."""
-    field = f"sample_correct{_split_metric(name)[1]}"
+    field = f"sample_correct{parse_metric(name).record_suffix}"
     for pid, ra in a.items():
         na, nb = len(ra.get(field) or []), len(b[pid].get(field) or [])
         if na != nb:
@@ -353,7 +343,7 @@ def paired_scores(
         raise ValueError(f"{metric!r} has no per-problem score to pair")
     a, b = _by_problem(a_records, "a"), _by_problem(b_records, "b")
     _check_same_problems(a, b)
-    if _split_metric(metric)[0] != "greedy_accuracy":
+    if parse_metric(metric).kind != GREEDY:
         _check_same_samples(a, b, metric)
     ids = sorted(a)
     return ([_problem_score(a[i], metric, canon) for i in ids],

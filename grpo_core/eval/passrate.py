@@ -3,12 +3,11 @@
 GRPO learns only from groups whose rewards differ: a prompt the policy always solves, or
 never solves, yields a zero-variance group, zero advantages and no gradient. So prompts
 are kept when their estimated pass rate lies in a band (default [0.3, 0.7]). The
-statistics are scipy's (imported on first use, as is matplotlib for a plot).
+statistics are scipy's where it has them (imported on first use).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -17,33 +16,17 @@ import numpy as np
 _BAND_TOL = 1e-9
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (scipy's `binomtest(...).proportion_ci`
-    at the two-sided confidence level of `z`).
+def wilson_interval(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion, in closed form, at the two-sided
+    confidence level of `z` (the one interval of the pipeline: fixed-k estimates, the
+    adaptive stop rule, and pseudo-counts from earlier evidence, grpo_core.eval.evidence,
+    added to the fresh ones, so counts may be fractional). On whole counts it is scipy's
+    `binomtest(...).proportion_ci(method="wilson")` up to rounding (tests/test_passrate.py).
 
     Used instead of the normal (Wald) interval because pass rates come from k=8 samples
     and sit near 0 or 1, where Wald collapses to a zero-width interval. n=0 gives the
     uninformative (0, 1).
     """
-    from scipy.special import ndtr
-    from scipy.stats import binomtest
-
-    if n < 0 or not (0 <= successes <= n):
-        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
-    if n == 0:
-        return 0.0, 1.0
-    ci = binomtest(successes, n).proportion_ci(confidence_level=float(2 * ndtr(z) - 1),
-                                               method="wilson")
-    # The exact bounds at the edges are 0 and 1; pin them so rounding cannot leave 1e-17.
-    lo = 0.0 if successes == 0 else max(0.0, float(ci.low))
-    hi = 1.0 if successes == n else min(1.0, float(ci.high))
-    return lo, hi
-
-
-def wilson_bounds(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval in closed form, for fractional (weighted) counts too:
-    pseudo-counts from earlier evidence (grpo_core.eval.evidence) add to the fresh ones.
-    Equals `wilson_interval` on whole counts up to rounding; n=0 gives (0, 1)."""
     if n < 0 or not (0 <= successes <= n):
         raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
     if n == 0:
@@ -51,6 +34,7 @@ def wilson_bounds(successes: float, n: float, z: float = 1.96) -> tuple[float, f
     p, z2 = successes / n, z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z / (1 + z2 / n) * float(np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)))
+    # The exact bounds at the edges are 0 and 1; pin them so rounding cannot leave 1e-17.
     lo = 0.0 if successes == 0 else max(0.0, centre - half)
     hi = 1.0 if successes == n else min(1.0, centre + half)
     return lo, hi
@@ -112,40 +96,6 @@ def histogram(pass_rates: Sequence[float], bins: int = 8) -> dict[str, list]:
     edges = (np.arange(bins + 2) - 0.5) / bins
     counts, _ = np.histogram(x, bins=edges)
     return {"centres": centres.tolist(), "edges": edges.tolist(), "counts": counts.tolist()}
-
-
-def plot_histogram(
-    pass_rates: Sequence[float],
-    band: tuple[float, float],
-    path: str | Path,
-    bins: int = 8,
-    title: str = "Estimated pass rate per prompt",
-) -> Path:
-    """Write a PNG of the pass-rate histogram with the kept band shaded; returns the path.
-
-    Uses the Agg canvas directly (not pyplot), so it neither needs a display nor changes
-    the backend of a notebook that imported us.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    h = histogram(pass_rates, bins)
-    fig = Figure(figsize=(6, 3.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.axvspan(band[0], band[1], color="tab:green", alpha=0.15, label=f"band [{band[0]}, {band[1]}]")
-    ax.bar(h["centres"], h["counts"], width=0.8 / bins, color="tab:blue", label="prompts")
-    ax.set_xlim(-0.5 / bins, 1 + 0.5 / bins)
-    ax.set_xlabel("pass rate")
-    ax.set_ylabel("prompts")
-    ax.set_title(f"{title} (n={len(pass_rates)})", loc="left", fontsize=10)
-    # Above the axes, so it never hides a bar.
-    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False, fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:

@@ -99,10 +99,20 @@ def load_tokenizer(path: str, gguf_file: str | None = None,
     return tokenizer
 
 
+def load_causal_lm(path: str, dtype, gguf_file: str | None = None):
+    """The causal LM of a model folder or hub id (read from `gguf_file` in it when given)
+    in `dtype` (a torch dtype, or "auto": the dtype it is stored in). The one model loader
+    of the pipeline: load_policy (sampling) and load_for_training (fp32 master weights)
+    call it; only gguf_to_hf reads a GGUF model itself, to convert it."""
+    from transformers import AutoModelForCausalLM
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+
+
 def load_policy(path: str, dtype: str = "auto", gguf_file: str | None = None):
     """(model, tokenizer) in eval mode, tokenizer as load_tokenizer gives it."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     configure_threads()
     if dtype == "auto":
@@ -110,8 +120,7 @@ def load_policy(path: str, dtype: str = "auto", gguf_file: str | None = None):
     else:
         torch_dtype = getattr(torch, dtype)
     tokenizer = load_tokenizer(path, gguf_file)
-    kw = {"gguf_file": gguf_file} if gguf_file else {}
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kw)
+    model = load_causal_lm(path, torch_dtype, gguf_file)
     if torch.cuda.is_available():
         model = model.to("cuda")
     model.eval()
@@ -261,6 +270,5 @@ def load_for_training(model_path: str):
     bf16-stored checkpoint in bf16, where Adam steps of ~1e-6 on weights of ~0.02 round
     away: the master weights are float32, autocast (train.precision) does the rest."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), stored_dtype(model_path)
+    return load_causal_lm(model_path, torch.float32), stored_dtype(model_path)

@@ -14,8 +14,8 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tasks.comparison import comparison_metrics, comparison_params
-from tasks.mlflow_client import (
+from tasks.tracking.comparison import comparison_metrics, comparison_params
+from tasks.tracking.mlflow_client import (
     connect,
     experiment_id,
     get_client,
@@ -23,7 +23,13 @@ from tasks.mlflow_client import (
     log_params,
     set_tags,
 )
-from tasks.tracking_store import artifact_root, experiment_name, slug, tracking_uri, workdir_of
+from tasks.tracking.tracking_store import (
+    artifact_root,
+    experiment_name,
+    slug,
+    tracking_uri,
+    workdir_of,
+)
 
 
 def log_text(run_id: str, text: str, path: str, client: MlflowClient | None = None) -> str:
@@ -67,12 +73,12 @@ def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind:
 def log_passrate_histogram(run_id: str, pass_rates: Sequence[float], band: Sequence[float],
                            k: int | None = None, client: MlflowClient | None = None) -> str:
     """plots/passrate_histogram.png with the kept band shaded."""
-    from grpo_core.eval.passrate import plot_histogram
+    from tasks.plots import passrate_histogram
 
     title = f"Estimated pass rate per prompt (k={k})" if k else "Estimated pass rate per prompt"
     with tempfile.TemporaryDirectory() as tmp:
-        png = plot_histogram(list(pass_rates), (float(band[0]), float(band[1])),
-                             Path(tmp) / "passrate_histogram.png", title=title)
+        png = passrate_histogram(list(pass_rates), (float(band[0]), float(band[1])),
+                                 Path(tmp) / "passrate_histogram.png", title=title)
         return log_file(run_id, png, "plots", client)
 
 

@@ -17,10 +17,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.metrics import paired_delta
-from tasks.mlflow_client import get_client, sanitize_key, set_tags
-from tasks.mlflow_model import hf_folder, log_and_register
-from tasks.redaction import redact
-from tasks.tracking_store import read_state, slug, write_state
+from tasks.tracking.mlflow_client import get_client, sanitize_key, set_tags
+from tasks.tracking.mlflow_model import hf_folder, log_and_register
+from tasks.tracking.redaction import redact
+from tasks.tracking.tracking_store import read_state, slug, write_state
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 EVAL_RUN_TAG = "grpo.eval_run_id"

@@ -6,7 +6,7 @@ run": that one is thread-local, so a Prefect task in a worker thread would not s
 The store is chosen once per process by `connect` (which `start_parent_run` calls);
 later calls in any thread of that process use it unless given a client.
 
-Imports only the leaves tasks.tracking_store and tasks.redaction."""
+Imports only the leaves tasks.tracking.tracking_store and tasks.tracking.redaction."""
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +31,9 @@ from mlflow.utils.validation import (
     MAX_TAG_VAL_LENGTH,
 )
 
-from tasks.redaction import redact
-from tasks.tracking_store import check_reachable
+from grpo_core.eval.metric_names import CI_BLOCK
+from tasks.tracking.redaction import redact
+from tasks.tracking.tracking_store import check_reachable
 
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"
 
@@ -181,7 +182,7 @@ def flatten_metrics(metrics: Mapping, prefix: str = "") -> dict[str, float]:
         key = f"{prefix}/{k}" if prefix else str(k)
         if isinstance(v, Mapping):
             if "mean" in v and ("lo" in v or "hi" in v):
-                for sub, suffix in (("mean", ""), ("lo", "_ci_lo"), ("hi", "_ci_hi"), ("n", "_n")):
+                for sub, suffix in CI_BLOCK:
                     x = _number(v.get(sub))
                     if x is not None:
                         out[key + suffix] = x

@@ -22,9 +22,10 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from tasks.comparison import ci_text
-from tasks.mlflow_client import current_uri, get_client, sanitize_key
-from tasks.tracking_store import strip_userinfo
+from grpo_core.eval.metric_names import HEADLINE, ci_cells
+from tasks.tracking.comparison import ci_text
+from tasks.tracking.mlflow_client import current_uri, get_client, sanitize_key
+from tasks.tracking.tracking_store import strip_userinfo
 
 EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
 VIEW_KEY = "grpo-headline"
@@ -49,10 +50,10 @@ def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, 
         b = sanitize_key(bench)
         blocks = {"base": _block(base, bench, metric), "final": _block(final, bench, metric),
                   "delta": _delta(deltas, bench, metric)}
-        for name, (v, lo, hi) in blocks.items():
-            for suffix, x in (("", v), ("_lo", lo), ("_hi", hi)):
+        for name, triple in blocks.items():
+            for key, x in zip(ci_cells(f"{b}/{name}"), triple, strict=True):
                 if x is not None:
-                    out[f"{b}/{name}{suffix}"] = float(x)
+                    out[key] = float(x)
     out.update({"grpo_steps": float(grpo_steps), "sft_steps": float(sft_steps),
                 "wall_min": round(wall_s / 60.0, 2), "findings": float(findings)})
     return out
@@ -62,7 +63,7 @@ def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str,
     """The headline as a markdown table (a parent run's description, at the top of its
     page): base, final and the paired delta per benchmark with their CIs, then the size."""
     def cell(key: str, sign: str = "") -> str:
-        return ci_text(*(numbers.get(key + s) for s in ("", "_lo", "_hi")), sign=sign)
+        return ci_text(*(numbers.get(cell) for cell in ci_cells(key)), sign=sign)
 
     rows = [f"| {bench} | {cell(f'{b}/base')} | {cell(f'{b}/final')} | {cell(f'{b}/delta', '+')} |"
             for bench, b in ((x, sanitize_key(x)) for x in benchmarks)]
@@ -90,7 +91,7 @@ def headline_columns(benchmarks: Iterable[str]) -> list[str]:
     cols = ["attributes.`Models`"]
     for bench in benchmarks:
         b = sanitize_key(bench)
-        cols += [f"metrics.`{b}/{name}`" for name in ("base", "final", "delta")]
+        cols += [f"metrics.`{b}/{name}`" for name in HEADLINE]
     return cols + [f"metrics.`{s}`" for s in _STATS]
 
 
@@ -140,6 +141,6 @@ def ui_links(tracking_uri: str, exp_id: str, run_id: str | None = None,
 
 def links_for_run(run_id: str, model: tuple[str, str] | None = None,
                   client: MlflowClient | None = None) -> dict[str, str]:
-    """ui_links of `run_id` in this process's store (tasks.mlflow_client.connect)."""
+    """ui_links of `run_id` in this process's store (tasks.tracking.mlflow_client.connect)."""
     exp_id = get_client(client).get_run(run_id).info.experiment_id
     return ui_links(current_uri(), exp_id, run_id, model)

@@ -5,16 +5,16 @@ Layout in MLflow (experiment = tracking.experiment or project.name):
     parent run  "<recipe>-<config hash>"   tags recipe, config_hash, git_commit,
                                            prefect_flow_run_id, grpo.pipeline=parent
       params    the resolved config, flattened ("grpo.beta": 0.04), secrets redacted
-      metrics   final/<bench>/<metric>..., and the headline (tasks/headline.py):
+      metrics   final/<bench>/<metric>..., and the headline (tasks/tracking/headline.py):
                 <bench>/base|final|delta (+ _lo, _hi), grpo_steps, sft_steps, wall_min,
                 findings; its description says the result in one line
       artifacts config/resolved.yaml, config/environment.json
-      model     the registered model, a LoggedModel of the run (tasks/mlflow_model.py)
+      model     the registered model, a LoggedModel of the run (tasks/tracking/mlflow_model.py)
       children  "<recipe>/<stage>", stage (tag grpo.stage) one of data, filter/round-N,
                 sft, grpo/round-N, eval/base, eval/round-N, eval/final; each ends with
                 its stage
 
-Everything goes through the process's MlflowClient (tasks.mlflow_client), with explicit
+Everything goes through the process's MlflowClient (tasks.tracking.mlflow_client), with explicit
 run ids; `start_parent_run` chooses the store for the process (`connect`).
 
 Resume: the parent run of a config hash is remembered in <workdir>/runs/<hash>.json and
@@ -34,10 +34,11 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from grpo_core.eval.metric_names import FINAL_PREFIX
 from grpo_core.workspace import Workspace
-from tasks import comparison, headline
-from tasks.artifacts import log_json, log_text
-from tasks.mlflow_client import (
+from tasks.tracking import comparison, headline
+from tasks.tracking.artifacts import log_json, log_text
+from tasks.tracking.mlflow_client import (
     child_run,
     child_runs,
     close_children,
@@ -50,8 +51,8 @@ from tasks.mlflow_client import (
     log_params,
     set_tags,
 )
-from tasks.redaction import redact
-from tasks.registry import (
+from tasks.tracking.redaction import redact
+from tasks.tracking.registry import (
     EVAL_RUN_TAG,
     champion_uri,
     champion_version,
@@ -61,7 +62,7 @@ from tasks.registry import (
     promote_if_better,
     register_model,
 )
-from tasks.tracking_store import (
+from tasks.tracking.tracking_store import (
     artifact_root,
     experiment_name,
     parent_state_path,
@@ -193,13 +194,14 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     model) and the champion's (`champion_records`, as retrain passes them, else read back
     through the champion version's eval run id tag).
 
-    The parent also gets the headline metrics (tasks/headline.py; `wall_s`: this
+    The parent also gets the headline metrics (tasks/tracking/headline.py; `wall_s`: this
     pipeline run's wall time, else since the parent run started) and a description
     saying them in one line, shown at the top of its page."""
     c = get_client(client)
     benchmarks = final.get("benchmarks", final)
     workdir = workspace if workspace is not None else workdir_of(None, cfg)
-    log_metrics(parent_id, {f"final/{k}": v for k, v in eval_metrics(benchmarks).items()}, client=c)
+    log_metrics(parent_id, {FINAL_PREFIX + k: v for k, v in eval_metrics(benchmarks).items()},
+                client=c)
     set_tags(parent_id, {"findings": " | ".join(findings) or "none"}, c)
     if findings:
         log_text(parent_id, "\n".join(f"- {f}" for f in findings) + "\n", "report/findings.md", c)
@@ -240,7 +242,7 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
 def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mapping[str, Any],
                           records: list[dict], champion_records: Sequence[Mapping] | None,
                           c: MlflowClient) -> dict:
-    """Register the model and decide on it by the paired rule (tasks/registry.py), the
+    """Register the model and decide on it by the paired rule (tasks/tracking/registry.py), the
     decision tagged on the parent too. `records`: the final eval's rows of the first
     benchmark; its run id is tagged on the version, for the next challenger to pair with."""
     primary = cfg.eval.primary_metric
@@ -288,7 +290,7 @@ def _log_deltas(parent_id: str, cfg, benchmarks: Mapping[str, Any], mine: Mappin
 def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[str, Any] | None,
                   deltas: Mapping[str, Any], n_findings: int, wall_s: float | None, summary: str,
                   c: MlflowClient) -> None:
-    """The headline metrics (tasks/headline.py) on the parent, and its description. The
+    """The headline metrics (tasks/tracking/headline.py) on the parent, and its description. The
     steps are the children's (`grpo/steps`, `sft/steps`): a cached stage counts too."""
     steps = {"grpo": 0, "sft": 0}
     for run in child_runs(parent_id, c):

@@ -1,6 +1,8 @@
 """One entry point to MLflow tracking for flows and stages (`tracking.<name>`): a facade
 re-exporting what its callers use from the modules doing the work, layered bottom-up
-(each imports only modules above it in this list, so there is no import cycle):
+(each imports only modules above it in this list, so there is no import cycle). All are
+this package's modules, tasks.tracking.<name> (the list names them tasks.<name>, as before
+the move; metric_shipper is trainer_logging's sending thread):
 
 - tasks.redaction, tasks.tracking_store: secrets, where the store is and whether it
   answers, the workdir and its run-state files (no mlflow import)
@@ -15,7 +17,7 @@ re-exporting what its callers use from the modules doing the work, layered botto
 """
 from __future__ import annotations
 
-from tasks.artifacts import (  # noqa: F401 - re-exported
+from tasks.tracking.artifacts import (  # noqa: F401 - re-exported
     copy_artifacts,
     log_comparison,
     log_eval_table,
@@ -24,9 +26,9 @@ from tasks.artifacts import (  # noqa: F401 - re-exported
     log_text,
     log_training_curves,
 )
-from tasks.comparison import COMPARE_COLUMNS, compare_table  # noqa: F401 - re-exported
-from tasks.headline import links_for_run  # noqa: F401 - re-exported
-from tasks.mlflow_client import (  # noqa: F401 - re-exported
+from tasks.tracking.comparison import COMPARE_COLUMNS, compare_table  # noqa: F401 - re-exported
+from tasks.tracking.headline import links_for_run  # noqa: F401 - re-exported
+from tasks.tracking.mlflow_client import (  # noqa: F401 - re-exported
     child_run,
     config_params,
     connect,
@@ -42,13 +44,13 @@ from tasks.mlflow_client import (  # noqa: F401 - re-exported
     set_tags,
     stage_of,
 )
-from tasks.parent_run import (  # noqa: F401 - re-exported
+from tasks.tracking.parent_run import (  # noqa: F401 - re-exported
     fail_pipeline,
     finish_pipeline,
     start_parent_run,
 )
-from tasks.redaction import is_secret_name, redact  # noqa: F401 - re-exported
-from tasks.registry import (  # noqa: F401 - re-exported
+from tasks.tracking.redaction import is_secret_name, redact  # noqa: F401 - re-exported
+from tasks.tracking.registry import (  # noqa: F401 - re-exported
     champion_uri,
     champion_version,
     download_champion,
@@ -56,10 +58,10 @@ from tasks.registry import (  # noqa: F401 - re-exported
     promote_if_better,
     register_model,
 )
-from tasks.tracking_store import (  # noqa: F401 - re-exported
+from tasks.tracking.tracking_store import (  # noqa: F401 - re-exported
     TrackingUnreachable,
     artifact_root,
     check_reachable,
     tracking_uri,
 )
-from tasks.trainer_logging import StepLogger, replay_unsent_metrics  # noqa: F401 - re-exported
+from tasks.tracking.trainer_logging import StepLogger, replay_unsent_metrics  # noqa: F401 - re-exported

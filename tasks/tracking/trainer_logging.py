@@ -8,8 +8,8 @@ import time
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from tasks.mlflow_client import flatten_metrics, get_client, log_metric_items, sanitize_key
-from tasks.tracking_store import workdir_of
+from tasks.tracking.mlflow_client import flatten_metrics, get_client, log_metric_items, sanitize_key
+from tasks.tracking.tracking_store import workdir_of
 
 _step_logger_cls = None
 
@@ -23,7 +23,7 @@ def _send_points(client: MlflowClient | None):
 
 def replay_unsent_metrics(workspace, client: MlflowClient | None = None) -> dict[str, int]:
     """Send the metric points earlier runs kept locally while MLflow was unreachable."""
-    from tasks.metric_shipper import replay_unsent
+    from tasks.tracking.metric_shipper import replay_unsent
 
     return replay_unsent(workdir_of(workspace), _send_points(client))
 
@@ -54,7 +54,7 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
         from transformers import TrainerCallback
 
         from grpo_core.verify.rewards import scorer_error_counts
-        from tasks.metric_shipper import MetricShipper, unsent_dir
+        from tasks.tracking.metric_shipper import MetricShipper, unsent_dir
 
         class _StepLogger(TrainerCallback):
             def __init__(self, run_id, flush_every_s, client, workspace, close_timeout_s):

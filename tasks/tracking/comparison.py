@@ -25,10 +25,17 @@ from mlflow.tracking import MlflowClient
 
 from grpo_core.data.records import read_eval_results, read_eval_runs
 from grpo_core.data.store import Store, StoreError
+from grpo_core.eval.metric_names import (
+    HEADLINE,
+    benchmarks_in,
+    ci_block_keys,
+    ci_cells,
+    delta_key,
+)
 from grpo_core.eval.metrics import paired_delta, paired_metric
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
-from tasks.mlflow_client import child_runs, get_client, sanitize_key, stage_of
+from tasks.tracking.mlflow_client import child_runs, get_client, sanitize_key, stage_of
 
 COMPARE_COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final",
                    "final_lo", "final_hi", "delta", "delta_lo", "delta_hi"]
@@ -130,9 +137,8 @@ def delta_metrics(deltas: Mapping[str, Mapping[str, Mapping]]) -> dict[str, floa
     out = {}
     for bench, by_metric in deltas.items():
         for name, d in by_metric.items():
-            key = f"{bench}/{sanitize_key(name)}_delta"
-            out.update({key: d["delta"], f"{key}_ci_lo": d["lo"], f"{key}_ci_hi": d["hi"],
-                        f"{key}_n": d["n"]})
+            keys = ci_block_keys(delta_key(f"{bench}/{sanitize_key(name)}"))
+            out.update({keys[sub]: d["delta" if sub == "mean" else sub] for sub in keys})
     return out
 
 
@@ -178,11 +184,11 @@ def comparison_metrics(rows: Iterable[Mapping]) -> dict[str, float]:
     out = {}
     for r in rows:
         prefix = sanitize_key(f"{r['recipe']}/{r['benchmark']}")
-        for col in ("base", "final", "delta"):
-            for suffix in ("", "_lo", "_hi"):
-                x = _num(r.get(col + suffix))
+        for col in HEADLINE:
+            for cell in ci_cells(col):
+                x = _num(r.get(cell))
                 if x is not None:
-                    out[f"{prefix}/{col}{suffix}"] = x
+                    out[f"{prefix}/{cell}"] = x
     return out
 
 
@@ -190,7 +196,7 @@ def comparison_params(rows: Sequence[Mapping]) -> dict[str, str]:
     """The comparison table as readable params, one per row ("base 0.054 [0.035, 0.072]
     -> final 0.136 [...]; delta +0.082 [...]"), and the metric the table is on."""
     def cell(r, col, sign=""):
-        return ci_text(*(_num(r.get(col + s)) for s in ("", "_lo", "_hi")), sign=sign)
+        return ci_text(*(_num(r.get(cell)) for cell in ci_cells(col)), sign=sign)
 
     out = {"metric": rows[0]["metric"]} if rows else {}
     for r in rows:
@@ -207,7 +213,8 @@ def ci_triple(block: Mapping | None, value: str = "mean") -> Triple:
 
 
 def _triple_from(metrics: Mapping[str, float], key: str) -> Triple:
-    return metrics.get(key), metrics.get(f"{key}_ci_lo"), metrics.get(f"{key}_ci_hi")
+    keys = ci_block_keys(key)
+    return metrics.get(keys["mean"]), metrics.get(keys["lo"]), metrics.get(keys["hi"])
 
 
 def compare_table(uri: str | None, experiment: str, metric: str | None = None,
@@ -243,9 +250,7 @@ def _recipe_rows(c: MlflowClient, parent, recipe: str, m: str) -> list[dict]:
         return []
     base = kids.get("eval/base")
     fm, bm = final.data.metrics, base.data.metrics if base else {}
-    benches = sorted(k[: -len(mk) - 1] for k in fm
-                     if k.endswith("/" + mk) and "/" not in k[: -len(mk) - 1])
     return [table_row(recipe, bench, m, _triple_from(bm, f"{bench}/{mk}"),
-                      _triple_from(fm, f"{bench}/{mk}"), _triple_from(fm, f"{bench}/{mk}_delta"))
-            for bench in benches]
+                      _triple_from(fm, f"{bench}/{mk}"), _triple_from(fm, delta_key(f"{bench}/{mk}")))
+            for bench in benchmarks_in(fm, mk)]
 

@@ -1,0 +1,124 @@
+"""The grammar of metric names, written down once: what evaluation reports, and the names
+the pipeline logs them under.
+
+An evaluation metric (grpo_core.eval.metrics, evaluation.score, eval.primary_metric):
+
+    [<extraction>/]<kind>[@<k>]
+        extraction   strict (the template's own format; the default, written without a
+                     prefix) or flexible (the standard evaluators' chain)
+        kind@k       greedy_accuracy (no k), avg@k, maj@k, pass@k with k >= 1 (decimal,
+                     no leading zero: one spelling of each metric)
+
+As logged (tasks/ logs them, through its sanitize_key: "pass@4" -> "pass_at_4"):
+
+    <bench>/<metric>{,_ci_lo,_ci_hi,_n}            an eval run's metric with its CI block
+    <bench>/<metric>_delta{,_ci_lo,_ci_hi,_n}      the paired delta (final minus base)
+    final/<bench>/<metric>...                      the parent run's copy of the final eval
+    <bench>/{base,final,delta}{,_lo,_hi}           the parent's headline (primary metric)
+    <recipe>/<bench>/{base,final,delta}{,_lo,_hi}  a comparison run's table
+
+Pure string work: no tracking import (the names are MLflow's, the grammar is ours)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+EXTRACTIONS = ("strict", "flexible")
+GREEDY = "greedy_accuracy"
+SAMPLED = ("avg", "maj", "pass")  # kinds scored on k samples per problem
+
+FINAL_PREFIX = "final/"  # the parent run's copy of the final evaluation
+DELTA_SUFFIX = "_delta"  # the paired delta of a metric, final minus base
+CI_BLOCK = (("mean", ""), ("lo", "_ci_lo"), ("hi", "_ci_hi"), ("n", "_n"))  # a CI block's keys
+HEADLINE = ("base", "final", "delta")  # headline and comparison columns
+CI_SUFFIXES = ("", "_lo", "_hi")  # a headline or comparison cell: value, 95% CI bounds
+
+
+class MetricName(NamedTuple):
+    """A parsed evaluation metric name. Orders by extraction, kind, then k."""
+
+    extraction: str  # "strict" | "flexible"
+    kind: str  # "greedy_accuracy" | "avg" | "maj" | "pass"
+    k: int | None  # None for greedy_accuracy
+
+    @property
+    def base(self) -> str:
+        """The name without extraction prefix: "avg@8", "greedy_accuracy"."""
+        return self.kind if self.k is None else f"{self.kind}@{self.k}"
+
+    @property
+    def name(self) -> str:
+        """The one spelling: strict without prefix, "flexible/<base>" otherwise."""
+        return self.base if self.extraction == "strict" else f"{self.extraction}/{self.base}"
+
+    @property
+    def record_suffix(self) -> str:
+        """The suffix of the per-problem record fields that score it: greedy_correct
+        (strict) or greedy_correct_flexible, sample_correct[_flexible], ..."""
+        return "" if self.extraction == "strict" else f"_{self.extraction}"
+
+
+def parse_metric(name: str) -> MetricName | None:
+    """The parts of an evaluation metric name, None when `name` is not one (format_adherence,
+    truncation_rate, n_problems, "pass@0", "avg@04", "/avg@4", "strict/flexible/avg@4", ...)."""
+    extraction, sep, base = name.rpartition("/")
+    extraction = extraction if sep else "strict"
+    if extraction not in EXTRACTIONS:
+        return None
+    if base == GREEDY:
+        return MetricName(extraction, GREEDY, None)
+    kind, at, k = base.partition("@")
+    if kind in SAMPLED and at and k.isascii() and k.isdigit() and k[0] != "0":
+        return MetricName(extraction, kind, int(k))
+    return None
+
+
+def metric_name(kind: str, k: int | None = None, extraction: str = "strict") -> str:
+    """The name of `kind` (at k samples) under `extraction`: ("avg", 8) -> "avg@8",
+    ("greedy_accuracy", None, "flexible") -> "flexible/greedy_accuracy"."""
+    return MetricName(extraction, kind, k).name
+
+
+def reported_at(name: str, samples: int) -> bool:
+    """Whether an evaluation at `samples` samples per problem reports `name`: greedy
+    accuracy, avg@<samples>, maj@j and pass@j for j <= samples, either extraction."""
+    m = parse_metric(name)
+    if m is None:
+        return False
+    return m.k is None or (m.k == samples if m.kind == "avg" else m.k <= samples)
+
+
+def at_samples(name: str, samples: int) -> str:
+    """`name` as an evaluation at `samples` samples reports it: avg@16 -> avg@<samples>,
+    maj@8 -> maj@min(8, samples); greedy accuracy and non-metrics unchanged."""
+    m = parse_metric(name)
+    if m is None or m.k is None:
+        return name
+    return m._replace(k=samples if m.kind == "avg" else min(m.k, samples)).name
+
+
+# --------------------------------------------------------------------------- logged names
+
+def ci_block_keys(key: str) -> dict[str, str]:
+    """{"mean": key, "lo": key_ci_lo, "hi": key_ci_hi, "n": key_n}: where a CI block
+    ({"mean", "lo", "hi", "n"}) of metric `key` is logged."""
+    return {sub: key + suffix for sub, suffix in CI_BLOCK}
+
+
+def delta_key(key: str) -> str:
+    """Where the paired delta of metric `key` (<bench>/<metric>) is logged."""
+    return key + DELTA_SUFFIX
+
+
+def ci_cells(key: str) -> tuple[str, str, str]:
+    """(key, key_lo, key_hi): a headline or comparison cell's value and 95% CI bounds."""
+    return tuple(key + s for s in CI_SUFFIXES)
+
+
+def benchmarks_in(keys: Iterable[str], metric_key: str) -> list[str]:
+    """The benchmarks b (sorted) with a key "b/<metric_key>" in `keys`, b one segment:
+    the benchmarks an eval run logged `metric_key` for, or (metric_key "final") the
+    benchmarks of a parent run's headline."""
+    tail = "/" + metric_key
+    return sorted(k[: -len(tail)] for k in keys
+                  if k.endswith(tail) and k[: -len(tail)] and "/" not in k[: -len(tail)])
