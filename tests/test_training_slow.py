@@ -45,7 +45,7 @@ GRPO_TINY = {
     "learning_rate": 1e-4,
     "beta": 0.0,
     "num_generations": 8,
-    "prompts_per_step": 8,
+    "per_device_train_batch_size": 64,  # 8 prompts x 8
     "temperature": 1.0,
     "max_completion_length": MAX_NEW,
     "max_steps": 100,

@@ -124,6 +124,9 @@ def _check_trl_sections(tree: dict) -> None:
         if isinstance(given, dict):
             rloo = name == "grpo" and algorithm == "rloo"
             check_trl_keys(section, name, given, "RLOOConfig" if rloo else None)
+            if rloo and "normalize_advantages" in given:
+                raise ConfigError("grpo.normalize_advantages", "set by the pipeline from "
+                                  "grpo.scale_rewards (batch: on) under algorithm.name: rloo")
 
 
 def generation_batch(cfg: PipelineConfig) -> int:
