@@ -161,10 +161,11 @@ def _flat_reward(monkeypatch, flat: set[str]):
     monkeypatch.setitem(rewards.REWARDS, "score", score)
 
 
-def _cfg(enabled=True, **grpo):
+def _cfg(enabled=True, skip_update_below=None, **grpo):
     base = {"max_steps": 2, "save_steps": 100, "max_completion_length": 6,
             "per_device_train_batch_size": 4 * G, "num_generations": G, "learning_rate": 1e-3}
     return config_from_dict({"grpo": {**base, **grpo}, "rewards": {"funcs": ["score"]},
+                             "rounds": {"skip_update_below": skip_update_below},
                              "dynamic_sampling": {"enabled": enabled, "max_regenerations": 3}})
 
 
@@ -236,7 +237,7 @@ def test_off_and_on_with_nothing_to_drop_train_exactly_as_before(tiny_model_path
 
 def test_normalize_then_sum_is_refused_before_training(tiny_model_path, tmp_path, monkeypatch):
     _flat_reward(monkeypatch, set())
-    cfg = _cfg(trl={"multi_objective_aggregation": "normalize_then_sum"})
+    cfg = _cfg(multi_objective_aggregation="normalize_then_sum")
     with pytest.raises(ValueError, match="sum_then_normalize"):
         run_grpo_round(tiny_model_path, generate_problems("train", 8, levels=[1]), cfg,
                        tmp_path / "r", "r1_zero")
