@@ -143,5 +143,7 @@ def test_large_gradient_accumulation_still_fills_a_step(tmp_path):
                                        "grpo.gradient_accumulation_steps=40"])
     cfg = smoke_overrides(real)
     assert cfg.grpo.gradient_accumulation_steps == 40
-    assert prompts_per_update(cfg) == 80 <= min(s.limit for s in cfg.data.train)
+    # the preset's pass holds one prompt's group (8 of G 8): the smoke's holds one of G 2
+    assert cfg.grpo.per_device_train_batch_size == 2 and cfg.grpo.num_generations == 2
+    assert prompts_per_update(cfg) == 40 <= min(s.limit for s in cfg.data.train)
     assert smoke_overrides(real, model="/some/model").model.name_or_path == "/some/model"
