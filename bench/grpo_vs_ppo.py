@@ -344,7 +344,7 @@ def log_mlflow(uri: str, results: list[dict], markdown: str, csv_text: str, char
                            tags={"grpo.pipeline": "bench-grpo-vs-ppo", "algorithm": r["algorithm"],
                                  "model": r["model"]}).info.run_id
         for k, v in {"algorithm": r["algorithm"], "model": r["model"], "steps": a.steps,
-                     "prompts_per_step": a.prompts, "samples": a.samples, "seed": a.seed,
+                     "prompts": a.prompts, "samples": a.samples, "seed": a.seed,
                      "reward_model": bool(a.reward_model)}.items():
             c.log_param(run, k, v)
         for step, value in enumerate(r["rewards"], 1):
