@@ -17,6 +17,7 @@ from grpo_core.config import (
     load_config,
     trl_fields,
 )
+from grpo_core.config.trl_sections import MOVED, PIPELINE_SET
 from grpo_core.train.trl_args import checkpointing_field, trl_grpo_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,13 +74,13 @@ def test_keys_the_pipeline_sets_name_their_source(key, source):
 
 def test_declared_and_refused_keys_are_trl_fields():
     """The pipeline's defaults are set on TRL's names; what it refuses is TRL's too."""
-    for section in (GRPOSection, SFTSection):
+    for name, section in (("grpo", GRPOSection), ("sft", SFTSection)):
         fields = trl_fields(section.TRL_CLASS)
         declared = set(section.model_fields) - {"activation_checkpointing"}
         assert declared <= fields, declared - fields
         assert checkpointing_field() in fields
-        assert set(section.PIPELINE_SET) <= fields, set(section.PIPELINE_SET) - fields
-        assert not set(section.MOVED) & set(section.model_fields)
+        assert set(PIPELINE_SET[name]) <= fields, set(PIPELINE_SET[name]) - fields
+        assert not set(MOVED[name]) & set(section.model_fields)
 
 
 def test_pipeline_defaults_layered_on_trls(tmp_path):

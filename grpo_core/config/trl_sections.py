@@ -22,8 +22,6 @@ class TRLSection(Section):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
     TRL_CLASS: ClassVar[str]
-    PIPELINE_SET: ClassVar[dict[str, str]]
-    MOVED: ClassVar[dict[str, str]]
 
     def trl_kwargs(self) -> dict:
         """The section as TRL keyword arguments (activation_checkpointing left to the
@@ -51,34 +49,6 @@ class GRPOSection(TRLSection):
     / num_generations prompts; a round whose pool holds fewer is refused."""
 
     TRL_CLASS: ClassVar[str] = "GRPOConfig"
-    PIPELINE_SET: ClassVar[dict[str, str]] = {
-        **_SET_BY_PIPELINE,
-        "remove_unused_columns": "the reward functions (they read the answer column)",
-        "reward_weights": "rewards.weights",
-    }
-    MOVED: ClassVar[dict[str, str]] = {
-        "rounds": "rounds.count",
-        "kl_schedule": "rounds.kl_schedule",
-        "skip_update_below": "rounds.skip_update_below",
-        "kl_ceiling": "rounds.kl_ceiling",
-        "algorithm": "algorithm.name",
-        **{k: f"algorithm.{k}" for k in ("gae_gamma", "gae_lambda", "value_clip", "value_loss_coef",
-                                          "value_learning_rate", "vhead_weight", "vhead_learning_rate")},
-        "dynamic_sampling": "dynamic_sampling",
-        "eval_every": "in_round_eval.every",
-        "eval_problems": "in_round_eval.problems",
-        "eval_patience": "in_round_eval.patience",
-        "diagnosis": "diagnosis",
-        "collapse_threshold": "diagnosis.collapse_threshold",
-        "collapse_patience": "diagnosis.collapse_patience",
-        "vllm_server_launch": "train.vllm_server_launch",
-        "vllm_server_gpus": "train.vllm_server_gpus",
-        "prompts_per_step": "grpo.per_device_train_batch_size (completions per device and "
-                            "pass: prompts x num_generations / train.num_processes)",
-        "per_device_micro_batch": "grpo.per_device_train_batch_size",
-        "gradient_checkpointing": "grpo.activation_checkpointing",
-        "trl": "grpo (TRL's fields are the section's own keys)",
-    }
 
     per_device_train_batch_size: int = Field(default=32, ge=1)
     """TRL 8. Completions per device per forward/backward pass (what bounds activation
@@ -123,18 +93,6 @@ class SFTSection(TRLSection):
     """TRL's SFTConfig, for the SFT cold start (sft_stage.enabled)."""
 
     TRL_CLASS: ClassVar[str] = "SFTConfig"
-    PIPELINE_SET: ClassVar[dict[str, str]] = {
-        **_SET_BY_PIPELINE,
-        "completion_only_loss": "the SFT data (loss on the trace only)",
-        "save_strategy": "the SFT stage (saves only the final model)",
-    }
-    MOVED: ClassVar[dict[str, str]] = {
-        "enabled": "sft_stage.enabled",
-        "max_examples": "sft_stage.max_examples",
-        "batch_size": "sft.per_device_train_batch_size (per device)",
-        "gradient_checkpointing": "sft.activation_checkpointing",
-        "trl": "sft (TRL's fields are the section's own keys)",
-    }
 
     per_device_train_batch_size: int = Field(default=16, ge=1)
     """TRL 8."""
@@ -155,6 +113,55 @@ class SFTSection(TRLSection):
     disable_tqdm: bool = True
 
 
+# TRL arguments the pipeline sets itself, per section, and from what: refused in the section.
+PIPELINE_SET: dict[str, dict[str, str]] = {
+    "grpo": {
+        **_SET_BY_PIPELINE,
+        "remove_unused_columns": "the reward functions (they read the answer column)",
+        "reward_weights": "rewards.weights",
+    },
+    "sft": {
+        **_SET_BY_PIPELINE,
+        "completion_only_loss": "the SFT data (loss on the trace only)",
+        "save_strategy": "the SFT stage (saves only the final model)",
+    },
+}
+
+# Keys of the old schema -> their new place (a one-line error, not a silent default).
+MOVED: dict[str, dict[str, str]] = {
+    "grpo": {
+        "rounds": "rounds.count",
+        "kl_schedule": "rounds.kl_schedule",
+        "skip_update_below": "rounds.skip_update_below",
+        "kl_ceiling": "rounds.kl_ceiling",
+        "algorithm": "algorithm.name",
+        **{k: f"algorithm.{k}" for k in ("gae_gamma", "gae_lambda", "value_clip", "value_loss_coef",
+                                          "value_learning_rate", "vhead_weight", "vhead_learning_rate")},
+        "dynamic_sampling": "dynamic_sampling",
+        "eval_every": "in_round_eval.every",
+        "eval_problems": "in_round_eval.problems",
+        "eval_patience": "in_round_eval.patience",
+        "diagnosis": "diagnosis",
+        "collapse_threshold": "diagnosis.collapse_threshold",
+        "collapse_patience": "diagnosis.collapse_patience",
+        "vllm_server_launch": "train.vllm_server_launch",
+        "vllm_server_gpus": "train.vllm_server_gpus",
+        "prompts_per_step": "grpo.per_device_train_batch_size (completions per device and "
+                            "pass: prompts x num_generations / train.num_processes)",
+        "per_device_micro_batch": "grpo.per_device_train_batch_size",
+        "gradient_checkpointing": "grpo.activation_checkpointing",
+        "trl": "grpo (TRL's fields are the section's own keys)",
+    },
+    "sft": {
+        "enabled": "sft_stage.enabled",
+        "max_examples": "sft_stage.max_examples",
+        "batch_size": "sft.per_device_train_batch_size (per device)",
+        "gradient_checkpointing": "sft.activation_checkpointing",
+        "trl": "sft (TRL's fields are the section's own keys)",
+    },
+}
+
+
 @functools.cache
 def trl_fields(class_name: str) -> frozenset[str]:
     """Init fields of the installed TRL config class (imports trl: seconds, once)."""
@@ -172,10 +179,10 @@ def check_trl_keys(section: type[TRLSection], name: str, given: dict, trl_class:
     trl_class = trl_class or section.TRL_CLASS
     for key in given:
         where = f"{name}.{key}"
-        if key in section.MOVED:
-            raise ConfigError(where, f"moved to {section.MOVED[key]}")
-        if key in section.PIPELINE_SET:
-            raise ConfigError(where, f"set by the pipeline from {section.PIPELINE_SET[key]}")
+        if key in MOVED[name]:
+            raise ConfigError(where, f"moved to {MOVED[name][key]}")
+        if key in PIPELINE_SET[name]:
+            raise ConfigError(where, f"set by the pipeline from {PIPELINE_SET[name][key]}")
         if key not in section.model_fields and key not in trl_fields(trl_class):
             import trl
 

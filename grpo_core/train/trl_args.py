@@ -38,7 +38,7 @@ def grpo_kwargs(cfg: PipelineConfig, output_dir: str, report_to: list[str] | Non
                 round_no: int = 1) -> dict:
     """GRPOConfig's keyword arguments: the `grpo:` section (TRL's fields, the pipeline's
     defaults under the user's values), plus what the pipeline sets itself
-    (GRPOSection.PIPELINE_SET, refused in `grpo:`) and beta at the round's first step."""
+    (config.trl_sections.PIPELINE_SET, refused in `grpo:`) and beta at the round's first step."""
     g = cfg.grpo
     return {
         **g.trl_kwargs(),
@@ -80,7 +80,7 @@ def kl_beta(step: int, total: int, cfg: PipelineConfig, round_no: int = 1) -> fl
 
 def trl_sft_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None = None):
     """SFTTrainer's config: the `sft:` section (TRL's fields, the pipeline's defaults under
-    the user's values) plus what the pipeline sets itself (SFTSection.PIPELINE_SET)."""
+    the user's values) plus what the pipeline sets itself (config.trl_sections.PIPELINE_SET)."""
     from trl import SFTConfig
 
     return SFTConfig(
