@@ -20,7 +20,7 @@ its training data), with one thing broken:
     kl_rising             grpo.learning_rate 100x the recipe's, with grpo.beta 0.04
     nonfinite             a reward function that returns NaN when the answer is empty
 
-Findings are `diagnose(result.history, cfg.grpo)` plus the round's own in-round stops and
+Findings are `diagnose(result.history, cfg)` plus the round's own in-round stops and
 notes (result.findings: the collapse note, the divergence stops). A fault passes when one of
 its expected codes fires; "detected at step" is the first step k at which the rules over
 steps 1..k (or the in-round guard) report it. A healthy run (--seeds seeds of the unchanged
@@ -219,14 +219,14 @@ class Outcome:
         return bool(self.detected) if self.case.expected else not self.alarms
 
 
-def first_detection(history: list[dict], grpo) -> dict[str, int]:
+def first_detection(history: list[dict], cfg) -> dict[str, int]:
     """code -> the first step k at which the rules over steps 1..k report it: when a
     diagnosis run after step k would have caught the fault."""
     from grpo_core.train.diagnosis import diagnose
 
     first: dict[str, int] = {}
     for k in range(1, len(history) + 1):
-        for f in diagnose(history[:k], grpo):
+        for f in diagnose(history[:k], cfg):
             first.setdefault(f.code, int(history[k - 1].get("step", k)))
     return first
 
@@ -240,8 +240,8 @@ def run_case(case: Case, steps: int, problems: list, model: str, work: Path) -> 
     out = work / f"{case.name}-{case.seed}"
     result, seconds = timed(lambda: run_grpo_round(model, problems, cfg, out, cfg.model.template))
     shutil.rmtree(out, ignore_errors=True)  # checkpoints: only the history is kept
-    fired = [(f.code, f.severity) for f in diagnose(result.history, cfg.grpo)]
-    first = first_detection(result.history, cfg.grpo)
+    fired = [(f.code, f.severity) for f in diagnose(result.history, cfg)]
+    first = first_detection(result.history, cfg)
     for note in result.findings:
         code, severity, step = in_round(note)
         fired.append((code, severity))

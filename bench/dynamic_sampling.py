@@ -1,4 +1,4 @@
-"""Dynamic sampling (grpo.dynamic_sampling, DAPO) on vs off on the R1-Zero recipe, side by
+"""Dynamic sampling (dynamic_sampling:, DAPO) on vs off on the R1-Zero recipe, side by
 side in one run: for each seed, one GRPO round per arm from the built-in base model on the
 same pool and the same number of optimizer steps, then the held-out eval (the recipe's
 protocol: synthetic eval split, avg@8 at T=0.6, first --eval-limit problems).
@@ -48,13 +48,14 @@ def training_pool(cfg, model: str, filtered: bool) -> tuple[list, str]:
 
 def step_stats(history: list[dict], cfg, on: bool) -> tuple[float, float]:
     """(mean informative share of the trained batch, mean completions generated) per step."""
-    g = cfg.grpo
+    from grpo_core.config import generation_batch
+
     if on:
         share = [h["dynamic_sampling/informative_share"] for h in history]
         made = [h["dynamic_sampling/completions_generated"] for h in history]
     else:
         share = [1.0 - h["frac_reward_zero_std"] for h in history]
-        made = [g.prompts_per_step * g.gradient_accumulation_steps * g.num_generations] * len(history)
+        made = [generation_batch(cfg)] * len(history)
     return statistics.fmean(share), statistics.fmean(made)
 
 
@@ -68,7 +69,7 @@ def main() -> None:
     a = ap.parse_args()
     os.environ.setdefault("GRPO_TORCH_THREADS", "1")  # tiny model, busy cores: no spin-waits
 
-    from grpo_core.config import load_config
+    from grpo_core.config import generation_batch, load_config
     from grpo_core.eval.evaluation import evaluate
     from grpo_core.eval.metrics import paired_bootstrap, paired_scores
     from grpo_core.modeling.loading import configure_threads, load_tokenizer, resolve_model_path
@@ -78,7 +79,7 @@ def main() -> None:
     configure_threads()
     t_start = time.perf_counter()
     over = [f"grpo.max_steps={a.steps}", "grpo.save_steps=100000", f"eval.limit={a.eval_limit}",
-            f"grpo.dynamic_sampling.max_regenerations={a.max_regenerations}"]
+            f"dynamic_sampling.max_regenerations={a.max_regenerations}"]
     base_cfg = load_config(RECIPE, over)
     metric = base_cfg.eval.primary_metric
     model = resolve_model_path(base_cfg.model.name_or_path, ROOT / ".grpo" / "models")
@@ -88,13 +89,13 @@ def main() -> None:
     rows, scores = [], {"on": [], "off": []}
     with tempfile.TemporaryDirectory() as tmp:
         # warm-up (imports, first loads): not charged to whichever arm runs first
-        warm = load_config(RECIPE, over + ["grpo.max_steps=1", "grpo.dynamic_sampling.enabled=true"])
+        warm = load_config(RECIPE, over + ["grpo.max_steps=1", "dynamic_sampling.enabled=true"])
         run_grpo_round(model, pool, warm, Path(tmp, "warm-up"), template)
         for k, seed in enumerate(a.seeds):
             # interleaved, order alternating: background load drifts alike on both arms
             for arm in (("off", "on") if k % 2 == 0 else ("on", "off")):
                 cfg = load_config(RECIPE, over + [f"project.seed={seed}",
-                                                  f"grpo.dynamic_sampling.enabled={arm == 'on'}"])
+                                                  f"dynamic_sampling.enabled={arm == 'on'}"])
                 result, wall = timed(lambda: run_grpo_round(model, pool, cfg, Path(tmp, f"{seed}-{arm}"),
                                                             template))
                 ev = evaluate(result.output_dir, "synthetic", cfg, limit=a.eval_limit)
@@ -115,7 +116,7 @@ def main() -> None:
 
     g = base_cfg.grpo
     print(f"R1-Zero recipe ({RECIPE.name}), {base_cfg.model.name_or_path}: {a.steps} optimizer steps "
-          f"of {g.prompts_per_step} prompts x G={g.num_generations}, seeds {a.seeds}, "
+          f"of {generation_batch(base_cfg) // g.num_generations} prompts x G={g.num_generations}, seeds {a.seeds}, "
           f"max_regenerations {a.max_regenerations}")
     print(f"training pool: {pool_note}{f' (filter {filter_s:.0f} s)' if a.filter else ''}; eval: synthetic, "
           f"{n} held-out problems, {metric}")

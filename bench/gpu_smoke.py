@@ -72,7 +72,7 @@ def smoke_config(s: dict, backend: str, use_vllm: bool = False):
         "rollout": {"backend": backend, "batch_size": 512, "max_new_tokens": s["max_new_tokens"],
                     "gpu_memory_utilization": 0.3},
         "filter": {"k": 8, "band": [0.3, 0.7], "max_problems": s["filter_problems"]},
-        "grpo": {"max_steps": s["steps"], "num_generations": 8, "prompts_per_step": 8,
+        "grpo": {"max_steps": s["steps"], "num_generations": 8, "per_device_train_batch_size": 64,
                  "max_completion_length": 48, "learning_rate": LR, "save_steps": 100_000,
                  "logging_steps": 1, "use_vllm": use_vllm, "vllm_mode": "colocate",
                  "vllm_gpu_memory_utilization": 0.3},
@@ -343,12 +343,14 @@ def part_vllm(s: dict, rec: dict) -> None:
 
 
 def _grpo(s: dict, rec: dict, use_vllm: bool) -> None:
+    from grpo_core.config import generation_batch
     from grpo_core.train.grpo import run_grpo_round
 
     _gpu_check(rec)
     cfg = part_config("grpo_vllm" if use_vllm else "grpo_hf", s)
     g = cfg.grpo
-    problems, rec["problems"] = grpo_problems(s, g.prompts_per_step)
+    prompts = generation_batch(cfg) // g.num_generations
+    problems, rec["problems"] = grpo_problems(s, prompts)
     rows: list[dict] = []
     clock, probe = step_clock(), weight_probe()
     out = Path(s["workdir"]) / ("grpo-vllm" if use_vllm else "grpo-hf")
@@ -366,7 +368,7 @@ def _grpo(s: dict, rec: dict, use_vllm: bool) -> None:
         return [round(vals[0], 4), round(vals[-1], 4)] if vals else None
 
     rec.update({
-        "steps": result.steps, "batch": f"{g.prompts_per_step} prompts x {g.num_generations}",
+        "steps": result.steps, "batch": f"{prompts} prompts x {g.num_generations}",
         "max_completion_length": g.max_completion_length, "total_s": round(total, 2),
         "train_s": round(result.train_seconds, 2),
         "setup_and_save_s": round(total - result.train_seconds, 2),
@@ -389,9 +391,9 @@ def _grpo(s: dict, rec: dict, use_vllm: bool) -> None:
         checks.append("no bf16/fp16 autocast on the GPU (train.precision auto)")
     if result.steps != g.max_steps:
         checks.append(f"{result.steps} steps trained, {g.max_steps} asked")
-    if len(rows) != result.steps * g.prompts_per_step * g.num_generations:
+    if len(rows) != result.steps * prompts * g.num_generations:
         checks.append(f"{len(rows)} rollout rows for {result.steps} steps of "
-                      f"{g.prompts_per_step * g.num_generations} completions")
+                      f"{prompts * g.num_generations} completions")
     if not (Path(result.output_dir) / "config.json").is_file():
         checks.append(f"no model saved in {result.output_dir}")
     checks += [f for f in result.findings if f.startswith("divergence")]
@@ -400,7 +402,7 @@ def _grpo(s: dict, rec: dict, use_vllm: bool) -> None:
 def grpo_tokens_per_s(hist: list[dict], g, train_s: float) -> dict:
     """Completion tokens/s (mean completion length x completions per step, summed over steps)
     and TRL's num_tokens (prompt + completion, cumulative) per second of the training loop."""
-    per_step = g.prompts_per_step * g.num_generations * g.gradient_accumulation_steps
+    per_step = g.per_device_train_batch_size * g.gradient_accumulation_steps
     comp = sum(h["completions/mean_length"] * per_step for h in hist
                if isinstance(h.get("completions/mean_length"), (int, float)))
     seen = [h["num_tokens"] for h in hist if isinstance(h.get("num_tokens"), (int, float))]

@@ -1,6 +1,6 @@
 """GRPO against PPO (and RLOO, and GRPO with a value head), measured side by side: the same
 task (the synthetic arithmetic pool, R1-Zero template, the quickstart's rule rewards),
-prompts x samples per step, steps and seed for each grpo.algorithm, on the built-in model
+prompts x samples per step, steps and seed for each algorithm.name, on the built-in model
 and on a 4x wider variant of it (hidden and intermediate sizes x4, random init, the same
 tokenizer; built here) so the model, not the interpreter, holds the memory that differs.
 
@@ -160,7 +160,8 @@ def arm_config(a, algorithm: str):
     return config_from_dict({
         "project": {"seed": a.seed},
         "model": {"template": "r1_zero"},
-        "grpo": {"algorithm": algorithm, "max_steps": a.steps, "prompts_per_step": a.prompts,
+        "algorithm": {"name": algorithm},
+        "grpo": {"max_steps": a.steps, "per_device_train_batch_size": a.prompts * a.samples,
                  "num_generations": a.samples, "learning_rate": 1e-4, "max_completion_length": 48,
                  "save_steps": 10_000, "save_total_limit": 1},
         "rewards": {"funcs": ["accuracy", "format", "tag_count"], "weights": [1.0, 1.0, 0.5]},
@@ -343,7 +344,7 @@ def log_mlflow(uri: str, results: list[dict], markdown: str, csv_text: str, char
                            tags={"grpo.pipeline": "bench-grpo-vs-ppo", "algorithm": r["algorithm"],
                                  "model": r["model"]}).info.run_id
         for k, v in {"algorithm": r["algorithm"], "model": r["model"], "steps": a.steps,
-                     "prompts_per_step": a.prompts, "samples": a.samples, "seed": a.seed,
+                     "prompts": a.prompts, "samples": a.samples, "seed": a.seed,
                      "reward_model": bool(a.reward_model)}.items():
             c.log_param(run, k, v)
         for step, value in enumerate(r["rewards"], 1):

@@ -81,7 +81,7 @@ def main() -> None:
             "model": {"name_or_path": model},
             "data": {"train": [{"source": "synthetic:arith", "limit": 64, "levels": [1, 2]}]},
             "filter": {"enabled": False},
-            "grpo": {"max_steps": a.steps, "prompts_per_step": 4, "learning_rate": 1e-4,
+            "grpo": {"max_steps": a.steps, "per_device_train_batch_size": 32, "learning_rate": 1e-4,
                      "save_steps": 10_000, "max_completion_length": 48},
             "eval": {"limit": 20, "samples": 1, "bootstrap": 20}}))
         env = {**os.environ, "GRPO_WORKDIR": tmp + "/ws"}

@@ -24,7 +24,7 @@ def diagnose(
     workdir: WORKDIR = None,
 ) -> None:
     """Run the diagnosis rules over one round's per-step metrics and print the findings,
-    one a line starting with its code. Thresholds: grpo.diagnosis of the config."""
+    one a line starting with its code. Thresholds: the config's diagnosis section."""
     from grpo_core.train.diagnosis import diagnose as run_rules
     from grpo_core.train.diagnosis import is_step_log, parse_history
 
@@ -41,7 +41,7 @@ def diagnose(
             fail(f"{history}: {exc}", 1)
     else:
         rows = [r for r in _run_history(cfg, run) if is_step_log(r)]
-    found = run_rules(rows, cfg.grpo)
+    found = run_rules(rows, cfg)
     if as_json:
         typer.echo(json.dumps([f.as_dict() for f in found], indent=2, default=str))
     elif not found:

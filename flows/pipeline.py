@@ -67,7 +67,8 @@ def training_prompts(kept: dict, pool: list[str], need: int) -> tuple[list[str],
     would otherwise train on nothing. A pool too small for one step is refused."""
     if len(pool) < need:
         raise ValueError(f"the training pool has {len(pool)} problems; one GRPO optimizer step "
-                         f"needs {need} (grpo.prompts_per_step x grpo.gradient_accumulation_steps)")
+                         f"needs {need} (one generation batch: grpo.per_device_train_batch_size x "
+                         "train.num_processes x grpo.steps_per_generation / grpo.num_generations)")
     if len(kept["kept_ids"]) >= need:
         return kept["kept_ids"], None
     signal = kept.get("signal_ids") or []
@@ -161,7 +162,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     findings += scorer_error_findings("eval/base", base)
     before = base
 
-    if cfg.sft.enabled:
+    if cfg.sft_stage.enabled:
         sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, data["problem_ids"])
         model = sft["model_dir"]
         findings += [f"sft: {f}" for f in sft.get("findings", [])]
@@ -169,7 +170,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
 
     pool = data["problem_ids"]
     evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
-    for r in range(1, cfg.grpo.rounds + 1):
+    for r in range(1, cfg.rounds.count + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
             pool, note = filter_round(ctx, model, data["problem_ids"], r, log, evidence_run)
             if note:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import math
 import time
 from pathlib import Path
 
@@ -45,46 +44,46 @@ def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
     """cfg shrunk for a CPU smoke run, everything structural kept (see the module doc).
     Raises ConfigError (naming the field) when the shrunk config cannot run."""
     from grpo_core.modeling.memory_plan import gradient_checkpointing
-    from grpo_core.train.trl_args import checkpointing_field
     from grpo_core.workspace import Workspace
 
     tree = cfg.model_dump(mode="json")
     g = cfg.grpo
     # Checkpointing as the real model would train (the proxy is builtin:, default off).
-    ckpt = gradient_checkpointing(cfg, g.gradient_checkpointing)
+    ckpt = gradient_checkpointing(cfg, g.activation_checkpointing)
     tree["project"]["workdir"] = str(Path(workdir) if workdir is not None
                                      else Workspace.at(cfg.project.workdir).root / "smoke")
     tree["model"]["name_or_path"] = model or PROXY
     tree["model"]["gguf_file"] = None if model is None else cfg.model.gguf_file
     tree["model"]["dtype"] = "auto"  # float32 sampling on CPU (the proxy is stored bf16)
     tree["model"]["hub_token"] = None
-    # Enough rows per source for one optimizer step (prompts_per_step x GA), few beyond.
-    keep = max(SOURCE_LIMIT, min(g.prompts_per_step, 2) * g.gradient_accumulation_steps)
+    # One process; each pass holds at most 2 groups of at most 2 completions; the passes
+    # per generation (steps_per_generation, default GA) and GA stay as configured.
+    group = min(g.num_generations, 2)
+    per_pass = group * max(1, min(2, g.per_device_train_batch_size * cfg.train.num_processes
+                                   // g.num_generations))
+    steps = (g.generation_batch_size // (g.per_device_train_batch_size * cfg.train.num_processes)
+             if g.generation_batch_size else g.steps_per_generation)
+    # Enough rows per source for one generation batch, few beyond.
+    keep = max(SOURCE_LIMIT, per_pass * (steps or g.gradient_accumulation_steps) // group)
     for src in tree["data"]["train"]:
         src["limit"] = min(src.get("limit") or keep, keep)
     tree["rollout"].update(backend="hf", max_new_tokens=TOKENS, batch_size=16,
                            tensor_parallel_size=1, data_parallel_size=1)
     tree["filter"].update(k=2, max_problems=min(cfg.filter.max_problems or FILTER_PROBLEMS,
                                                 FILTER_PROBLEMS), shards=1)
-    # One optimizer step needs prompts_per_step x GA prompts: GA stays as configured.
     tree["grpo"].update(max_steps=STEPS, save_steps=STEPS, max_completion_length=TOKENS,
-                        prompts_per_step=min(g.prompts_per_step, 2),
-                        num_generations=min(g.num_generations, 2),
-                        # micro-batching stays when set (passes per step > GA), sized to divide
-                        per_device_micro_batch=(math.gcd(g.per_device_micro_batch,
-                                                         min(g.prompts_per_step, 2)
-                                                         * min(g.num_generations, 2))
-                                                if g.per_device_micro_batch else None),
-                        gradient_checkpointing=ckpt, use_vllm=False, vllm_server_launch=False)
-    tree["sft"].update(max_steps=STEPS, batch_size=min(cfg.sft.batch_size, 4),
-                       max_length=min(cfg.sft.max_length, 1024))
-    if cfg.sft.enabled:
-        tree["sft"]["trl"] = {checkpointing_field(): ckpt, **cfg.sft.trl}
+                        num_generations=group, per_device_train_batch_size=per_pass,
+                        steps_per_generation=steps, generation_batch_size=None,
+                        activation_checkpointing=ckpt, use_vllm=False)
+    sft = cfg.sft
+    tree["sft"].update(max_steps=STEPS, per_device_train_batch_size=min(sft.per_device_train_batch_size, 4),
+                       max_length=min(sft.max_length, 1024),
+                       activation_checkpointing=gradient_checkpointing(cfg, sft.activation_checkpointing))
     tree["eval"].update(limit=EVAL_PROBLEMS, samples=EVAL_SAMPLES, max_new_tokens=TOKENS,
                         bootstrap=50, shards=1,
                         primary_metric=_metric_for(cfg.eval.primary_metric, EVAL_SAMPLES))
     tree["train"].update(num_processes=1, num_machines=1, accelerate_config=None,
-                         main_process_port=None)
+                         main_process_port=None, vllm_server_launch=False)
     # Its own MLflow store: a smoke run never lands on the user's tracking server.
     tree["tracking"]["tracking_uri"] = f"sqlite:///{Path(tree['project']['workdir']).resolve()}/mlflow.db"
     smoke = config_from_dict(tree)

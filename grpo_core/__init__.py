@@ -2,10 +2,11 @@
 
 Modules are layered by concern; imports point one way, down the layers:
 
-- top modules (config, progress, workspace, prompts, versions): the base any layer may
-  import. They import no subpackage. Exception, by design: config's validators import two
-  registries late (inside the validator, not at import time): `data.benchmarks`
-  (is_eval_split) and `verify.rewards` (REWARDS), to refuse bad configs by name.
+- top modules (config, progress, workspace, prompts, versions): the base any layer may import.
+  config is a package (its sections in modules); the others are modules. They import no
+  layer. Exception, by design: config's validators import two registries late (inside the
+  validator, not at import time): `data.benchmarks` (is_eval_split) and `verify.rewards`
+  (REWARDS), to refuse bad configs by name.
 - verify/: answer extraction, comparison and rewards.
 - data/: problems, sources, the DuckDB store and its pipeline lock.
 - modeling/: model loading, the built-in tiny and proxy models, memory plans, GPU hygiene.
@@ -24,10 +25,12 @@ LAYERS = ("verify", "data", "modeling", "generation", "eval", "train")
 """Subpackages, lowest first: each may import the top modules and the ones before it."""
 
 TOP_MODULES = ("config", "progress", "workspace", "prompts", "versions")
-"""The base modules at the top of grpo_core (no subpackage imports, see CONFIG_LATE_IMPORTS)."""
+"""The base modules at the top of grpo_core (no layer imports, see CONFIG_LATE_IMPORTS);
+config is a package, the one top module that is."""
 
 CONFIG_LATE_IMPORTS = ("grpo_core.data.benchmarks", "grpo_core.verify.rewards")
-"""The only subpackage modules a top module imports: config, inside its validators."""
+"""The only layer modules a top module imports: config (any of its modules), inside its
+validators."""
 
 COMPAT_SHIMS = {"answers": "grpo_core.verify.answers", "rewards": "grpo_core.verify.rewards"}
 """Top-level re-export modules kept for scripts: name -> the module they re-export."""

@@ -13,8 +13,8 @@ from tasks.cache import stage_key
 
 # Left out on purpose: where or how visibly work runs (filter.shards/shard_runner,
 # eval.shards, ports, timeouts, save cadence), what only later decisions read
-# (eval.primary_metric, filter.enabled, filter.refilter_each_round, grpo.rounds), MLflow
-# settings (`tracking`), progress bars, the diagnosis thresholds (grpo.diagnosis:
+# (eval.primary_metric, filter.enabled, filter.refilter_each_round, rounds.count), MLflow
+# settings (`tracking`), progress bars, the diagnosis thresholds (`diagnosis`:
 # `grpo diagnose --run` re-reads a cached round).
 
 
@@ -86,20 +86,25 @@ def filter_key(cfg: PipelineConfig, model_fp: str, problems_fp: str,
 
 def sft_key(cfg: PipelineConfig, model_fp: str, problems_fp: str) -> str:
     return stage_key("sft", model=model_fp, problems=problems_fp,
-                     sft=cfg.sft.model_dump(mode="json", exclude={"enabled"}),
+                     sft=cfg.sft.model_dump(mode="json", exclude={"disable_tqdm"}),
+                     max_examples=cfg.sft_stage.max_examples,
                      template=cfg.model.template, train=_train_setup(cfg), seed=cfg.project.seed)
 
 
 def grpo_key(cfg: PipelineConfig, model_fp: str, problems_fp: str, round_no: int) -> str:
-    g = cfg.grpo
     skip = {"save_steps", "save_total_limit", "vllm_server_host", "vllm_server_port",
-            "vllm_server_timeout", "diagnosis"}
-    if g.kl_schedule.per == "round":  # a run-long schedule's beta depends on the round count
-        skip.add("rounds")
-    grpo = g.model_dump(mode="json", exclude=skip)
-    if g.eval_every:  # the in-round eval picks the round's model with eval's length limit
-        grpo["eval_max_new_tokens"] = cfg.eval.max_new_tokens
-    return stage_key("grpo", model=model_fp, problems=problems_fp, grpo=grpo,
+            "vllm_server_timeout", "disable_tqdm"}
+    grpo = cfg.grpo.model_dump(mode="json", exclude=skip)
+    # a run-long KL schedule's beta depends on the round count; a per-round one does not
+    rounds = cfg.rounds.model_dump(mode="json", exclude={"count"}
+                                   if cfg.rounds.kl_schedule.per == "round" else set())
+    in_round = cfg.in_round_eval.model_dump(mode="json")
+    if cfg.in_round_eval.every:  # the in-round eval picks the round's model with eval's length limit
+        in_round["eval_max_new_tokens"] = cfg.eval.max_new_tokens
+    return stage_key("grpo", model=model_fp, problems=problems_fp, grpo=grpo, rounds=rounds,
+                     algorithm=cfg.algorithm.model_dump(mode="json"),
+                     dynamic_sampling=cfg.dynamic_sampling.model_dump(mode="json"),
+                     in_round_eval=in_round,
                      rewards=cfg.rewards.model_dump(mode="json"), template=cfg.model.template,
                      round=round_no, seed=cfg.project.seed, train=_train_setup(cfg))
 

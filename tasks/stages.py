@@ -260,7 +260,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
         findings = result.findings + warns
         tracking.log_training_curves(run, result.history, "grpo")
         tags = {"findings": " | ".join(findings) or "none"}
-        if result.in_round_evals:  # grpo.eval_every: which checkpoint the round hands on
+        if result.in_round_evals:  # in_round_eval.every: which checkpoint the round hands on
             tags.update({"in_round_eval.best_step": str(result.best_step),
                          "in_round_eval.protocol_hash": str(result.in_round_protocol)})
         tracking.set_tags(run, tags)
@@ -279,7 +279,7 @@ def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig) -> tuple[
     findings' lines, for the stage's findings (the report). Stops are in-round findings."""
     from grpo_core.train.diagnosis import codes_tag, diagnose
 
-    found = diagnose(history, cfg.grpo)
+    found = diagnose(history, cfg)
     tracking.log_json(run, [f.as_dict() for f in found], "diagnosis.json")
     # Every finding, info ones too (a reward function that never moves), on the run's page.
     note = "\n".join(f"- {f.line()}" for f in found) or "- none"

@@ -1,7 +1,7 @@
 """GRPO with vLLM in server mode: `trl vllm-serve` on dedicated GPUs, training on the rest.
 
-With grpo.use_vllm, grpo.vllm_mode=server and grpo.vllm_server_launch, the GRPO stage
-starts the server for the round on the first grpo.vllm_server_gpus visible GPUs, waits
+With grpo.use_vllm, grpo.vllm_mode=server and train.vllm_server_launch, the GRPO stage
+starts the server for the round on the first train.vllm_server_gpus visible GPUs, waits
 for /health, trains through `accelerate launch` on the remaining GPUs (a subprocess, so
 CUDA_VISIBLE_DEVICES can still be chosen for it), and stops the server when the round
 ends, however it ends. TRL's trainer pushes the new weights to the server each step.
@@ -23,7 +23,7 @@ from grpo_core.config import PipelineConfig
 
 def launches_server(cfg: PipelineConfig) -> bool:
     g = cfg.grpo
-    return g.use_vllm and g.vllm_mode == "server" and g.vllm_server_launch
+    return g.use_vllm and g.vllm_mode == "server" and cfg.train.vllm_server_launch
 
 
 def visible_gpus(env: dict | None = None, count: int | None = None) -> list[str]:
@@ -42,7 +42,7 @@ def split_gpus(gpus: list[str], server_gpus: int) -> tuple[list[str], list[str]]
     """(server's GPUs, training's GPUs); both must be non-empty."""
     if len(gpus) <= server_gpus:
         raise RuntimeError(
-            f"grpo.vllm_server_gpus={server_gpus} leaves no GPU for training ({len(gpus)} "
+            f"train.vllm_server_gpus={server_gpus} leaves no GPU for training ({len(gpus)} "
             f"visible: {gpus or 'none'}); use vllm_mode=colocate on a single GPU")
     return gpus[:server_gpus], gpus[server_gpus:]
 
@@ -50,7 +50,7 @@ def split_gpus(gpus: list[str], server_gpus: int) -> tuple[list[str], list[str]]
 def server_command(cfg: PipelineConfig, model_path: str) -> list[str]:
     g = cfg.grpo
     return [sys.executable, "-m", "trl.scripts.vllm_serve", "--model", model_path,
-            "--tensor_parallel_size", str(g.vllm_server_gpus), "--host", g.vllm_server_host,
+            "--tensor_parallel_size", str(cfg.train.vllm_server_gpus), "--host", g.vllm_server_host,
             "--port", str(g.vllm_server_port),
             "--gpu_memory_utilization", str(cfg.rollout.gpu_memory_utilization)]
 
@@ -70,7 +70,7 @@ def vllm_server(cfg: PipelineConfig, model_path: str, log_path: Path) -> Iterato
     if not launches_server(cfg):
         yield {}
         return
-    server, train = split_gpus(visible_gpus(), cfg.grpo.vllm_server_gpus)
+    server, train = split_gpus(visible_gpus(), cfg.train.vllm_server_gpus)
     g = cfg.grpo
     url = f"http://{g.vllm_server_host}:{g.vllm_server_port}/health"
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -81,9 +81,9 @@ def shard_flows(tmp_path_factory):
 # prompts x 2, 2 SFT steps, 8 eval problems x 2 samples.
 MAIN_JOB_SHRINK = [
     "filter.k=2", "filter.max_problems=8", "grpo.max_steps=2", "grpo.save_steps=1",
-    "grpo.prompts_per_step=2", "grpo.num_generations=2", "grpo.max_completion_length=8",
+    "grpo.per_device_train_batch_size=4", "grpo.num_generations=2", "grpo.max_completion_length=8",
     "eval.limit=8", "eval.samples=2", "eval.primary_metric=avg@2", "eval.max_new_tokens=8",
-    "eval.bootstrap=20", "sft.max_steps=2", "sft.batch_size=4",
+    "eval.bootstrap=20", "sft.max_steps=2", "sft.per_device_train_batch_size=4",
     'data.train=[{source: "synthetic:arith", limit: 40, levels: [1]}]']
 
 

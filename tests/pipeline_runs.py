@@ -23,8 +23,9 @@ def write_config(tmp_path: Path, model_path: str, max_steps: int = 3, **sections
         "model": {"name_or_path": model_path, "template": "r1_zero"},
         "data": {"train": [{"source": "synthetic:arith", "limit": 40, "levels": [1, 2]}]},
         "filter": {"k": 2, "max_problems": 8},
-        "grpo": {"rounds": 2, "max_steps": max_steps, "save_steps": 1, "prompts_per_step": 2,
+        "grpo": {"max_steps": max_steps, "save_steps": 1, "per_device_train_batch_size": 4,
                  "num_generations": 2, "max_completion_length": 8, "learning_rate": 1e-3},
+        "rounds": {"count": 2},
         "eval": {"benchmarks": ["synthetic"], "limit": 8, "samples": 2, "max_new_tokens": 8,
                  "bootstrap": 50},
     })

@@ -20,7 +20,9 @@ def test_grpo_round_on_two_processes(tiny_model_path, tmp_path):
     cfg = write_config(tmp_path, tiny_model_path, max_steps=STEPS,
                        train={"num_processes": 2})
     wd = tmp_path / "ws"
-    proc = subprocess.run([GRPO, "run", str(cfg), "--quiet", "--set", "grpo.rounds=1"],
+    proc = subprocess.run([GRPO, "run", str(cfg), "--quiet", "--set", "rounds.count=1",
+                           # per device: 2 processes x 2 = PROMPTS x G completions per step
+                           "--set", "grpo.per_device_train_batch_size=2"],
                           env=run_env(wd), cwd=ROOT, capture_output=True, text=True,
                           timeout=900, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -1,4 +1,4 @@
-"""grpo.algorithm: ppo (critic, GAE), rloo (TRL's RLOOTrainer), grpo_vhead (value head in
+"""algorithm.name: ppo (critic, GAE), rloo (TRL's RLOOTrainer), grpo_vhead (value head in
 the baseline) next to grpo. The pure steps (GAE, clipped value loss, the mixed baseline),
 the refusals at load, then real TRL steps on a tiny random model: each algorithm trains 2
 steps and moves the policy (ppo its value model too), and grpo_vhead with weight 0 is
@@ -74,23 +74,31 @@ def test_head_correction_is_zero_at_weight_0_and_scaled_otherwise():
 # ----------------------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize(("tree", "field", "words"), [
-    ({"algorithm": "ppo", "dynamic_sampling": {"enabled": True}}, "grpo.dynamic_sampling", "ppo"),
-    ({"algorithm": "rloo", "dynamic_sampling": {"enabled": True}}, "grpo.dynamic_sampling", "rloo"),
-    ({"algorithm": "rloo", "loss_type": "dapo"}, "grpo.loss_type", "RLOOTrainer"),
-    ({"algorithm": "rloo", "trl": {"top_entropy_quantile": 0.5}}, "grpo.trl", "RLOOConfig"),
-    ({"algorithm": "grpo_vhead", "num_generations": 1}, "grpo.num_generations", "ppo"),
-    ({"algorithm": "a2c"}, "grpo.algorithm", "grpo_vhead"),
+ON = {"enabled": True}
+
+
+@pytest.mark.parametrize(("algorithm", "tree", "field", "words"), [
+    ("ppo", {"dynamic_sampling": ON}, "dynamic_sampling", "ppo"),
+    ("rloo", {"dynamic_sampling": ON}, "dynamic_sampling", "rloo"),
+    ("rloo", {"grpo": {"loss_type": "dapo"}}, "grpo.loss_type", "RLOOTrainer"),
+    ("rloo", {"grpo": {"top_entropy_quantile": 0.5}}, "grpo.top_entropy_quantile", "RLOOConfig"),
+    ("grpo_vhead", {"grpo": {"num_generations": 1}}, "grpo.num_generations", "ppo"),
+    ("a2c", {}, "algorithm.name", "grpo_vhead"),
 ])
-def test_unsupported_combinations_are_refused_at_load(tree, field, words):
+def test_unsupported_combinations_are_refused_at_load(algorithm, tree, field, words):
     with pytest.raises(ConfigError, match=words) as err:
-        config_from_dict({"grpo": tree})
+        config_from_dict({"algorithm": {"name": algorithm}, **tree})
     assert err.value.field == field
 
 
 def test_ppo_takes_one_sample_per_prompt_and_vhead_takes_dynamic_sampling():
-    assert config_from_dict({"grpo": {"algorithm": "ppo", "num_generations": 1}}).grpo.num_generations == 1
-    config_from_dict({"grpo": {"algorithm": "grpo_vhead", "dynamic_sampling": {"enabled": True}}})
+    ppo = config_from_dict({"algorithm": {"name": "ppo"}, "grpo": {"num_generations": 1}})
+    assert ppo.grpo.num_generations == 1
+    config_from_dict({"algorithm": {"name": "grpo_vhead"}, "dynamic_sampling": ON})
+    # an RLOOConfig field passes under rloo
+    config_from_dict({"algorithm": {"name": "rloo"}, "grpo": {"reward_clip_range": [-1.0, 1.0]}})
+    with pytest.raises(ConfigError, match="scale_rewards"):
+        config_from_dict({"algorithm": {"name": "rloo"}, "grpo": {"normalize_advantages": True}})
 
 
 def test_modules_beside_the_policy_need_one_process():
@@ -102,10 +110,16 @@ def test_modules_beside_the_policy_need_one_process():
 # ----------------------------------------------------------------------------- real steps
 
 
+ALGORITHM_FIELDS = ("vhead_weight", "gae_gamma", "gae_lambda", "value_clip", "value_loss_coef",
+                    "value_learning_rate", "vhead_learning_rate")
+
+
 def _cfg(algorithm: str, **grpo):
-    base = {"max_steps": 2, "save_steps": 100, "max_completion_length": 8, "prompts_per_step": 2,
-            "num_generations": G, "learning_rate": 1e-3, "algorithm": algorithm}
-    return config_from_dict({"grpo": {**base, **grpo},
+    base = {"max_steps": 2, "save_steps": 100, "max_completion_length": 8,
+            "per_device_train_batch_size": 2 * grpo.get("num_generations", G),  # 2 prompts
+            "num_generations": G, "learning_rate": 1e-3}
+    algo = {"name": algorithm, **{k: grpo.pop(k) for k in list(grpo) if k in ALGORITHM_FIELDS}}
+    return config_from_dict({"grpo": {**base, **grpo}, "algorithm": algo,
                              "rewards": {"funcs": ["accuracy", "format", "tag_count"],
                                          "weights": [1.0, 1.0, 0.5]}})
 

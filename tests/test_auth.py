@@ -40,7 +40,7 @@ def _config(tmp_path, model_path: str):
         "model": {"name_or_path": model_path},
         "data": {"train": [{"source": "synthetic:arith", "limit": 24, "levels": [1]}]},
         "filter": {"k": 2, "max_problems": 4},
-        "grpo": {"max_steps": 2, "prompts_per_step": 2, "num_generations": 2, "max_completion_length": 8},
+        "grpo": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 8},
         "eval": {"limit": 4, "samples": 2, "max_new_tokens": 8, "bootstrap": 20},
     }))
     return path

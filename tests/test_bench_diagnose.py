@@ -28,7 +28,7 @@ def bench(monkeypatch):
 
 
 def test_in_round_findings_map_to_codes(bench):
-    mon = RoundMonitor(config_from_dict({"grpo": {"collapse_patience": 1, "kl_ceiling": 0.5}}).grpo)
+    mon = RoundMonitor(config_from_dict({"diagnosis": {"collapse_patience": 1}, "rounds": {"kl_ceiling": 0.5}}))
     notes, _ = mon.observe({"frac_reward_zero_std": 1.0}, 3)
     assert bench.in_round(notes[0]) == ("collapse", "info", 3)
     assert bench.in_round(mon.observe({"loss": math.nan}, 4)[1]) == ("nonfinite", "stop", 4)
@@ -53,4 +53,4 @@ def test_detection_step_is_the_first_prefix_that_fires(bench):
     rows = [{"step": s, "loss": 0.0, "completions/clipped_ratio": 0.9 if s >= 8 else 0.1}
             for s in range(1, 13)]
     # truncation averages the last 5 steps: 0.26 after step 8, 0.42 after step 9
-    assert bench.first_detection(rows, config_from_dict({}).grpo) == {"truncation": 9}
+    assert bench.first_detection(rows, config_from_dict({})) == {"truncation": 9}

@@ -124,7 +124,7 @@ def test_pipeline_stores_eval_sets_and_flags_planted_rows(shared_data, tiny_mode
         eval={"benchmarks": ["gsm8k", "math500"], "limit": 3, "samples": 2,
               "max_new_tokens": 8, "bootstrap": 50})
     tree = yaml.safe_load(cfg.read_text())
-    tree["grpo"]["rounds"] = 1
+    tree["rounds"]["count"] = 1
     cfg.write_text(yaml.safe_dump(tree))
     out = subprocess.run([GRPO, "run", str(cfg), "--quiet"], env=run_env(workdir), cwd=ROOT,
                          capture_output=True, text=True, timeout=900, check=False)

@@ -93,9 +93,11 @@ CASES = [
     # SFT
     ("sft.learning_rate=0.01", {"sft"}),
     ("sft.max_steps=3", {"sft"}),
-    ("sft.batch_size=8", {"sft"}),
+    ("sft.per_device_train_batch_size=8", {"sft"}),
+    ("sft.warmup_steps=0", {"sft"}),  # any SFTConfig field
     ("sft.max_length=128", {"sft"}),
-    ("sft.enabled=true", set()),
+    ("sft_stage.enabled=true", set()),
+    ("sft_stage.max_examples=10", {"sft"}),
     # GRPO and its rewards
     ("grpo.beta=0.1", {"grpo"}),
     ("grpo.num_generations=4", {"grpo"}),
@@ -103,20 +105,24 @@ CASES = [
     ("grpo.max_steps=5", {"grpo"}),
     ("grpo.temperature=0.9", {"grpo"}),
     ("grpo.max_completion_length=32", {"grpo"}),
-    ("grpo.kl_schedule.kind=linear", {"grpo"}),
-    ("grpo.skip_update_below=0.1", {"grpo"}),
-    ("grpo.kl_schedule.per=run", {"grpo"}),
+    ("grpo.top_entropy_quantile=0.5", {"grpo"}),  # any GRPOConfig field
+    ("rounds.kl_schedule.kind=linear", {"grpo"}),
+    ("rounds.skip_update_below=0.1", {"grpo"}),
+    ("rounds.kl_ceiling=1.0", {"grpo"}),
+    ("algorithm.name=rloo", {"grpo"}),
+    ("rounds.kl_schedule.per=run", {"grpo"}),
     ("grpo.mask_truncated_completions=true", {"grpo"}),
-    ("grpo.dynamic_sampling.enabled=true", {"grpo"}),
-    ("grpo.eval_every=5", {"grpo"}),
-    ("grpo.eval_problems=8", {"grpo"}),
+    ("dynamic_sampling.enabled=true", {"grpo"}),
+    ("in_round_eval.every=5", {"grpo"}),
+    ("in_round_eval.problems=8", {"grpo"}),
     ("rewards.soft_overlong.penalty=-0.5", {"grpo"}),
-    ("grpo.rounds=3", set()),  # round 1 of a 3-round run is round 1 of a 1-round run
+    ("rounds.count=3", set()),  # round 1 of a 3-round run is round 1 of a 1-round run
     ("grpo.save_steps=5", set()),
     ("grpo.save_total_limit=4", set()),
     ("grpo.vllm_server_port=8123", set()),
     ("grpo.vllm_server_timeout=10", set()),
-    ("grpo.diagnosis.window=8", set()),  # thresholds of findings, not of training
+    ("diagnosis.window=8", set()),
+    ("diagnosis.collapse_patience=2", set()),  # thresholds of findings, not of training
     ("rewards.format_reward=0.25", {"grpo"}),
     ("rewards.funcs=[accuracy]", {"grpo"}),
     # how training runs
@@ -148,15 +154,15 @@ def test_config_field_changes_exactly_its_stages(base, override, expected):
 
 
 def test_round_count_and_eval_length_count_only_where_they_shape_the_round():
-    """grpo.rounds is in the round's key when the KL schedule spans the run (its beta
+    """rounds.count is in the round's key when the KL schedule spans the run (its beta
     depends on it); eval.max_new_tokens is when the in-round eval picks the round's model."""
     def grpo(*overrides):
         return keys(config_from_dict({}, list(overrides)))["grpo"]
 
-    per_run = ("grpo.kl_schedule.kind=linear", "grpo.kl_schedule.per=run")
-    assert grpo(*per_run) != grpo(*per_run, "grpo.rounds=3")
-    assert grpo("grpo.kl_schedule.kind=linear") == grpo("grpo.kl_schedule.kind=linear", "grpo.rounds=3")
-    assert grpo("grpo.eval_every=5") != grpo("grpo.eval_every=5", "eval.max_new_tokens=32")
+    per_run = ("rounds.kl_schedule.kind=linear", "rounds.kl_schedule.per=run")
+    assert grpo(*per_run) != grpo(*per_run, "rounds.count=3")
+    assert grpo("rounds.kl_schedule.kind=linear") == grpo("rounds.kl_schedule.kind=linear", "rounds.count=3")
+    assert grpo("in_round_eval.every=5") != grpo("in_round_eval.every=5", "eval.max_new_tokens=32")
 
 
 def test_adaptive_rule_and_rollout_evidence_change_the_filter_key():

@@ -24,7 +24,7 @@ def test_shipped_config_validates(path):
 
 def test_defaults_are_the_papers():
     g = PipelineConfig().grpo
-    assert (g.num_generations, g.beta, g.epsilon, g.temperature, g.learning_rate) == (8, 0.04, 0.2, 1.0, 1e-6)
+    assert (g.num_generations, g.beta, g.learning_rate, g.loss_type) == (8, 0.04, 1e-6, "grpo")
     assert g.scale_rewards == "group"
     assert PipelineConfig().filter.band == (0.3, 0.7)
 
@@ -32,9 +32,9 @@ def test_defaults_are_the_papers():
 def test_recipes_differ_only_in_sft_and_label():
     r1 = load_config(ROOT / "configs/recipes/r1_zero.yaml").model_dump()
     sg = load_config(ROOT / "configs/recipes/sft_grpo.yaml").model_dump()
-    for section in ("data", "filter", "grpo", "rewards", "eval", "model", "rollout"):
+    for section in ("data", "filter", "grpo", "rounds", "rewards", "eval", "model", "rollout", "sft"):
         assert r1[section] == sg[section], section
-    assert not r1["sft"]["enabled"] and sg["sft"]["enabled"]
+    assert not r1["sft_stage"]["enabled"] and sg["sft_stage"]["enabled"]
 
 
 BROKEN = [
@@ -44,7 +44,6 @@ BROKEN = [
     ({"grpo": {"beta": -0.1}}, "grpo.beta"),
     ({"grpo": {"beta": "high"}}, "grpo.beta"),
     ({"grpo": {"loss_type": "ppo"}}, "grpo.loss_type"),
-    ({"grpo": {"epsilon": 0}}, "grpo.epsilon"),
     ({"filter": {"band": [0.8, 0.2]}}, "filter.band"),
     ({"filter": {"band": [0.1, 1.5]}}, "filter.band"),
     ({"filter": {"k": 0}}, "filter.k"),
@@ -58,12 +57,21 @@ BROKEN = [
     ({"eval": {"samples": 4, "primary_metric": "avg@8"}}, "eval"),
     ({"rollout": {"backend": "tgi"}}, "rollout.backend"),
     ({"data": {"train": [{"limit": 3}]}}, "data.train.0.source"),
-    ({"grpo": {"kl_schedule": {"kind": "exp"}}}, "grpo.kl_schedule.kind"),
-    # 4 prompts x GA 1 x G 8 = 32 completions per optimizer step: 5 does not divide them
-    ({"grpo": {"per_device_micro_batch": 5}}, "grpo.per_device_micro_batch"),
-    ({"grpo": {"per_device_micro_batch": 0}}, "grpo.per_device_micro_batch"),
-    ({"grpo": {"per_device_micro_batch": 16}, "train": {"num_processes": 4}},
-     "grpo.per_device_micro_batch"),
+    ({"rounds": {"kl_schedule": {"kind": "exp"}}}, "rounds.kl_schedule.kind"),
+    ({"rounds": {"count": 0}}, "rounds.count"),
+    ({"algorithm": {"name": "a2c"}}, "algorithm.name"),
+    ({"in_round_eval": {"every": 0}}, "in_round_eval.every"),
+    ({"sft_stage": {"max_examples": 0}}, "sft_stage.max_examples"),
+    # a generation batch must hold whole groups: 5 completions x 1 process x 1 pass, G 8
+    ({"grpo": {"per_device_train_batch_size": 5}}, "grpo.per_device_train_batch_size"),
+    ({"grpo": {"per_device_train_batch_size": 0}}, "grpo.per_device_train_batch_size"),
+    ({"grpo": {"per_device_train_batch_size": 4, "steps_per_generation": 3}},
+     "grpo.per_device_train_batch_size"),
+    ({"grpo": {"per_device_train_batch_size": 4}, "train": {"num_processes": 3}},
+     "grpo.per_device_train_batch_size"),
+    ({"grpo": {"generation_batch_size": 48}, "train": {"num_processes": 4}},
+     "grpo.generation_batch_size"),
+    ({"grpo": {"generation_batch_size": 64, "steps_per_generation": 2}}, "grpo.generation_batch_size"),
 ]
 
 
@@ -76,8 +84,8 @@ def test_broken_config_names_the_field(tree, field):
 
 
 def test_override_parses_yaml_values():
-    cfg = config_from_dict({}, ["grpo.beta=0.02", "filter.band=[0.2, 0.8]", "sft.enabled=true"])
-    assert cfg.grpo.beta == 0.02 and cfg.filter.band == (0.2, 0.8) and cfg.sft.enabled
+    cfg = config_from_dict({}, ["grpo.beta=0.02", "filter.band=[0.2, 0.8]", "sft_stage.enabled=true"])
+    assert cfg.grpo.beta == 0.02 and cfg.filter.band == (0.2, 0.8) and cfg.sft_stage.enabled
 
 
 def test_bad_yaml_and_missing_file(tmp_path):
@@ -94,10 +102,10 @@ def test_bad_yaml_and_missing_file(tmp_path):
 
 
 def test_extends_merges_and_detects_cycles(tmp_path):
-    (tmp_path / "a.yaml").write_text("grpo: {beta: 0.1, epsilon: 0.3}\n")
+    (tmp_path / "a.yaml").write_text("grpo: {beta: 0.1, max_steps: 3}\n")
     (tmp_path / "b.yaml").write_text("extends: a.yaml\ngrpo: {beta: 0.2}\n")
     cfg = load_config(tmp_path / "b.yaml")
-    assert (cfg.grpo.beta, cfg.grpo.epsilon) == (0.2, 0.3)
+    assert (cfg.grpo.beta, cfg.grpo.max_steps) == (0.2, 3)
     (tmp_path / "c.yaml").write_text("extends: d.yaml\n")
     (tmp_path / "d.yaml").write_text("extends: c.yaml\n")
     with pytest.raises(ConfigError, match="cycle"):
@@ -115,7 +123,8 @@ def test_hash_is_stable_and_sensitive():
     ["config", "show", "configs/does-not-exist.yaml"],
     ["config", "show", "--set", "novalue"],
     ["config", "show", "configs/models/qwen2.5-0.5b-instruct.yaml", "--set",
-     "grpo.per_device_micro_batch=48"],
+     "grpo.generation_batch_size=100"],
+    ["config", "show", "--set", "grpo.rounds=2"],
 ])
 def test_cli_config_errors_exit_2_with_one_line(args, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)

@@ -133,7 +133,7 @@ def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
         "model": {"name_or_path": tiny_model_path},
         "data": {"train": [{"source": "synthetic:arith", "limit": 24, "levels": [1]}]},
         "filter": {"k": 2, "max_problems": 4},
-        "grpo": {"max_steps": 2, "prompts_per_step": 2, "num_generations": 2, "max_completion_length": 8},
+        "grpo": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 8},
         "eval": {"limit": 4, "samples": 2, "max_new_tokens": 8, "bootstrap": 20},
     }))
     services = Services(tmp_path)

@@ -92,7 +92,7 @@ def test_weight_probe_sees_a_1e6_step_in_fp32_and_tokens_per_s():
     w = probe.out
     assert w["master_dtype"] == "float32" and w["autocast"] == "bf16"
     assert w["param_change_norm"] > 0 and w["changed_frac"] > 0
-    g = types.SimpleNamespace(prompts_per_step=8, num_generations=8, gradient_accumulation_steps=1)
+    g = types.SimpleNamespace(per_device_train_batch_size=64, gradient_accumulation_steps=1)
     hist = [{"completions/mean_length": 10.0, "num_tokens": 1000},
             {"completions/mean_length": 20.0, "num_tokens": 3000}]
     assert smoke.grpo_tokens_per_s(hist, g, 2.0) == {"completion_tokens_per_s": 960.0,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from grpo_core.config import ConfigError, GRPOConfig, config_from_dict
+from grpo_core.config import ConfigError, PipelineConfig, config_from_dict
 from grpo_core.train.diagnosis import (
     ACTIONS,
     RoundMonitor,
@@ -161,7 +161,7 @@ def test_collapse_needs_patience_and_uses_the_grpo_fields():
     rows = with_(healthy(), frac_reward_zero_std=lambda s: 1.0 if 6 <= s <= 9 else 0.5,
                  rewards__accuracy__mean=lambda s: 0.0)
     assert "reward_collapse_zero" not in codes(diagnose(rows))  # 4 steps < patience 5
-    grpo = config_from_dict({"grpo": {"collapse_patience": 4}}).grpo
+    grpo = config_from_dict({"diagnosis": {"collapse_patience": 4}})
     assert "reward_collapse_zero" in codes(diagnose(rows, grpo))
 
 
@@ -169,7 +169,7 @@ def test_collapse_without_accuracy_reads_the_reward_in_reward_range():
     rows = [{"step": s, "loss": 0.0, "reward": -1.0, "frac_reward_zero_std": 1.0} for s in STEPS]
     found = diagnose(rows)  # default reward_range [0, 1]: -1 is at (below) the floor
     assert codes(found) == ["reward_collapse_zero"] and found[0].evidence["reward"] == -1.0
-    grpo = config_from_dict({"grpo": {"diagnosis": {"reward_range": [-2.0, 0.0]}}}).grpo
+    grpo = config_from_dict({"diagnosis": {"reward_range": [-2.0, 0.0]}})
     assert codes(diagnose(rows, grpo)) == ["no_diversity"]  # mid-range: mixed groups
 
 
@@ -243,7 +243,7 @@ def test_kl_far_above_kl_high_fires_even_when_falling():
     found = diagnose(rows)
     assert codes(found) == ["kl_rising"] and found[0].steps == list(range(2, 21))
     assert found[0].evidence["kl_high"] == 1.0 and "> 1.0 (peak 6.6 at step 2)" in found[0].line()
-    high = config_from_dict({"grpo": {"diagnosis": {"kl_high": 5.0}}}).grpo
+    high = config_from_dict({"diagnosis": {"kl_high": 5.0}})
     assert diagnose(rows, high) == []
 
 
@@ -269,14 +269,14 @@ def test_nonfinite_is_a_stop(key):
 def test_kl_ceiling_is_a_stop():
     rows = with_(healthy(), kl=lambda s: 0.5 if s == 12 else 0.01)
     assert diagnose(rows) == []
-    found = diagnose(rows, config_from_dict({"grpo": {"kl_ceiling": 0.2}}).grpo)
+    found = diagnose(rows, config_from_dict({"rounds": {"kl_ceiling": 0.2}}))
     assert codes(found) == ["kl_ceiling"] and found[0].severity == "stop" and found[0].steps == [12]
 
 
 # ------------------------------------------------------------------------------ in-round
 
 def test_round_monitor_keeps_the_in_round_rules():
-    mon = RoundMonitor(config_from_dict({"grpo": {"collapse_patience": 2, "kl_ceiling": 0.5}}).grpo)
+    mon = RoundMonitor(config_from_dict({"diagnosis": {"collapse_patience": 2}, "rounds": {"kl_ceiling": 0.5}}))
     assert mon.observe({"frac_reward_zero_std": 1.0}, 1) == ([], None)
     notes, stop = mon.observe({"frac_reward_zero_std": 1.0}, 2)
     assert notes == ["collapse: frac_reward_zero_std > 0.9 for 2 steps (step 2); re-filter "
@@ -306,12 +306,13 @@ def test_parse_history_names_the_bad_line():
 
 
 def test_diagnosis_config():
-    d = GRPOConfig().diagnosis
+    d = PipelineConfig().diagnosis
     assert (d.window, d.truncation_ratio, d.kl_floor, d.constant_patience) == (5, 0.3, 0.1, 8)
-    with pytest.raises(ConfigError, match="grpo.diagnosis.windw"):
-        config_from_dict({"grpo": {"diagnosis": {"windw": 3}}})
+    assert (d.collapse_threshold, d.collapse_patience) == (0.9, 5)
+    with pytest.raises(ConfigError, match="diagnosis.windw"):
+        config_from_dict({"diagnosis": {"windw": 3}})
     with pytest.raises(ConfigError, match="reward_range"):
-        config_from_dict({"grpo": {"diagnosis": {"reward_range": [1, 0]}}})
+        config_from_dict({"diagnosis": {"reward_range": [1, 0]}})
 
 
 def test_every_action_is_documented_in_the_readme():
@@ -370,7 +371,7 @@ def test_cli_text_and_json(tmp_path):
     assert ok.exit_code == 0 and ok.output.strip() == "no findings over 20 steps"
     assert json.loads(_cli("--history", str(tmp_path / "ok.jsonl"), "--json").output) == []
     # thresholds from --set
-    res = _cli("--history", str(bad), "--set", "grpo.diagnosis.truncation_ratio=0.9")
+    res = _cli("--history", str(bad), "--set", "diagnosis.truncation_ratio=0.9")
     assert res.exit_code == 0 and res.output.startswith("no findings")
 
 
@@ -383,7 +384,7 @@ def test_cli_exit_codes(tmp_path):
     assert res.exit_code == 1 and "line 3" in res.output
     assert _cli().exit_code == 2
     assert _cli("--history", str(broken), "--run", "abc").exit_code == 2
-    assert _cli("--history", str(broken), "--set", "grpo.diagnosis.nope=1").exit_code == 2
+    assert _cli("--history", str(broken), "--set", "diagnosis.nope=1").exit_code == 2
     res = _cli("--run", "abc", "--workdir", str(tmp_path / "nowhere"))
     assert res.exit_code == 1 and "no MLflow store" in res.output
 

@@ -1,4 +1,4 @@
-"""grpo.dynamic_sampling (DAPO): the pure helpers (which groups teach, how TRL batches of
+"""dynamic_sampling (DAPO): the pure helpers (which groups teach, how TRL batches of
 different padded widths splice), then real TRL steps on a tiny random model: dropped groups
 are regenerated, the trained batch keeps its size, advantages stay TRL's, and off (or on
 with nothing to drop) trains exactly as without it."""
@@ -140,7 +140,7 @@ def test_fresh_rows_are_seeded_per_step_and_skip_the_steps_prompts():
 
 
 def test_more_than_one_process_is_refused():
-    cfg = config_from_dict({"grpo": {"dynamic_sampling": {"enabled": True}}})
+    cfg = config_from_dict({"dynamic_sampling": {"enabled": True}})
     two = types.SimpleNamespace(accelerator=types.SimpleNamespace(num_processes=2))
     with pytest.raises(ValueError, match="train.num_processes: 1"):
         dynamic_sampler(cfg, two)
@@ -161,11 +161,12 @@ def _flat_reward(monkeypatch, flat: set[str]):
     monkeypatch.setitem(rewards.REWARDS, "score", score)
 
 
-def _cfg(enabled=True, **grpo):
-    base = {"max_steps": 2, "save_steps": 100, "max_completion_length": 6, "prompts_per_step": 4,
-            "num_generations": G, "learning_rate": 1e-3,
-            "dynamic_sampling": {"enabled": enabled, "max_regenerations": 3}}
-    return config_from_dict({"grpo": {**base, **grpo}, "rewards": {"funcs": ["score"]}})
+def _cfg(enabled=True, skip_update_below=None, **grpo):
+    base = {"max_steps": 2, "save_steps": 100, "max_completion_length": 6,
+            "per_device_train_batch_size": 4 * G, "num_generations": G, "learning_rate": 1e-3}
+    return config_from_dict({"grpo": {**base, **grpo}, "rewards": {"funcs": ["score"]},
+                             "rounds": {"skip_update_below": skip_update_below},
+                             "dynamic_sampling": {"enabled": enabled, "max_regenerations": 3}})
 
 
 def _trained_groups(rows):
@@ -182,7 +183,7 @@ def test_uninformative_groups_are_dropped_and_refilled(scale, tiny_model_path, t
     assert result.steps == 2 and len(result.history) == 2
     for h in result.history:
         assert set(METRICS) <= set(h)
-        # the trained batch: prompts_per_step groups, whatever was generated
+        # the trained batch: 4 groups (one generation batch), whatever was generated
         assert h["dynamic_sampling/completions_generated"] / G - h["dynamic_sampling/groups_dropped"] == 4
     assert any(h["dynamic_sampling/groups_dropped"] > 0 for h in result.history)
     assert any(h["dynamic_sampling/completions_generated"] > 4 * G for h in result.history)
@@ -236,7 +237,7 @@ def test_off_and_on_with_nothing_to_drop_train_exactly_as_before(tiny_model_path
 
 def test_normalize_then_sum_is_refused_before_training(tiny_model_path, tmp_path, monkeypatch):
     _flat_reward(monkeypatch, set())
-    cfg = _cfg(trl={"multi_objective_aggregation": "normalize_then_sum"})
+    cfg = _cfg(multi_objective_aggregation="normalize_then_sum")
     with pytest.raises(ValueError, match="sum_then_normalize"):
         run_grpo_round(tiny_model_path, generate_problems("train", 8, levels=[1]), cfg,
                        tmp_path / "r", "r1_zero")

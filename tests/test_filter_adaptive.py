@@ -324,7 +324,7 @@ def test_a_real_rounds_rollouts_cut_the_next_filters_samples(tiny_model_path, tm
 
     problems = generate_problems("train", 8, seed=11)
     cfg = _real_cfg(False)
-    cfg.grpo.max_steps, cfg.grpo.prompts_per_step, cfg.grpo.num_generations = 3, 4, 4
+    cfg.grpo.max_steps, cfg.grpo.per_device_train_batch_size, cfg.grpo.num_generations = 3, 16, 4
     cfg.grpo.max_completion_length, cfg.grpo.save_steps = 10, 100
     with Store.open(tmp_path / "s.duckdb") as store:
         sink = rollout_sink(store, run_id="round-1", round=1)

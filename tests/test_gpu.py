@@ -106,7 +106,7 @@ def test_grpo_round_with_vllm_colocate(tiny_path, tmp_path, restore_dist_env):
     cfg = config_from_dict({
         "project": {"workdir": str(tmp_path / "work")},
         "grpo": {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.2,
-                 "max_steps": 2, "num_generations": 2, "prompts_per_step": 2,
+                 "max_steps": 2, "num_generations": 2, "per_device_train_batch_size": 4,
                  "max_completion_length": MAX_NEW, "save_steps": 1000},
     })
     problems = generate_problems("train", n=8, levels=[1], seed=0)

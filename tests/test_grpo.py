@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.config import config_from_dict, load_config
+from grpo_core.config import config_from_dict, generation_batch, load_config
 from grpo_core.data.synthetic import generate_problems
 from grpo_core.train.grpo import last_checkpoint, prompts_per_update, run_grpo_round
 from grpo_core.train.trl_args import checkpointing_field, kl_beta, trl_grpo_args
@@ -33,11 +33,12 @@ def tiny_random_model(tmp_path_factory):
     return str(out)
 
 
-def _cfg(**grpo):
-    base = {"max_steps": 2, "save_steps": 1, "max_completion_length": 8, "prompts_per_step": 2,
-            "num_generations": 4, "learning_rate": 1e-3}
-    return config_from_dict({"grpo": {**base, **grpo}, "rewards": {"funcs": ["accuracy", "format", "tag_count"],
-                                                                   "weights": [1.0, 1.0, 0.5]}})
+def _cfg(rounds=None, **grpo):
+    base = {"max_steps": 2, "save_steps": 1, "max_completion_length": 8,
+            "per_device_train_batch_size": 8, "num_generations": 4, "learning_rate": 1e-3}
+    return config_from_dict({"grpo": {**base, **grpo}, "rounds": rounds or {},
+                             "rewards": {"funcs": ["accuracy", "format", "tag_count"],
+                                         "weights": [1.0, 1.0, 0.5]}})
 
 
 def test_every_knob_reaches_trl(tmp_path):
@@ -48,30 +49,29 @@ def test_every_knob_reaches_trl(tmp_path):
     assert (args.beta, args.epsilon, args.epsilon_high) == (0.03, 0.15, 0.28)
     assert (args.loss_type, args.temperature, args.num_generations) == ("dr_grpo", 0.9, 4)
     assert (args.scale_rewards, args.num_iterations, args.learning_rate) == ("batch", 2, 1e-6)
-    assert args.per_device_train_batch_size == cfg.grpo.prompts_per_step * 4
-    assert args.gradient_accumulation_steps == 1  # per_device_micro_batch unset: one pass
+    assert args.per_device_train_batch_size == 32  # 4 prompts x 4 completions
+    assert args.gradient_accumulation_steps == 1
     assert args.save_total_limit == 2 and getattr(args, checkpointing_field()) is False  # builtin model
     assert (args.bf16 or args.fp16) == torch.cuda.is_available()  # train.precision auto: fp32 on CPU
 
 
-@pytest.mark.parametrize(("micro", "processes", "passes"), [(None, 1, 4), (8, 1, 32), (16, 2, 8)])
-def test_micro_batch_arithmetic_reaches_trl(micro, processes, passes, tmp_path):
-    """The preset's optimizer step (8 prompts x GA 4 x G 8 = 256 completions) is the same
-    whatever the micro-batch; only the passes that carry it change."""
+@pytest.mark.parametrize(("micro", "processes", "passes"), [(64, 1, 4), (8, 1, 32), (16, 2, 8)])
+def test_batch_arithmetic_reaches_trl(micro, processes, passes, tmp_path):
+    """The preset's optimizer step (256 completions = 32 prompts x G 8) carried by other
+    micro-batches, passes and processes: TRL's generation batch and ours agree."""
     over = ["grpo.use_vllm=false", f"train.num_processes={processes}",
-            f"grpo.per_device_micro_batch={'null' if micro is None else micro}"]
+            f"grpo.per_device_train_batch_size={micro}", f"grpo.gradient_accumulation_steps={passes}"]
     cfg = load_config(ROOT / "configs/models/qwen2.5-0.5b-instruct.yaml", over)
     args = trl_grpo_args(cfg, str(tmp_path))
-    assert args.per_device_train_batch_size == (micro or 64 // processes)
-    assert args.gradient_accumulation_steps == passes
-    # TRL derives its generation batch (all processes) from these: one optimizer step
-    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * processes == 256
-    assert prompts_per_update(cfg) == 32
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (micro, passes)
+    # TRL derives its generation batch from these (world size 1 here: its own check)
+    assert args.generation_batch_size == micro * passes
+    assert generation_batch(cfg) == 256 and prompts_per_update(cfg) == 32
 
 
 def test_kl_schedules():
-    lin = config_from_dict({"grpo": {"kl_schedule": {"kind": "linear", "beta_start": 0.1, "beta_end": 0.01}}})
-    cos = config_from_dict({"grpo": {"kl_schedule": {"kind": "cosine", "beta_start": 0.1, "beta_end": 0.01}}})
+    lin = config_from_dict({"rounds": {"kl_schedule": {"kind": "linear", "beta_start": 0.1, "beta_end": 0.01}}})
+    cos = config_from_dict({"rounds": {"kl_schedule": {"kind": "cosine", "beta_start": 0.1, "beta_end": 0.01}}})
     for cfg in (lin, cos):
         assert math.isclose(kl_beta(0, 100, cfg), 0.1) and math.isclose(kl_beta(100, 100, cfg), 0.01)
         assert 0.01 < kl_beta(50, 100, cfg) < 0.1
@@ -81,32 +81,25 @@ def test_kl_schedules():
 def test_kl_schedule_per_run_continues_across_rounds(tmp_path):
     """per: run spans rounds x max_steps: round 2 starts where round 1 ended (per: round
     restarts at beta_start), and TRL's initial beta is the round's first value."""
-    from grpo_core.train.trl_args import owned_grpo_args
-
     sched = {"kind": "linear", "beta_start": 0.1, "beta_end": 0.0}
-    per_round = config_from_dict({"grpo": {"rounds": 2, "max_steps": 10, "kl_schedule": sched}})
-    per_run = config_from_dict({"grpo": {"rounds": 2, "max_steps": 10,
-                                         "kl_schedule": {**sched, "per": "run"}}})
+    per_round = config_from_dict({"grpo": {"max_steps": 10}, "rounds": {"count": 2, "kl_schedule": sched}})
+    per_run = config_from_dict({"grpo": {"max_steps": 10},
+                                "rounds": {"count": 2, "kl_schedule": {**sched, "per": "run"}}})
     assert [round(kl_beta(s, 10, per_round, r), 4) for r in (1, 2) for s in (0, 5, 10)] == [
         0.1, 0.05, 0.0, 0.1, 0.05, 0.0]
     assert [round(kl_beta(s, 10, per_run, r), 4) for r in (1, 2) for s in (0, 5, 10)] == [
         0.1, 0.075, 0.05, 0.05, 0.025, 0.0]
-    assert owned_grpo_args(per_run, str(tmp_path), round_no=2)["beta"] == pytest.approx(0.05)
-    assert owned_grpo_args(per_round, str(tmp_path), round_no=2)["beta"] == pytest.approx(0.1)
+    assert trl_grpo_args(per_run, str(tmp_path), round_no=2).beta == pytest.approx(0.05)
+    assert trl_grpo_args(per_round, str(tmp_path), round_no=2).beta == pytest.approx(0.1)
     with pytest.raises(ValueError, match="per"):
-        config_from_dict({"grpo": {"kl_schedule": {"per": "epoch"}}})
+        config_from_dict({"rounds": {"kl_schedule": {"per": "epoch"}}})
 
 
 def test_mask_truncated_completions_is_a_grpo_field(tmp_path):
-    """TRL's mask_truncated_completions is first-class (grpo.mask_truncated_completions),
-    so grpo.trl refuses it, naming the field to use."""
-    from grpo_core.train.trl_args import owned_grpo_args
-
+    """TRL's mask_truncated_completions, by its TRL name; TRL's default (off) when unset."""
     cfg = config_from_dict({"grpo": {"mask_truncated_completions": True}})
-    assert owned_grpo_args(cfg, str(tmp_path))["mask_truncated_completions"] is True
-    assert owned_grpo_args(config_from_dict({}), str(tmp_path))["mask_truncated_completions"] is False
-    with pytest.raises(ValueError, match="grpo.mask_truncated_completions"):
-        config_from_dict({"grpo": {"trl": {"mask_truncated_completions": True}}})
+    assert trl_grpo_args(cfg, str(tmp_path)).mask_truncated_completions is True
+    assert trl_grpo_args(config_from_dict({}), str(tmp_path)).mask_truncated_completions is False
 
 
 def test_round_records_completions_and_resumes(tiny_random_model, tmp_path):
@@ -188,7 +181,7 @@ def test_rollouts_are_written_before_each_checkpoint(tiny_random_model, tmp_path
 def test_kl_above_ceiling_stops_round(tiny_random_model, tmp_path):
     out = tmp_path / "kl"
     result = run_grpo_round(tiny_random_model, generate_problems("train", 8, levels=[1]),
-                            _cfg(max_steps=4, beta=0.04, kl_ceiling=1e-9, learning_rate=5e-2),
+                            _cfg(max_steps=4, beta=0.04, learning_rate=5e-2, rounds={"kl_ceiling": 1e-9}),
                             out, "r1_zero")
     assert result.stopped_early and result.steps < 4, result.history
     assert any(f.startswith("divergence: kl") and "kl_ceiling 1e-09" in f
@@ -197,9 +190,9 @@ def test_kl_above_ceiling_stops_round(tiny_random_model, tmp_path):
 
 
 def test_too_few_problems_for_a_step_is_an_error(tiny_random_model, tmp_path):
-    with pytest.raises(ValueError, match="prompts_per_step"):
+    with pytest.raises(ValueError, match="per_device_train_batch_size"):
         run_grpo_round(tiny_random_model, generate_problems("train", 1, levels=[1]),
-                       _cfg(prompts_per_step=2), tmp_path / "r", "r1_zero")
+                       _cfg(), tmp_path / "r", "r1_zero")
 
 
 def test_training_prompts_fall_back_when_the_band_keeps_too_few():
@@ -216,17 +209,17 @@ def test_training_prompts_fall_back_when_the_band_keeps_too_few():
 
 
 def test_qwen_preset_round_needs_one_optimizer_step_of_prompts(tiny_random_model, tmp_path):
-    """The preset's GA 4: an optimizer step takes prompts_per_step x GA = 32 prompts. A pool
-    of 20 passed the old guard (>= prompts_per_step) and then trained 0 steps."""
+    """The preset's generation batch: 8 completions x GA 32 = 256 = 32 prompts x G 8. A
+    pool of 20 would train 0 steps (TRL drops the incomplete batch)."""
     from flows.pipeline import training_prompts
 
     cfg = load_config(ROOT / "configs/models/qwen2.5-math-1.5b.yaml",
                       ["grpo.use_vllm=false", "grpo.max_steps=2", "grpo.max_completion_length=4",
                        "grpo.save_steps=10"])
     g = cfg.grpo
-    assert (g.prompts_per_step, g.gradient_accumulation_steps, prompts_per_update(cfg)) == (8, 4, 32)
+    assert (g.per_device_train_batch_size, g.gradient_accumulation_steps, prompts_per_update(cfg)) == (8, 32, 32)
     short = generate_problems("train", 20, levels=[1])
-    with pytest.raises(ValueError, match=r"has 20 problems; .* = 8 x 4 = 32"):
+    with pytest.raises(ValueError, match=r"has 20 problems; one generation batch needs 32 .* = 256 / 8"):
         run_grpo_round(tiny_random_model, short, cfg, tmp_path / "short", "r1_zero")
     assert not (tmp_path / "short" / "final").exists()
     ids = [p.id for p in short]
@@ -256,9 +249,9 @@ def test_skip_update_below_skips_the_optimizer_step(tiny_random_model, tmp_path,
     monkeypatch.setitem(rewards.REWARDS, "score", score)
     out = tmp_path / "skip"
     cfg = config_from_dict({"grpo": {"max_steps": 2, "save_steps": 1, "max_completion_length": 8,
-                                     "prompts_per_step": 2, "num_generations": 4, "beta": 0.04,
-                                     "learning_rate": 1e-2, "skip_update_below": 5.0},
-                            "rewards": {"funcs": ["score"]}})
+                                     "per_device_train_batch_size": 8, "num_generations": 4, "beta": 0.04,
+                                     "learning_rate": 1e-2},
+                            "rounds": {"skip_update_below": 5.0}, "rewards": {"funcs": ["score"]}})
     result = run_grpo_round(tiny_random_model, generate_problems("train", 8, levels=[1]), cfg, out,
                             "r1_zero")
     assert result.steps == 2 and calls["n"] == 2

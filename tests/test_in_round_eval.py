@@ -1,4 +1,4 @@
-"""In-round evaluation (grpo.eval_every): the held-out slice, the best-checkpoint choice and
+"""In-round evaluation (in_round_eval.every): the held-out slice, the best-checkpoint choice and
 the early stop, and real GRPO rounds that hand on their best model.
 
 The constructed case (an earlier checkpoint better than the last) scripts the scores only:
@@ -45,7 +45,7 @@ def test_held_out_slice_is_fixed_disjoint_and_order_free():
     _, held_reversed = split_held_out(list(reversed(pool)), 8, seed=3)
     assert {p.id for p in held_reversed} == {p.id for p in held}
     assert {p.id for p in split_held_out(pool, 8, seed=4)[1]} != {p.id for p in held}
-    with pytest.raises(ValueError, match="grpo.eval_problems"):
+    with pytest.raises(ValueError, match="in_round_eval.problems"):
         split_held_out(pool, 40, seed=3)
 
 
@@ -67,9 +67,9 @@ def test_round_hands_on_the_earlier_better_checkpoint(proxy_model_path, tmp_path
     monkeypatch.setattr(grpo_mod, "InRoundEvaluator", ScriptedEvaluator)
     # Long enough completions that the proxy's samples differ in format: every step moves.
     cfg = config_from_dict({"model": {"template": "chat"}, "grpo": {
-        "max_steps": 3, "save_steps": 10, "max_completion_length": 48, "prompts_per_step": 2,
-        "num_generations": 4, "learning_rate": 1e-4, "gradient_accumulation_steps": 2,
-        "eval_every": 1, "eval_problems": 4}})
+        "max_steps": 3, "save_steps": 10, "max_completion_length": 48, "per_device_train_batch_size": 8,
+        "num_generations": 4, "learning_rate": 1e-4, "gradient_accumulation_steps": 2},
+        "in_round_eval": {"every": 1, "problems": 4}})
     out = tmp_path / "round"
     result = run_grpo_round(proxy_model_path, generate_problems("train", 12, levels=[1]), cfg,
                             out, "chat")
@@ -98,8 +98,8 @@ def test_real_in_round_eval_on_held_out_problems(tiny_model_path, tmp_path):
     rows: list[dict] = []
     pool = generate_problems("train", 14, levels=[1])
     cfg = config_from_dict({"grpo": {
-        "max_steps": 3, "save_steps": 10, "max_completion_length": 8, "prompts_per_step": 2,
-        "num_generations": 4, "learning_rate": 1e-3, "eval_every": 2, "eval_problems": 6}})
+        "max_steps": 3, "save_steps": 10, "max_completion_length": 8, "per_device_train_batch_size": 8,
+        "num_generations": 4, "learning_rate": 1e-3}, "in_round_eval": {"every": 2, "problems": 6}})
     result = run_grpo_round(tiny_model_path, pool, cfg, tmp_path / "r", "r1_zero",
                             rollout_sink=lambda step, batch: rows.extend(batch))
     assert [s for s, _ in result.in_round_evals] == [2, 3]
@@ -120,9 +120,9 @@ def test_patience_stops_the_round(tiny_model_path, tmp_path, monkeypatch):
 
     monkeypatch.setattr(grpo_mod, "InRoundEvaluator", Falling)
     cfg = config_from_dict({"grpo": {
-        "max_steps": 5, "save_steps": 10, "max_completion_length": 8, "prompts_per_step": 2,
-        "num_generations": 4, "eval_every": 1, "eval_problems": 2, "eval_patience": 2}})
+        "max_steps": 5, "save_steps": 10, "max_completion_length": 8, "per_device_train_batch_size": 8,
+        "num_generations": 4}, "in_round_eval": {"every": 1, "problems": 2, "patience": 2}})
     result = run_grpo_round(tiny_model_path, generate_problems("train", 8, levels=[1]), cfg,
                             tmp_path / "r", "r1_zero")
     assert result.steps == 3 and result.best_step == 1
-    assert any("grpo.eval_patience" in f and "stopped at step 3" in f for f in result.findings)
+    assert any("in_round_eval.patience" in f and "stopped at step 3" in f for f in result.findings)

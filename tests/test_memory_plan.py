@@ -48,8 +48,8 @@ def test_plan_states_by_hand(preset, name):
     assert b["optimizer_adam"] == 2 * 4 * p  # exp_avg + exp_avg_sq in fp32
     assert b["reference_model"] == 2 * p  # bf16, beta 0.04 > 0
     assert plan["states_bytes"] == 18 * p
-    # micro-batch: grpo.per_device_micro_batch 8 completions of 256 + 1024 tokens, 32 passes
-    # per optimizer step (8 prompts x GA 4 x G 8 = 256 completions)
+    # micro-batch: grpo.per_device_train_batch_size 8 completions of 256 + 1024 tokens, 32
+    # passes per optimizer step (GA 32: 256 completions = 32 prompts x G 8)
     assert plan["micro_batch"] == 8 and plan["seq_tokens"] == 1280
     assert plan["passes_per_step"] == 32 and plan["generation_batch"] == 256
     arch = resolve_arch(name)[0]
@@ -58,7 +58,7 @@ def test_plan_states_by_hand(preset, name):
     assert b["activations_ckpt"] == 2 * s * bsz * h * L + s * bsz * h * 34 + 5 * a * s * s * bsz
     assert b["activations_ckpt"] < b["activations_no_ckpt"]
     # KV cache: K and V, L layers, 2 kv heads x 64/128 dims, bf16, a whole optimizer step
-    # (8 x 8 x GA 4 = 256 sequences) of 1280 tokens
+    # (8 x GA 32 = 256 sequences) of 1280 tokens
     assert b["kv_cache"] == 2 * L * 2 * (h // a) * 2 * 256 * 1280
     assert b["logits"] == 4 * 8 * 1024 * 151936
     # colocated vLLM keeps 0.3 of the GPU; the preset checkpoints activations
@@ -68,8 +68,9 @@ def test_plan_states_by_hand(preset, name):
     assert plan["fits"] == (plan["total_bytes"] <= 80 * GIB)
     assert plan["fits"] is True  # as shipped, on an 80 GiB GPU
     assert memory_plan(cfg, gpu_gb=1000)["fits"] is True
-    # one pass of a whole prompt batch (the old default: 64 completions) would not fit
-    whole = load_config(ROOT / f"configs/models/{preset}.yaml", ["grpo.per_device_micro_batch=null"])
+    # the same step in passes of 64 completions (8 prompts x G 8) would not fit
+    whole = load_config(ROOT / f"configs/models/{preset}.yaml",
+                        ["grpo.per_device_train_batch_size=64", "grpo.gradient_accumulation_steps=4"])
     assert memory_plan(whole, gpu_gb=80)["micro_batch"] == 64
     assert memory_plan(whole, gpu_gb=80)["fits"] is False
 

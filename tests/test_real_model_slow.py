@@ -68,7 +68,7 @@ def cfg(tmp_path_factory, data_dir):
         "model": {"template": "chat"},
         "data": {"data_dir": str(data_dir)},
         "rollout": {"backend": "hf", "batch_size": 32},
-        "grpo": {"max_steps": 2, "num_generations": 2, "prompts_per_step": 1,
+        "grpo": {"max_steps": 2, "num_generations": 2, "per_device_train_batch_size": 2,
                  "max_completion_length": 32, "learning_rate": 1e-6, "save_steps": 1000},
         "eval": {"samples": 1, "max_new_tokens": 64, "greedy": True},
     })

@@ -38,8 +38,8 @@ retrain_config(config_path=sys.argv[1], overrides=sys.argv[2:])
 
 def _config(tmp_path: Path, model: str) -> Path:
     """The shrunk pipeline config, one GRPO round of 2 steps (retrain runs one round)."""
-    return write_config(tmp_path, model, grpo={
-        "rounds": 1, "max_steps": 2, "save_steps": 1, "prompts_per_step": 2, "num_generations": 2,
+    return write_config(tmp_path, model, rounds={"count": 1}, grpo={
+        "max_steps": 2, "save_steps": 1, "per_device_train_batch_size": 4, "num_generations": 2,
         "max_completion_length": 8, "learning_rate": 1e-3})
 
 

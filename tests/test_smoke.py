@@ -29,9 +29,10 @@ def test_overrides_keep_the_structure(path, tmp_path):
     assert cfg.tracking.tracking_uri == f"sqlite:///{(tmp_path / 'smoke').resolve()}/mlflow.db"
     assert cfg.model.name_or_path == PROXY
     # what the DAG is made of: unchanged
-    for section, fields in {"model": ["template"], "sft": ["enabled", "learning_rate"],
-                            "grpo": ["rounds", "gradient_accumulation_steps", "beta",
-                                     "loss_type", "learning_rate", "temperature"],
+    for section, fields in {"model": ["template"], "sft_stage": ["enabled"], "sft": ["learning_rate"],
+                            "rounds": ["count", "kl_schedule"], "algorithm": ["name"],
+                            "grpo": ["gradient_accumulation_steps", "beta",
+                                     "loss_type", "learning_rate", "scale_rewards"],
                             "rewards": ["funcs", "weights"],
                             "filter": ["enabled", "band", "refilter_each_round"],
                             "eval": ["benchmarks"], "train": ["precision"],
@@ -39,13 +40,13 @@ def test_overrides_keep_the_structure(path, tmp_path):
         for f in fields:
             assert getattr(getattr(cfg, section), f) == getattr(getattr(real, section), f), f
     assert [s.source for s in cfg.data.train] == [s.source for s in real.data.train]
-    assert cfg.grpo.gradient_checkpointing == gradient_checkpointing(real, real.grpo.gradient_checkpointing)
+    assert cfg.grpo.activation_checkpointing == gradient_checkpointing(real, real.grpo.activation_checkpointing)
     # what makes it small and CPU-only
     assert cfg.grpo.max_steps == 2 and cfg.eval.limit == 4 and cfg.rollout.backend == "hf"
     assert not cfg.grpo.use_vllm and cfg.train.num_processes == 1
     assert cfg.train.accelerate_config is None
     assert cfg.grpo.max_completion_length <= 16 and cfg.eval.max_new_tokens <= 16
-    if cfg.sft.enabled:
+    if cfg.sft_stage.enabled:
         assert cfg.sft.max_steps == 2
     # one optimizer step can be filled from the pool
     pool = sum(s.limit for s in cfg.data.train)
@@ -79,8 +80,8 @@ def _smoke(config: str, workdir: Path, data: Path) -> tuple[dict, float, str]:
 def _check_report(report: dict, real) -> None:
     stages = [s["stage"] for s in report["stages"]]
     assert stages[0] == "data" and stages[-1] == "eval/final"
-    expected = (["sft"] if real.sft.enabled else []) + [
-        f"grpo/round-{r}" for r in range(1, real.grpo.rounds + 1)]
+    expected = (["sft"] if real.sft_stage.enabled else []) + [
+        f"grpo/round-{r}" for r in range(1, real.rounds.count + 1)]
     assert list(report["training"]) == expected
     for name, t in report["training"].items():
         assert t["steps"] == 2, name
@@ -142,5 +143,7 @@ def test_large_gradient_accumulation_still_fills_a_step(tmp_path):
                                        "grpo.gradient_accumulation_steps=40"])
     cfg = smoke_overrides(real)
     assert cfg.grpo.gradient_accumulation_steps == 40
-    assert prompts_per_update(cfg) == 80 <= min(s.limit for s in cfg.data.train)
+    # the preset's pass holds one prompt's group (8 of G 8): the smoke's holds one of G 2
+    assert cfg.grpo.per_device_train_batch_size == 2 and cfg.grpo.num_generations == 2
+    assert prompts_per_update(cfg) == 40 <= min(s.limit for s in cfg.data.train)
     assert smoke_overrides(real, model="/some/model").model.name_or_path == "/some/model"

@@ -144,7 +144,7 @@ def test_grpo_rollouts_stop_at_multi_token_close_tag(proxy_model_path, tmp_path,
     monkeypatch.setattr(grpo, "load_for_training", forced_load)
     rows = []
     cfg = config_from_dict({
-        "grpo": {"max_steps": 1, "prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-6,
+        "grpo": {"max_steps": 1, "per_device_train_batch_size": 4, "num_generations": 2, "learning_rate": 1e-6,
                  "max_completion_length": 40, "save_steps": 10, "logging_steps": 1},
         "rewards": {"funcs": ["accuracy", "format"]}})
     problems = generate_problems("train", 2, levels=[1])

@@ -45,7 +45,7 @@ class Outage(TrainerCallback):
 
 def _round(model: str, out: Path, callbacks: list) -> None:
     cfg = config_from_dict({"grpo": {
-        "max_steps": STEPS, "save_steps": 100, "max_completion_length": 8, "prompts_per_step": 2,
+        "max_steps": STEPS, "save_steps": 100, "max_completion_length": 8, "per_device_train_batch_size": 4,
         "num_generations": 2, "learning_rate": 1e-3}, "rewards": {"funcs": ["accuracy"]}})
     run_grpo_round(model, generate_problems("train", 16, levels=[1]), cfg, out, "r1_zero",
                    extra_callbacks=callbacks)

@@ -88,7 +88,7 @@ def test_grpo_step_at_lr_1e6_trains_fp32_master_and_saves_bf16(bf16_model, tmp_p
     from grpo_core.train.grpo import run_grpo_round
 
     cfg = config_from_dict({
-        "grpo": {"max_steps": 1, "prompts_per_step": 2, "num_generations": 4, "learning_rate": 1e-6,
+        "grpo": {"max_steps": 1, "per_device_train_batch_size": 8, "num_generations": 4, "learning_rate": 1e-6,
                  "max_completion_length": 8, "save_steps": 10},
         "rewards": {"funcs": ["chars"]}})
     spy = master_spy()
@@ -102,8 +102,8 @@ def test_grpo_step_at_lr_1e6_trains_fp32_master_and_saves_bf16(bf16_model, tmp_p
 def test_sft_step_at_lr_1e5_trains_fp32_master_and_saves_bf16(bf16_model, tmp_path):
     from grpo_core.train.sft import run_sft
 
-    cfg = config_from_dict({"sft": {"max_steps": 1, "batch_size": 2, "learning_rate": 1e-5,
-                                    "trl": {"warmup_steps": 0}}})  # step 1 at the full lr
+    cfg = config_from_dict({"sft": {"max_steps": 1, "per_device_train_batch_size": 2,
+                                    "learning_rate": 1e-5, "warmup_steps": 0}})  # step 1 at the full lr
     spy = master_spy()
     before = weights(bf16_model)
     result = run_sft(bf16_model, generate_problems("train", 4), cfg, tmp_path / "sft", "chat",

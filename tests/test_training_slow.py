@@ -45,7 +45,7 @@ GRPO_TINY = {
     "learning_rate": 1e-4,
     "beta": 0.0,
     "num_generations": 8,
-    "prompts_per_step": 8,
+    "per_device_train_batch_size": 64,  # 8 prompts x 8
     "temperature": 1.0,
     "max_completion_length": MAX_NEW,
     "max_steps": 100,
@@ -127,7 +127,7 @@ def sft_model(base_model, tmp_path_factory) -> str:
     from grpo_core.train.sft import run_sft
 
     cfg = config_from_dict(
-        {"sft": {"enabled": True, "max_steps": 300, "batch_size": 16, "learning_rate": 1e-3}})
+        {"sft": {"max_steps": 300, "per_device_train_batch_size": 16, "learning_rate": 1e-3}})
     out = run_sft(base_model, generate_problems("train", 2000), cfg,
                   tmp_path_factory.mktemp("sft"), "r1_zero")
     return out.output_dir

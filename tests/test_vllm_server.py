@@ -8,7 +8,7 @@ from grpo_core.train.trl_args import trl_grpo_args
 from tasks.launch import launched
 from tasks.vllm_server import server_command, split_gpus, visible_gpus
 
-SERVER = ["grpo.use_vllm=true", "grpo.vllm_mode=server", "grpo.vllm_server_gpus=2",
+SERVER = ["grpo.use_vllm=true", "grpo.vllm_mode=server", "train.vllm_server_gpus=2",
           "grpo.vllm_server_port=8123"]
 
 
@@ -30,4 +30,4 @@ def test_server_mode_config_reaches_the_command_and_trl(tmp_path):
     assert (args.use_vllm, args.vllm_mode, args.vllm_server_port) == (True, "server", 8123)
     assert launched(cfg)  # the trainer runs in a process that does not see the server's GPUs
     assert not launched(config_from_dict({}, ["grpo.use_vllm=true"]))  # colocate: in-process
-    assert not launched(config_from_dict({}, [*SERVER, "grpo.vllm_server_launch=false"]))
+    assert not launched(config_from_dict({}, [*SERVER, "train.vllm_server_launch=false"]))

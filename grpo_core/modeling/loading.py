@@ -110,15 +110,27 @@ def load_causal_lm(path: str, dtype, gguf_file: str | None = None):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
 
 
+def resolve_precision(mode: str) -> str:
+    """The one "auto" rule, for training (train.precision) and sampling (model.dtype):
+    bf16 on a GPU that supports it, else fp16 on GPU, fp32 on CPU. Other modes pass
+    through; the dtype names model.dtype uses (float32, bfloat16, float16) become these."""
+    import torch
+
+    mode = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(mode, mode)
+    if mode != "auto":
+        return mode
+    if not torch.cuda.is_available():
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
 def load_policy(path: str, dtype: str = "auto", gguf_file: str | None = None):
     """(model, tokenizer) in eval mode, tokenizer as load_tokenizer gives it."""
     import torch
 
     configure_threads()
-    if dtype == "auto":
-        torch_dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    else:
-        torch_dtype = getattr(torch, dtype)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16,
+                   "fp16": torch.float16}[resolve_precision(dtype)]
     tokenizer = load_tokenizer(path, gguf_file)
     model = load_causal_lm(path, torch_dtype, gguf_file)
     if torch.cuda.is_available():

@@ -189,19 +189,19 @@ def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS) -
                   "zero_stage": stage}
     if arch is None:
         return {**plan, "fits": None, "note": source}
-    from grpo_core.config import grpo_micro_batching
+    from grpo_core.config import generation_batch
 
     p = arch.params()
-    micro, passes = grpo_micro_batching(cfg)  # completions per forward/backward, passes per step
-    gen_seqs = micro * passes  # per process: TRL generates a whole optimizer step at once
+    micro, passes = g.per_device_train_batch_size, g.gradient_accumulation_steps
+    gen_seqs = generation_batch(cfg) // n  # per process: TRL generates a whole batch at once
     seq = prompt_tokens + g.max_completion_length
-    ckpt = gradient_checkpointing(cfg, g.gradient_checkpointing)
+    ckpt = gradient_checkpointing(cfg, g.activation_checkpointing)
     shard = lambda nbytes, from_stage: nbytes // n if stage >= from_stage else nbytes
     items = {
         "policy_weights": shard(4 * p, 3),
         "gradients": shard(4 * p, 2),
         "optimizer_adam": shard(8 * p, 1),
-        "reference_model": shard(2 * p, 3) if g.beta > 0 or g.kl_schedule.kind != "constant" else 0,
+        "reference_model": shard(2 * p, 3) if g.beta > 0 or cfg.rounds.kl_schedule.kind != "constant" else 0,
         "activations_no_ckpt": activation_bytes(arch, micro, seq, False),
         "activations_ckpt": activation_bytes(arch, micro, seq, True),
         "logits": 4 * micro * g.max_completion_length * arch.vocab,
@@ -236,6 +236,6 @@ def format_plan(plan: dict) -> str:
                  f"{plan['passes_per_step']} per optimizer step, "
                  f"checkpointing {'on' if plan['gradient_checkpointing'] else 'off'})")
     if not plan["fits"]:
-        lines.append("  lower grpo.per_device_micro_batch (activations and logits scale with it), "
+        lines.append("  lower grpo.per_device_train_batch_size (activations and logits scale with it), "
                      "or shard with a ZeRO/FSDP train.accelerate_config")
     return "\n".join(lines)

@@ -25,9 +25,9 @@ def check_one_process(trainer, algorithm: str) -> None:
     n = trainer.accelerator.num_processes
     if n > 1:
         raise ValueError(
-            f"grpo.algorithm: {algorithm} trains a module beside the policy that runs in one "
+            f"algorithm.name: {algorithm} trains a module beside the policy that runs in one "
             f"process; this round has {n} (train.num_processes). Set train.num_processes: 1 "
-            "or grpo.algorithm: grpo / rloo")
+            "or algorithm.name: grpo / rloo")
 
 
 def with_auxiliary(base):

@@ -8,12 +8,12 @@ silent. Two uses:
 
 - `RoundMonitor`: the in-round rules, fed one step at a time by the GRPO Monitor callback
   (grpo_core/train/grpo.py): the collapse note, and the non-finite and KL-ceiling stops.
-- `diagnose(history, grpo)`: every rule over a finished round, as `Finding`s (a stable
+- `diagnose(history, cfg)`: every rule over a finished round, as `Finding`s (a stable
   `code`, a `severity` info|warn|stop, the `steps`, the `evidence` and the `action`). The
   GRPO stage logs them as diagnosis.json; `grpo diagnose` prints them.
 
-Thresholds are config fields: `grpo.diagnosis` (DiagnosisConfig), plus the collapse and
-KL-ceiling fields of `grpo` the in-round rules use. Trends are the change of a
+Thresholds are config fields: `diagnosis` (DiagnosisConfig), plus rounds.kl_ceiling,
+which stops a round. Trends are the change of a
 least-squares line fitted over the round's steps (robust to one noisy step)."""
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from grpo_core.config import GRPOConfig
+from grpo_core.config import PipelineConfig
 
 SEVERITIES = ("info", "warn", "stop")
 
 ACTIONS = {
     "reward_collapse_zero": "too hard: re-filter (filter.refilter_each_round), lower filter.band, "
-                            "or SFT first (sft.enabled)",
+                            "or SFT first (sft_stage.enabled)",
     "reward_collapse_one": "too easy: re-filter (filter.refilter_each_round) or raise filter.band",
     "no_diversity": "completions of a prompt agree: raise grpo.temperature or grpo.num_generations",
     "reward_fn_constant": "this reward teaches nothing (saturated or never hit): change its weight "
@@ -41,11 +41,11 @@ ACTIONS = {
                   "true, or add the soft_overlong reward (rewards.funcs, rewards.soft_overlong)",
     "format_dropping": "raise the format reward's weight (rewards.weights)",
     "kl_rising": "the policy drifts from the reference: lower grpo.learning_rate, raise grpo.beta "
-                 "(or a grpo.kl_schedule), or set grpo.kl_ceiling",
+                 "(or a rounds.kl_schedule), or set rounds.kl_ceiling",
     "reward_hacking_suspect": "a shaping reward rises while accuracy falls: lower its weight or "
                               "drop it, and read the completions",
     "nonfinite": "the round stopped at the last good checkpoint: lower grpo.learning_rate, set "
-                 "grpo.trl.max_grad_norm, check the reward functions",
+                 "grpo.max_grad_norm, check the reward functions",
     "kl_ceiling": "the round stopped at the last good checkpoint: lower grpo.learning_rate or "
                   "raise grpo.beta",
 }
@@ -113,23 +113,23 @@ def parse_history(lines: Iterable[str]) -> list[dict]:
 
 class RoundMonitor:
     """The in-round rules on each logged step: a collapse note when frac_reward_zero_std
-    stays above grpo.collapse_threshold for grpo.collapse_patience steps; a stop on a
-    non-finite loss, reward or grad norm, on KL above grpo.kl_ceiling, and on a reward
+    stays above diagnosis.collapse_threshold for diagnosis.collapse_patience steps; a stop
+    on a non-finite loss, reward or grad norm, on KL above rounds.kl_ceiling, and on a reward
     function returning NaN/inf."""
 
-    def __init__(self, grpo: GRPOConfig):
-        self.g = grpo
+    def __init__(self, cfg: PipelineConfig):
+        self.g, self.d = cfg.rounds, cfg.diagnosis
         self.collapsed_for = 0
 
     def observe(self, logs: Mapping, step: int) -> tuple[list[str], str | None]:
         """(notes, stop reason or None) for one step's logs."""
-        g, notes = self.g, []
+        g, d, notes = self.g, self.d, []
         frac = logs.get("frac_reward_zero_std")
         if frac is not None:
-            self.collapsed_for = self.collapsed_for + 1 if frac > g.collapse_threshold else 0
-            if self.collapsed_for == g.collapse_patience:
-                notes.append(f"collapse: frac_reward_zero_std > {g.collapse_threshold} for "
-                             f"{g.collapse_patience} steps (step {step}); re-filter difficulty "
+            self.collapsed_for = self.collapsed_for + 1 if frac > d.collapse_threshold else 0
+            if self.collapsed_for == d.collapse_patience:
+                notes.append(f"collapse: frac_reward_zero_std > {d.collapse_threshold} for "
+                             f"{d.collapse_patience} steps (step {step}); re-filter difficulty "
                              "or raise temperature")
         for key in FINITE_KEYS:
             v = logs.get(key)
@@ -201,8 +201,8 @@ def _r(x: float) -> float:
 class _Round:
     """One round's rows and the accuracy measure the rules share."""
 
-    def __init__(self, history: Iterable[Mapping], grpo: GRPOConfig):
-        self.g, self.d = grpo, grpo.diagnosis
+    def __init__(self, history: Iterable[Mapping], cfg: PipelineConfig):
+        self.g, self.d = cfg.rounds, cfg.diagnosis
         self.rows = [(int(_num(r.get("step")) or i), r) for i, r in enumerate(history, 1)]
         self.fns = sorted({k.split("/")[1] for _, r in self.rows for k in r
                            if k.startswith("rewards/") and k.count("/") == 2})
@@ -239,7 +239,7 @@ def _kl_ceiling(rd: _Round) -> list[Finding]:
         return []
     top = max(x for _, x in over)
     return [Finding("kl_ceiling", "stop", [s for s, _ in over], {"kl": _r(top), "kl_ceiling": ceiling},
-                    f"kl {top:.4g} > grpo.kl_ceiling {ceiling}")]
+                    f"kl {top:.4g} > rounds.kl_ceiling {ceiling}")]
 
 
 def _windows(points: Sequence[tuple[int, float]], n: int, pred) -> set[int]:
@@ -249,9 +249,9 @@ def _windows(points: Sequence[tuple[int, float]], n: int, pred) -> set[int]:
 
 
 def _collapse(rd: _Round) -> list[Finding]:
-    """Runs of grpo.collapse_patience+ collapsed steps, named by where accuracy sits over
+    """Runs of diagnosis.collapse_patience+ collapsed steps, named by where accuracy sits over
     the run. Collapsed: a window of collapse_patience steps whose mean frac_reward_zero_std
-    is above grpo.collapse_threshold (a window, not each step: with 8 prompts a step is 1.0
+    is above diagnosis.collapse_threshold (a window, not each step: with 8 prompts a step is 1.0
     or 0.875, and one group that varies now and then must not hide a collapse). When
     rewards/accuracy is logged, also: collapse_patience+ steps with its std ~0 (every
     completion equally right or wrong: no group learns the task, even while a shaping
@@ -261,17 +261,17 @@ def _collapse(rd: _Round) -> list[Finding]:
     are all right). Not the floor by level alone: a base model's first successes, a few
     percent, are how R1-Zero starts learning. A run starts and ends at a step collapsed on
     its own, not at a window's milder edge."""
-    g, d, margin, n = rd.g, rd.d, rd.d.level_margin, rd.g.collapse_patience
+    d, margin, n = rd.d, rd.d.level_margin, rd.d.collapse_patience
     frac_pts = _series(rd.rows, "frac_reward_zero_std")
     frac, acc_std = dict(frac_pts), dict(_series(rd.rows, ACCURACY_STD))
     acc = dict(rd.acc) if rd.acc_key == ACCURACY else {}
     constant = {s for run in _runs(list(acc_std.items()), lambda v: abs(v) <= d.constant_std)
                 if len(run) >= n for s, _ in run}
-    flagged = (_windows(frac_pts, n, lambda m: m > g.collapse_threshold) | constant
+    flagged = (_windows(frac_pts, n, lambda m: m > d.collapse_threshold) | constant
                | _windows(list(acc.items()), n, lambda m: rd.level(m) >= 1 - margin))
 
     def alone(s: int) -> bool:
-        return (frac.get(s, 0.0) > g.collapse_threshold or s in constant
+        return (frac.get(s, 0.0) > d.collapse_threshold or s in constant
                 or (s in acc and rd.level(acc[s]) >= 1 - margin))
 
     out = []
@@ -287,12 +287,12 @@ def _collapse(rd: _Round) -> list[Finding]:
                 "reward_collapse_one" if level >= 1 - margin else "no_diversity")
         mean_frac = _mean(frac[s] for s in steps if s in frac)
         name = rd.acc_key.removeprefix("rewards/").removesuffix("/mean")
-        why = (f"frac_reward_zero_std {mean_frac:.2f} > {g.collapse_threshold}"
-               if mean_frac > g.collapse_threshold else
+        why = (f"frac_reward_zero_std {mean_frac:.2f} > {d.collapse_threshold}"
+               if mean_frac > d.collapse_threshold else
                f"{name} the same for every completion" if set(steps) <= constant else
                f"{name} within {margin:.0%} of its ceiling (frac_reward_zero_std {mean_frac:.2f})")
         out.append(Finding(code, "warn", steps,
-                           {"frac_reward_zero_std": _r(mean_frac), "threshold": g.collapse_threshold,
+                           {"frac_reward_zero_std": _r(mean_frac), "threshold": d.collapse_threshold,
                             rd.acc_key: _r(mean_acc), "steps": len(steps)},
                            f"{why} for {len(steps)} steps, {name} {mean_acc:.3g}"))
     return out
@@ -427,9 +427,9 @@ RULES = (_nonfinite, _kl_ceiling, _collapse, _reward_fn_constant, _length, _trun
          _format_dropping, _kl_rising, _reward_hacking)
 
 
-def diagnose(history: Iterable[Mapping], grpo: GRPOConfig | None = None) -> list[Finding]:
+def diagnose(history: Iterable[Mapping], cfg: PipelineConfig | None = None) -> list[Finding]:
     """Every rule over a round's per-step history (TRL's keys), in rule order."""
-    rd = _Round(history, grpo or GRPOConfig())
+    rd = _Round(history, cfg or PipelineConfig())
     return [f for rule in RULES for f in rule(rd)]
 
 

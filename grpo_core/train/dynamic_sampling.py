@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling inside TRL's GRPO step (grpo.dynamic_sampling), which TRL lacks.
+"""DAPO's dynamic sampling inside TRL's GRPO step (dynamic_sampling), which TRL lacks.
 
 A group (the G completions of one prompt) whose rewards are all equal has zero advantage:
 it adds the KL term and nothing else to the step. With dynamic sampling, such groups are
@@ -113,7 +113,7 @@ def splice(parts: Sequence[dict], picks: Sequence[tuple[int, int]], num_generati
     unknown = sorted(set().union(*parts) - known)
     if unknown:
         raise ValueError(f"dynamic sampling cannot splice TRL batch keys {unknown} "
-                         "(multimodal or tool inputs); disable grpo.dynamic_sampling")
+                         "(multimodal or tool inputs); disable dynamic_sampling")
     if any(set(p) != set(keys) for p in parts):
         raise ValueError("dynamic sampling: the passes' TRL batches have different keys")
     used = sorted({p for p, _ in picks})
@@ -276,21 +276,21 @@ def _mark_trained(rows: list[dict], groups_per_pass: list[int], picks, G: int,
 
 
 def dynamic_sampler(cfg, trainer) -> DynamicSampler | None:
-    """The round's sampler (None when grpo.dynamic_sampling is off); refuses, before any
+    """The round's sampler (None when dynamic_sampling is off); refuses, before any
     step, what it cannot do."""
-    ds = cfg.grpo.dynamic_sampling
+    ds = cfg.dynamic_sampling
     if not ds.enabled:
         return None
     if trainer.accelerator.num_processes > 1:
         raise ValueError(
-            f"grpo.dynamic_sampling runs in one training process; this round has "
+            f"dynamic_sampling runs in one training process; this round has "
             f"{trainer.accelerator.num_processes} (train.num_processes): every refill pass "
             "would have to run in lockstep on all ranks. Set train.num_processes: 1 or "
-            "grpo.dynamic_sampling.enabled: false")
+            "dynamic_sampling.enabled: false")
     if getattr(trainer, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
         raise ValueError(
-            "grpo.dynamic_sampling needs TRL's multi_objective_aggregation "
+            "dynamic_sampling needs TRL's multi_objective_aggregation "
             "'sum_then_normalize' (its 'normalize_then_sum' normalises over the whole batch, "
-            "which splicing groups from several passes would change); drop it from grpo.trl "
-            "or disable grpo.dynamic_sampling")
+            "which splicing groups from several passes would change); drop it from grpo "
+            "or disable dynamic_sampling")
     return DynamicSampler(trainer.train_dataset, ds.max_regenerations, cfg.project.seed)

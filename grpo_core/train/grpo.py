@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_core.config import PipelineConfig
+from grpo_core.config import PipelineConfig, generation_batch
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt, stop_strings
@@ -37,28 +37,28 @@ class RoundResult:
     stopped_early: bool = False
     train_seconds: float = 0.0  # TRL's train_runtime: the training loop alone
     nonfinite_rewards: list = field(default_factory=list)  # (reward name, value) seen
-    best_step: int | None = None  # grpo.eval_every: the step whose model output_dir holds
+    best_step: int | None = None  # in_round_eval.every: the step whose model output_dir holds
     in_round_evals: list = field(default_factory=list)  # (step, held-out greedy accuracy)
     in_round_protocol: str | None = None  # the protocol hash of those numbers
 
 
 def prompts_per_update(cfg: PipelineConfig) -> int:
-    """Prompts one optimizer step consumes. TRL generates for a whole optimizer step at
-    once (its generation batch: per_device_train_batch_size x processes x accumulation
-    completions = prompts_per_step x GA prompts) and drops an incomplete last batch."""
-    return cfg.grpo.prompts_per_step * cfg.grpo.gradient_accumulation_steps
+    """Prompts one generation consumes: TRL's generation batch (config.generation_batch,
+    one optimizer step's completions by default) / num_generations. TRL drops an
+    incomplete last batch."""
+    return generation_batch(cfg) // cfg.grpo.num_generations
 
 
 def check_round_size(n_problems: int, cfg: PipelineConfig) -> None:
     """Refuse a round that cannot fill one optimizer step: it would train 0 steps."""
     need = prompts_per_update(cfg)
     if n_problems < need:
-        g = cfg.grpo
         raise ValueError(
-            f"GRPO round has {n_problems} problems; one optimizer step needs grpo.prompts_per_step "
-            f"x grpo.gradient_accumulation_steps = {g.prompts_per_step} x "
-            f"{g.gradient_accumulation_steps} = {need} (TRL drops an incomplete batch: nothing "
-            "would train). Add problems, widen filter.band, or lower those fields")
+            f"GRPO round has {n_problems} problems; one generation batch needs {need} (grpo."
+            f"per_device_train_batch_size x train.num_processes x grpo.steps_per_generation / "
+            f"grpo.num_generations = {generation_batch(cfg)} / {cfg.grpo.num_generations}; TRL drops "
+            "an incomplete batch: nothing would train). Add problems, widen filter.band, or "
+            "lower grpo.per_device_train_batch_size")
 
 
 def trl_stop_kwargs(stops: tuple[str, ...], use_vllm: bool) -> dict:
@@ -95,11 +95,10 @@ def stop_at_text(model, tokenizer, stops: tuple[str, ...]) -> None:
 def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list, round_no: int):
     from transformers import TrainerCallback
 
-    g = cfg.grpo
 
     class KLSchedule(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            if g.kl_schedule.kind != "constant" and trainer_ref:
+            if cfg.rounds.kl_schedule.kind != "constant" and trainer_ref:
                 trainer_ref[0].beta = kl_beta(state.global_step, state.max_steps, cfg, round_no)
 
     class Monitor(TrainerCallback):
@@ -107,7 +106,7 @@ def _callbacks(cfg: PipelineConfig, result: RoundResult, trainer_ref: list, roun
         divergence guard) on TRL's logged metrics, which it records as the history."""
 
         def __init__(self):
-            self.rules = RoundMonitor(g)
+            self.rules = RoundMonitor(cfg)
 
         def on_log(self, args, state, control, logs=None, **kw):
             logs = dict(logs or {})
@@ -388,10 +387,9 @@ def run_grpo_round(
     from grpo_core.train.dynamic_sampling import dynamic_sampler
 
     configure_threads()
-    g = cfg.grpo
     held_out: list[Problem] = []
-    if g.eval_every:  # the in-round eval's slice is never trained on
-        problems, held_out = split_held_out(problems, g.eval_problems, cfg.project.seed)
+    if cfg.in_round_eval.every:  # the in-round eval's slice is never trained on
+        problems, held_out = split_held_out(problems, cfg.in_round_eval.problems, cfg.project.seed)
     check_round_size(len(problems), cfg)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -399,7 +397,7 @@ def run_grpo_round(
     tokenizer = load_tokenizer(model_path)  # left padding, pad = eos when it has none
     model, save_dtype = load_for_training(model_path)
     funcs, weights = build_reward_funcs(cfg.rewards, cfg.grpo.max_completion_length)
-    algo = algorithm_module(g.algorithm)  # None: plain GRPO, this module's
+    algo = algorithm_module(cfg.algorithm.name)  # None: plain GRPO, this module's
     args = (algo.trl_args if algo else trl_grpo_args)(cfg, str(out), report_to, round_no)
     args.reward_weights = weights + [w for _, w in extra_rewards or []]
     stops = stop_strings(template)  # as filter and eval stop (sampling.build_backend)
@@ -411,14 +409,14 @@ def run_grpo_round(
     trainer_ref: list = []
     callbacks = _callbacks(cfg, result, trainer_ref, round_no) + list(extra_callbacks or [])
     tracker = None
-    if g.eval_every:
+    if cfg.in_round_eval.every:
         # A resumed round keeps the scores and best model recorded before the kill.
         if ckpt is None:
             shutil.rmtree(out / BEST_DIR, ignore_errors=True)
-        tracker = load_tracker(out, g.eval_patience) if ckpt else BestTracker(g.eval_patience)
+        tracker = load_tracker(out, cfg.in_round_eval.patience) if ckpt else BestTracker(cfg.in_round_eval.patience)
         evaluator = InRoundEvaluator(held_out, template, cfg.eval.max_new_tokens, cfg)
         result.in_round_protocol = evaluator.protocol_hash
-        callbacks.append(in_round_eval_callback(evaluator, g.eval_every, tracker, out,
+        callbacks.append(in_round_eval_callback(evaluator, cfg.in_round_eval.every, tracker, out,
                                                 trainer_ref, save_dtype, result.findings))
     cls = algo.trainer_class() if algo else recording_trainer_class()
     trainer = cls(
@@ -433,7 +431,7 @@ def run_grpo_round(
     quiet_trainer(trainer)
     trainer.rollout_sink = rollout_sink
     trainer.stop_strings = stops
-    trainer.skip_update_below = cfg.grpo.skip_update_below
+    trainer.skip_update_below = cfg.rounds.skip_update_below
     trainer.dynamic_sampling = dynamic_sampler(cfg, trainer)  # None when off
     if algo is not None:
         algo.prepare(trainer, cfg)  # its models and refusals, before any step
@@ -446,7 +444,7 @@ def run_grpo_round(
         raise RuntimeError(f"GRPO round trained 0 steps on {len(problems)} problems; not saved")
     if trainer.skipped_updates:
         result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward below "
-                               f"{cfg.grpo.skip_update_below}")
+                               f"{cfg.rounds.skip_update_below}")
     best = out / BEST_DIR
     if tracker is not None:
         result.in_round_evals = list(tracker.scores)

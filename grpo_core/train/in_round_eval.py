@@ -1,4 +1,4 @@
-"""In-round evaluation (grpo.eval_every): the policy is scored every N optimizer steps on a
+"""In-round evaluation (in_round_eval.every): the policy is scored every N optimizer steps on a
 small held-out slice of the pool, and the round's model is its best checkpoint by that
 score, not the last (a round that overshoots keeps what it had learnt).
 
@@ -32,8 +32,8 @@ def split_held_out(problems: list[Problem], n: int, seed: int) -> tuple[list[Pro
     """(to train on, held out): the n problems whose seeded content hash is smallest, so
     the slice does not depend on the pool's order and stays put as the pool shrinks."""
     if n >= len(problems):
-        raise ValueError(f"grpo.eval_problems = {n} leaves nothing to train on in a pool of "
-                         f"{len(problems)} problems: lower grpo.eval_problems or unset grpo.eval_every")
+        raise ValueError(f"in_round_eval.problems = {n} leaves nothing to train on in a pool of "
+                         f"{len(problems)} problems: lower in_round_eval.problems or unset in_round_eval.every")
 
     def rank(p: Problem) -> str:
         return hashlib.sha256(f"{seed}:{p.fingerprint}".encode()).hexdigest()
@@ -150,7 +150,7 @@ def in_round_eval_callback(evaluate: Callable, every: int, tracker: BestTracker,
             if stop:
                 findings.append(f"in-round eval fell {tracker.below} times in a row below step "
                                 f"{tracker.best_step}'s {tracker.best_score:.3f} "
-                                f"(grpo.eval_patience): stopped at step {step}")
+                                f"(in_round_eval.patience): stopped at step {step}")
                 control.should_training_stop = True
 
     return InRoundEval()

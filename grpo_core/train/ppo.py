@@ -1,14 +1,14 @@
-"""PPO with a learned critic (grpo.algorithm: ppo) on TRL's GRPOTrainer: what GRPO's group
+"""PPO with a learned critic (algorithm.name: ppo) on TRL's GRPOTrainer: what GRPO's group
 baseline replaces, measured side by side by bench/grpo_vs_ppo.py.
 
 A value model (the policy's decoder stack copied from the policy, with a scalar head
 initialised to zero) predicts, at every completion token, the reward still to come. The
 rule reward is sequence-level: it is placed on the completion's last token, every other
 token's reward is 0, and GAE over the per-token values gives token-level advantages
-(grpo.gae_gamma, grpo.gae_lambda), whitened over the batch's completion tokens. The
+(algorithm.gae_gamma, algorithm.gae_lambda), whitened over the batch's completion tokens. The
 policy loss is GRPOTrainer's own (the same clipped ratio and, with grpo.beta, the same KL
 to the frozen reference in the loss) on those (B, T) advantages; the value loss is PPO's
-clipped one (grpo.value_clip) weighted by grpo.value_loss_coef, and the value model's
+clipped one (algorithm.value_clip) weighted by algorithm.value_loss_coef, and the value model's
 parameters are a second group of the Trainer's optimizer (grpo_core.train.auxiliary).
 Samples per prompt are grpo.num_generations, 1 allowed (no group is needed).
 
@@ -30,7 +30,7 @@ OpenRLHF, verl):
   usually starts it from the reward model) and the head starts at 0.
 - No separate value-model epochs or minibatch schedule: policy and value share each
   optimizer step (grpo.num_iterations passes over a batch), one gradient clip each.
-- No reward whitening or clipping, no adaptive KL controller (grpo.kl_schedule is the
+- No reward whitening or clipping, no adaptive KL controller (rounds.kl_schedule is the
   option), no entropy bonus beyond what TRL offers.
 - One training process (train.num_processes: 1); dynamic sampling is refused at load.
 """
@@ -43,7 +43,7 @@ from torch import nn
 
 from grpo_core.train.auxiliary import add_auxiliary, check_one_process, with_auxiliary
 from grpo_core.train.grpo import recording_trainer_class
-from grpo_core.train.trl_args import owned_grpo_args, trl_grpo_args
+from grpo_core.train.trl_args import grpo_kwargs, trl_grpo_args
 
 
 class ValueModel(nn.Module):
@@ -133,14 +133,12 @@ def trl_args(cfg, output_dir: str, report_to=None, round_no: int = 1):
         return trl_grpo_args(cfg, output_dir, report_to, round_no)
     from trl import GRPOConfig
 
-    from grpo_core.train.trl_args import GRPO_TRL_DEFAULTS
-
-    owned = owned_grpo_args(cfg, output_dir, report_to, round_no)
+    owned = grpo_kwargs(cfg, output_dir, report_to, round_no)
     batch = owned["per_device_train_batch_size"] * owned["gradient_accumulation_steps"]
     if batch < 2:
-        raise ValueError("grpo.algorithm: ppo with grpo.num_generations 1 needs grpo.prompts_per_step "
+        raise ValueError("algorithm.name: ppo with grpo.num_generations 1 needs grpo.per_device_train_batch_size "
                          "x grpo.gradient_accumulation_steps >= 2 (TRL's config checks for a group)")
-    args = GRPOConfig(**{**GRPO_TRL_DEFAULTS, **cfg.grpo.trl, **owned, "num_generations": batch})
+    args = GRPOConfig(**{**owned, "num_generations": batch})
     args.num_generations = 1
     return args
 
@@ -208,9 +206,9 @@ def trainer_class():
 def prepare(trainer, cfg) -> None:
     """The value model, copied from the policy as it starts the round, in the optimizer."""
     check_one_process(trainer, "ppo")
-    g = cfg.grpo
+    g = cfg.algorithm
     trainer.gae_gamma, trainer.gae_lambda = g.gae_gamma, g.gae_lambda
     trainer.value_clip, trainer.value_loss_coef = g.value_clip, g.value_loss_coef
     policy = trainer.accelerator.unwrap_model(trainer.model)
     trainer.value_model = ValueModel(policy)
-    add_auxiliary(trainer, "value_model", trainer.value_model, g.value_learning_rate or g.learning_rate)
+    add_auxiliary(trainer, "value_model", trainer.value_model, g.value_learning_rate or cfg.grpo.learning_rate)

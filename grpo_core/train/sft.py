@@ -67,8 +67,8 @@ def run_sft(
 
     configure_threads()
     usable = [p for p in problems if p.solution or p.source.startswith("synthetic")]
-    if cfg.sft.max_examples:
-        usable = usable[: cfg.sft.max_examples]
+    if cfg.sft_stage.max_examples:
+        usable = usable[: cfg.sft_stage.max_examples]
     if not usable:
         raise ValueError("SFT needs problems with reference solutions; none were found")
     out = Path(output_dir)

@@ -1,12 +1,12 @@
-"""GRPO with an auxiliary value head as a baseline aid (grpo.algorithm: grpo_vhead): the
+"""GRPO with an auxiliary value head as a baseline aid (algorithm.name: grpo_vhead): the
 seeds' "half-critic" between GRPO's group mean and PPO's value model.
 
 A scalar head (Linear(hidden, 1)) reads the policy's last hidden state at the prompt's
-last token and is trained (MSE, weight grpo.value_loss_coef, learning rate
-grpo.vhead_learning_rate) to predict the prompt's expected reward, its target the group's
+last token and is trained (MSE, weight algorithm.value_loss_coef, learning rate
+algorithm.vhead_learning_rate) to predict the prompt's expected reward, its target the group's
 mean reward. Its prediction v is mixed into GRPO's baseline:
 
-    b = (1 - w) x group mean + w x v,   w = grpo.vhead_weight
+    b = (1 - w) x group mean + w x v,   w = algorithm.vhead_weight
 
     A_i = TRL's (r_i - mean) / (s + 1e-4)  +  w (mean - v) / (s' + 1e-4)
 
@@ -138,10 +138,10 @@ def trainer_class():
 def prepare(trainer, cfg) -> None:
     check_one_process(trainer, "grpo_vhead")
     if getattr(trainer, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
-        raise ValueError("grpo.algorithm: grpo_vhead mixes its baseline into TRL's "
+        raise ValueError("algorithm.name: grpo_vhead mixes its baseline into TRL's "
                          "'sum_then_normalize' advantages; drop multi_objective_aggregation "
-                         "from grpo.trl")
+                         "from grpo")
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    trainer.vhead_weight, trainer.value_loss_coef = cfg.grpo.vhead_weight, cfg.grpo.value_loss_coef
+    trainer.vhead_weight, trainer.value_loss_coef = cfg.algorithm.vhead_weight, cfg.algorithm.value_loss_coef
     trainer.vhead = ValueHead(policy.config.get_text_config().hidden_size)
-    add_auxiliary(trainer, "vhead", trainer.vhead, cfg.grpo.vhead_learning_rate)
+    add_auxiliary(trainer, "vhead", trainer.vhead, cfg.algorithm.vhead_learning_rate)
