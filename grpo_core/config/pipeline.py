@@ -118,11 +118,12 @@ def config_from_dict(tree: dict, overrides: list[str] | None = None) -> Pipeline
 def _check_trl_sections(tree: dict) -> None:
     """The keys of `grpo:` / `sft:` against TRL's classes (rloo: RLOOConfig), before
     pydantic sees them, so a moved or unknown key is named as such."""
-    algorithm = (tree.get("algorithm") or {}).get("name") if isinstance(tree.get("algorithm"), dict) else None
+    algorithm = tree.get("algorithm")
+    rloo_run = isinstance(algorithm, dict) and algorithm.get("name") == "rloo"
     for name, section in (("grpo", GRPOSection), ("sft", SFTSection)):
         given = tree.get(name)
         if isinstance(given, dict):
-            rloo = name == "grpo" and algorithm == "rloo"
+            rloo = name == "grpo" and rloo_run
             check_trl_keys(section, name, given, "RLOOConfig" if rloo else None)
             if rloo and "normalize_advantages" in given:
                 raise ConfigError("grpo.normalize_advantages", "set by the pipeline from "
@@ -166,8 +167,8 @@ def _cross_section_checks(cfg: PipelineConfig) -> None:
                 "grpo.per_device_train_batch_size x train.num_processes x grpo.steps_per_generation"
                 f" (default: gradient_accumulation_steps) = {g.per_device_train_batch_size} x {n} x "
                 f"{g.steps_per_generation or g.gradient_accumulation_steps}")
-        raise ConfigError("grpo.per_device_train_batch_size",
-                          f"a generation batch of {what} = {gen} completions is not a whole number "
+        raise ConfigError("grpo.generation_batch_size" if g.generation_batch_size is not None
+                          else "grpo.per_device_train_batch_size", f"a generation batch of {what} = {gen} completions is not a whole number "
                           f"of groups of grpo.num_generations = {g.num_generations}")
 
 

@@ -46,7 +46,10 @@ class GRPOSection(TRLSection):
     """TRL's GRPOConfig. One optimizer step generates TRL's generation batch,
     per_device_train_batch_size x train.num_processes x steps_per_generation completions
     (steps_per_generation defaults to gradient_accumulation_steps), that is that number
-    / num_generations prompts; a round whose pool holds fewer is refused."""
+    / num_generations prompts; a round whose pool holds fewer is refused.
+
+    A field noted "TRL x" overrides TRL's default x; the others keep TRL's default and are
+    declared because the pipeline reads them (batch arithmetic, memory plan, vLLM server)."""
 
     TRL_CLASS: ClassVar[str] = "GRPOConfig"
 
