@@ -152,7 +152,7 @@ def _trainer_pins():
         pins[(owner, "_logs")] = _pin_logs
         pins[(owner, "_metrics")] = _pin_metrics
         pins[(owner, "_tokenizer")] = _pin_tokenizer
-    pins[(GRPOTrainer, "_generate")] = lambda o: _params(o, "_generate", ["self", "prompts"])
+        pins[(owner, "_generate")] = lambda o: _params(o, "_generate", ["self", "prompts"])
     pins[(GRPOTrainer, "_compute_loss")] = lambda o: _params(o, "_compute_loss",
                                                              ["self", "model", "inputs"])
     pins[(Trainer, "_save")] = lambda o: _params(o, "_save", ["self", "output_dir", "state_dict"])
@@ -214,7 +214,8 @@ def test_a_moved_parameter_fails_naming_the_member(monkeypatch):
 
 
 def _outside_the_door() -> list[str]:
-    names = {name for _, name in door.PRIVATE}
+    # and datasets' Dataset._fingerprint (grpo_core.data.adapters.hub_version reads public ones)
+    names = {name for _, name in door.PRIVATE} | {"_fingerprint"}
     found = []
     for pkg in SCANNED:
         for path in sorted((ROOT / pkg).rglob("*.py")):

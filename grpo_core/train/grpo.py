@@ -1,6 +1,8 @@
 """One GRPO round with TRL's GRPOTrainer, plus what TRL lacks: a KL schedule, a collapse
 monitor, a divergence guard, optional skipped updates, and a record of every completion
-with its per-function rewards and advantage."""
+with its per-function rewards and advantage. Reads top to bottom in run_grpo_round; the
+trainer and its hooks are grpo_core.train.trainer's, the callbacks grpo_core.train.callbacks',
+the training path of grpo.algorithm grpo_core.train.algorithms'."""
 from __future__ import annotations
 
 import math

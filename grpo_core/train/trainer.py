@@ -13,11 +13,10 @@ pins each name below against the installed versions and scans the project for ot
 - Functions for what the rest of grpo_core needs from a trainer's internals: its step
   metrics (`log_metric`, `drop_metric`), its logged rewards (`step_rewards`), its tokenizer
   (`tokenizer_of`), one generate-score pass (`generate_and_score`), its sampling
-  (`wrap_generate`), a skipped optimizer
-  step (`skip_optimizer_step`), stop strings on `model.generate` (`stop_at_text`), a
-  single-completion GRPOConfig (`one_completion_per_prompt`), TRL's NaN-ignoring std
-  (`reward_std`), the weighted reward total (`weighted_rewards`), and no log printing
-  (`quiet_trainer`).
+  (`wrap_generate`), a skipped optimizer step (`skip_optimizer_step`), stop strings on
+  `model.generate` (`stop_at_text`), a single-completion GRPOConfig
+  (`one_completion_per_prompt`), TRL's NaN-ignoring std (`reward_std`), the weighted
+  reward total (`weighted_rewards`), and no log printing (`quiet_trainer`).
 
 PRIVATE lists every private member used here, with the owner it is read from."""
 from __future__ import annotations
@@ -35,8 +34,6 @@ from trl.trainer import utils as trl_utils
 
 from grpo_core.train.auxiliary import AUX_FILE
 
-RolloutSink = Callable[[int, list[dict]], None]  # (global step, one dict per completion)
-
 # (owner, member): every private member this module touches. The contract test pins each
 # one's signature and the shape relied on (tests/test_trl_contract.py).
 PRIVATE = (
@@ -49,6 +46,7 @@ PRIVATE = (
     (GRPOTrainer, "_logs"),  # read (rewards, prompts, completions), advantages replaced
     (GRPOTrainer, "_metrics"),  # {"train"|"eval": defaultdict(list)}, appended to
     (GRPOTrainer, "_tokenizer"),  # the processing class's tokenizer
+    (RLOOTrainer, "_generate"),
     (RLOOTrainer, "_logs"),
     (RLOOTrainer, "_metrics"),
     (RLOOTrainer, "_tokenizer"),
@@ -199,7 +197,7 @@ class RecordsRollouts:
     `rebaseline` is the algorithms' hook (grpo.algorithm): it may replace TRL's
     advantages before they are recorded and trained on."""
 
-    rollout_sink: RolloutSink | None = None
+    rollout_sink = None  # grpo_core.train.grpo.RolloutSink: (step, one dict per completion)
     stop_strings: tuple[str, ...] = ()  # the template's closing tag
     skip_update_below: float | None = None
     skipped_updates: int = 0  # optimizer steps skipped
