@@ -183,23 +183,24 @@ def run_arm(a) -> dict:
     from grpo_core.eval.evaluation import evaluate
     from grpo_core.train import grpo, ppo, rloo, vhead  # noqa: F401
     from grpo_core.train.grpo import run_grpo_round
+    from grpo_core.train.trainer import wrap_generate
 
     start_rss = rss_mb()  # after the imports: the rise is the run's (models, activations)
     cfg = arm_config(a, a.algorithm)
     problems = generate_problems("train", a.prompts * a.steps, levels=[1, 2, 3], seed=a.seed)
     held: dict = {"sampling_s": 0.0}
 
-    def hook(trainer):
-        generate = trainer._generate  # sampling alone: the rest of a step is the update
-
+    def timed(generate):  # sampling alone: the rest of a step is the update
         def timed_generate(*args, **kw):
             t = time.perf_counter()
             try:
                 return generate(*args, **kw)
             finally:
                 held["sampling_s"] += time.perf_counter() - t
+        return timed_generate
 
-        trainer._generate = timed_generate
+    def hook(trainer):
+        wrap_generate(trainer, timed)
 
         class Account(TrainerCallback):  # the last step, gradients present, Adam state from before
             def on_pre_optimizer_step(self, args, state, control, **kw):

@@ -109,6 +109,24 @@ def test_hub_presets_go_through_load_dataset(shared_data, monkeypatch):
     assert set(PRESETS) == {"gsm8k", "math", "math500", "aime24", "aime25", "amc23"}
 
 
+def test_hub_version_is_the_cache_path_below_the_root_or_the_content():
+    datasets = pytest.importorskip("datasets")
+    from types import SimpleNamespace
+
+    from grpo_core.data.adapters import hub_version
+
+    def cached(root, revision):
+        return SimpleNamespace(cache_files=[{"filename": f"{root}/openai___gsm8k/main/0.0.0/"
+                                                         f"{revision}/gsm8k-test.arrow"}])
+
+    assert hub_version(cached("/home/a/.cache", "e53f")) == hub_version(cached("/srv/hf", "e53f"))
+    assert hub_version(cached("/srv/hf", "e53f")) != hub_version(cached("/srv/hf", "9a01"))
+    rows = [{"q": "1+1", "a": "2"}]
+    same = hub_version(datasets.Dataset.from_list(rows))
+    assert same == hub_version(datasets.Dataset.from_list(rows))
+    assert same != hub_version(datasets.Dataset.from_list([{"q": "1+2", "a": "3"}]))
+
+
 def test_hub_math_with_or_without_an_answer_column(monkeypatch):
     datasets = pytest.importorskip("datasets")
     rows = [{"problem": "P?", "solution": "so $\\boxed{7}$", "answer": None, "level": "Level 2",

@@ -215,3 +215,17 @@ def test_ppo_checkpoints_the_value_model_and_resumes(tiny_model_path, tmp_path):
     assert first.steps == 2 and more.steps == 3
     assert saved.keys() == at_start.keys() and all(torch.equal(saved[k], at_start[k]) for k in saved)
     assert (tmp_path / "ppo" / "checkpoint-3" / AUX_FILE.format(name="value_model")).is_file()
+
+
+def test_every_configurable_algorithm_has_a_training_path():
+    """algorithm.name's choices are the registry's names (grpo_core.train.algorithms)."""
+    import typing
+
+    from grpo_core.train.algorithms import ALGORITHMS
+
+    section = config_from_dict({}).algorithm
+    choices = typing.get_args(type(section).model_fields["name"].annotation)
+    assert set(choices) == set(ALGORITHMS)
+    for algo in ALGORITHMS.values():
+        assert callable(algo.trl_args) and callable(algo.prepare)
+        assert hasattr(algo.trainer, "rebaseline")  # a PipelineGRPOTrainer or its RLOO twin

@@ -18,9 +18,9 @@ from grpo_core.train.dynamic_sampling import (
     pick_groups,
     rescale_batch_advantages,
     splice,
-    weighted_rewards,
 )
 from grpo_core.train.grpo import run_grpo_round
+from grpo_core.train.trainer import weighted_rewards
 
 pytest_plugins = ["fixtures_models"]
 

@@ -317,10 +317,23 @@ def hub_adapter(hub_id: str, *, split: str | None = None, config: str | None = N
     base = preset.columns if preset and not explicit else AUTO_COLUMNS
     cols = _mapping(hub_id, set(ds.column_names), explicit, base)
     gold = preset.gold if preset and not explicit else "auto"
-    version = getattr(ds, "_fingerprint", None) or len(ds)
+    version = hub_version(ds)
     return Adapter(source=preset.name if preset else hub_id, split=split, origin=hub_id,
                    fingerprint=_fp(hub_id, config, hub_split, version, cols, gold, limit),
                    read=lambda: enumerate(ds), columns=cols, gold=gold)
+
+
+def hub_version(ds) -> str:
+    """What identifies a loaded hub split's data, from public attributes: its cache files'
+    paths below the cache root (dataset/config/version/revision hash/file: what datasets'
+    own fingerprint hashes), so it is the same on every machine and moves with the hub
+    revision; an in-memory dataset (no cache files) is hashed whole."""
+    files = [Path(f["filename"]).parts[-5:] for f in ds.cache_files]
+    if files:
+        return _fp(*["/".join(parts) for parts in files])
+    from datasets.fingerprint import Hasher
+
+    return Hasher.hash(ds.data.table)
 
 
 def synthetic_adapter(source: str, *, split: str | None = None, limit: int | None = None,

@@ -116,6 +116,21 @@ def _restore_env(saved: dict[str, str]) -> list[str]:
     return sorted(changed)
 
 
+def _record_peak(rec) -> None:
+    """rec.peak_gb: the block's peak, its nested blocks' included; handed on to the blocks
+    around it (this block's reset hid its peak from theirs)."""
+    cuda = _torch_cuda()
+    if cuda is None:
+        return
+    peaks = [rec._inner_peak]
+    for d in _devices(cuda):
+        with contextlib.suppress(Exception):
+            peaks.append(cuda.max_memory_allocated(d))
+    rec.peak_gb = round(max(peaks) / 1e9, 3)
+    for outer in _ACTIVE.get():
+        outer._inner_peak = max(outer._inner_peak, max(peaks))
+
+
 @contextlib.contextmanager
 def stage_memory(restore_env: bool = True):
     """One stage's GPU hygiene (module doc); yields a StageMemory filled in at the end."""
@@ -135,15 +150,7 @@ def stage_memory(restore_env: bool = True):
         yield rec
     finally:
         _ACTIVE.reset(token)
-        cuda = _torch_cuda()
-        if cuda is not None:
-            peaks = [rec._inner_peak]
-            for d in _devices(cuda):
-                with contextlib.suppress(Exception):
-                    peaks.append(cuda.max_memory_allocated(d))
-            rec.peak_gb = round(max(peaks) / 1e9, 3)
-            for outer in _ACTIVE.get():  # this block's reset hid its peak from theirs
-                outer._inner_peak = max(outer._inner_peak, max(peaks))
+        _record_peak(rec)
         for ref in reversed(rec._engines):
             backend = ref()
             if backend is not None and release(backend):

@@ -9,7 +9,7 @@ has, the first pass's uninformative groups filling the rest, so its size never c
 
 How it sits in TRL 1.16: `_prepare_inputs` calls `_generate_and_score_completions` once
 per generation batch (one optimizer step here: steps_per_generation = GA) and splits the
-returned dict into accumulation slices. RecordingGRPOTrainer hands that call to
+returned dict into accumulation slices. PipelineGRPOTrainer hands that call to
 `DynamicSampler.fill`, which calls the trainer's own method back once per pass (each pass
 is a full TRL generate-score-advantage call on its prompts), picks groups, and splices the
 passes' dicts into one of the original size.
@@ -37,6 +37,14 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_core.train.trainer import (
+    generate_and_score,
+    log_metric,
+    reward_std,
+    step_rewards,
+    tokenizer_of,
+)
+
 # TRL 1.16 divides advantages by std + 1e-4 (not exposed; see config.GRPOConfig.scale_rewards).
 TRL_ADVANTAGE_EPS = 1e-4
 # Rewards closer than this count as equal (a group of them is uninformative).
@@ -56,16 +64,6 @@ DERIVED_KEYS = ("num_items_in_batch",)
 
 
 # ----------------------------------------------------------------------------- pure helpers
-
-
-def weighted_rewards(per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """(N,) rewards TRL computes advantages from: per_func (N, F) times weights, summed
-    over the functions ignoring NaN (a function's "not scored"); NaN where no function
-    scored the row (TRL leaves those rows out of its baseline)."""
-    per_func = per_func.to(torch.float32)
-    total = (per_func * weights.to(per_func).unsqueeze(0)).nansum(dim=1)
-    total[torch.isnan(per_func).all(dim=1)] = torch.nan
-    return total
 
 
 def informative_groups(rewards: torch.Tensor | Sequence[float], num_generations: int,
@@ -185,7 +183,7 @@ class _Pass:
 
 class DynamicSampler:
     """Fills each optimizer step's batch with informative groups (see the module doc).
-    RecordingGRPOTrainer._generate_and_score_completions hands its call to `fill` and is
+    PipelineGRPOTrainer (grpo_core.train.trainer) hands its generate-score call to `fill` and is
     called back once per pass (`in_pass` tells it which)."""
 
     def __init__(self, dataset, max_regenerations: int, seed: int):
@@ -220,40 +218,34 @@ class DynamicSampler:
         if picks == [(0, g) for g in range(n_groups)]:
             out = passes[0].out  # the first pass as TRL returned it
         else:
-            out = splice([p.out for p in passes], picks, G, trainer._tokenizer.pad_token_id)
+            out = splice([p.out for p in passes], picks, G, tokenizer_of(trainer).pad_token_id)
             if trainer.scale_rewards == "batch":
                 out["advantages"] = self._batch_scaled(passes, picks, G, out["advantages"])
         trained = torch.cat([passes[p].rewards[g * G:(g + 1) * G] for p, g in picks])
         if skip_below is not None and float(torch.nan_to_num(trained, nan=0.0).max()) < skip_below:
-            out["advantages"] = out["advantages"] * 0.0  # as RecordingGRPOTrainer does per batch
+            out["advantages"] = out["advantages"] * 0.0  # as PipelineGRPOTrainer does per batch
             trainer.skip_steps_left = trainer.num_iterations
 
         informative = sum(passes[p].informative[g] for p, g in picks)
         generated = sum(len(p.informative) for p in passes)
-        metrics = trainer._metrics["train"]
         for key, value in zip(METRICS, (generated - n_groups, generated * G,
                                         informative / n_groups, len(passes))):
-            metrics[key].append(float(value))
+            log_metric(trainer, key, value, "train")
         if sink is not None:
             sink(step, _mark_trained(rows, [len(p.informative) for p in passes], picks, G,
                                      out["advantages"].tolist()))
         return out
 
     def _pass(self, trainer, batch: list[dict]) -> _Pass:
-        out = trainer._generate_and_score_completions(batch)
-        n = len(batch)  # one process: TRL's logs end with this pass's rows
-        per_func = torch.tensor([list(trainer._logs["rewards"][name])[-n:]
-                                 for name in trainer.reward_func_names], dtype=torch.float32).T
-        rewards = weighted_rewards(per_func, trainer.reward_weights)
+        out = generate_and_score(trainer, batch)
+        _, rewards = step_rewards(trainer, len(batch))  # one process: this pass's rows
         return _Pass(out, rewards, informative_groups(rewards, trainer.num_generations))
 
     @staticmethod
     def _batch_scaled(passes: list[_Pass], picks, G: int, advantages: torch.Tensor) -> torch.Tensor:
-        from trl.trainer.utils import nanstd
-
-        pass_std = torch.cat([nanstd(passes[p].rewards).expand(G) for p, _ in picks])
+        pass_std = torch.cat([reward_std(passes[p].rewards).expand(G) for p, _ in picks])
         batch = torch.cat([passes[p].rewards[g * G:(g + 1) * G] for p, g in picks])
-        scaled = rescale_batch_advantages(advantages.cpu(), pass_std, float(nanstd(batch)))
+        scaled = rescale_batch_advantages(advantages.cpu(), pass_std, float(reward_std(batch)))
         return scaled.to(advantages)
 
 

@@ -7,8 +7,8 @@ score, not the last (a round that overshoots keeps what it had learnt).
   in a row below it (pure: the test drives it with constructed scores);
 - `InRoundEvaluator`: greedy generation + strict accuracy, the metric eval reports as
   `greedy_accuracy`, under a protocol hash built like eval's;
-- `in_round_eval_callback`: the TrainerCallback that runs it, saves each new best model to
-  <round>/best (in the checkpoint's stored dtype, tokenizer included) and logs
+- `grpo_core.train.callbacks.InRoundEval`: the TrainerCallback that runs it, saves each new
+  best model to <round>/best (in the checkpoint's stored dtype, tokenizer included) and logs
   `in_round_eval/accuracy` into TRL's per-step metrics (history, MLflow).
 
 Selecting on training-pool problems, not the benchmark, keeps the benchmark numbers honest:
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,44 +115,6 @@ class InRoundEvaluator:
             if cuda is not None:
                 torch.cuda.set_rng_state_all(cuda)
             model.train(was_training)
-
-
-def in_round_eval_callback(evaluate: Callable, every: int, tracker: BestTracker, out: Path,
-                           trainer_ref: list, save_dtype, findings: list[str]):
-    """TrainerCallback: score the policy at every `every`-th step and the last, keep the
-    best model in out/best (with the tracker's state), stop after `patience` falls."""
-    from transformers import TrainerCallback
-
-    best = out / BEST_DIR
-
-    class InRoundEval(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            step = state.global_step
-            if not trainer_ref or (step % every and step < state.max_steps):
-                return
-            trainer = trainer_ref[0]
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            score = float(evaluate(model, trainer.processing_class))
-            trainer._metrics["train"][METRIC].append(score)  # into this step's log
-            is_best, stop = tracker.observe(step, score)
-            if is_best:
-                trainer.save_dtype = save_dtype  # the handed-on model: stored dtype
-                try:
-                    trainer.save_model(str(best))
-                finally:
-                    trainer.save_dtype = None  # checkpoints stay float32
-                if trainer.is_world_process_zero():
-                    trainer.processing_class.save_pretrained(str(best))
-            if trainer.is_world_process_zero():
-                best.mkdir(parents=True, exist_ok=True)
-                (best / STATE_FILE).write_text(json.dumps(tracker.to_json()))
-            if stop:
-                findings.append(f"in-round eval fell {tracker.below} times in a row below step "
-                                f"{tracker.best_step}'s {tracker.best_score:.3f} "
-                                f"(in_round_eval.patience): stopped at step {step}")
-                control.should_training_stop = True
-
-    return InRoundEval()
 
 
 def load_tracker(out: Path, patience: int | None) -> BestTracker:

@@ -12,10 +12,10 @@ clipped one (algorithm.value_clip) weighted by algorithm.value_loss_coef, and th
 parameters are a second group of the Trainer's optimizer (grpo_core.train.auxiliary).
 Samples per prompt are grpo.num_generations, 1 allowed (no group is needed).
 
-How it sits in TRL: RecordingGRPOTrainer's `rebaseline` hook runs after TRL's
+How it sits in TRL: PipelineGRPOTrainer's `rebaseline` hook runs after TRL's
 generate-score step and replaces its group advantages with GAE's (the values of the
 rollout and their returns travel in the batch as `old_values` and `returns`);
-`_compute_loss` adds the value loss to TRL's. Rollout rows record each completion's mean
+`auxiliary_loss` adds the value loss to TRL's. Rollout rows record each completion's mean
 token advantage.
 
 What it simplifies compared with a full RLHF PPO (InstructGPT; TRL's old PPOTrainer,
@@ -41,8 +41,13 @@ import copy
 import torch
 from torch import nn
 
-from grpo_core.train.auxiliary import add_auxiliary, check_one_process, with_auxiliary
-from grpo_core.train.grpo import recording_trainer_class
+from grpo_core.train.auxiliary import add_auxiliary, check_one_process
+from grpo_core.train.trainer import (
+    AuxiliaryGRPOTrainer,
+    drop_metric,
+    log_metric,
+    one_completion_per_prompt,
+)
 from grpo_core.train.trl_args import grpo_kwargs, trl_grpo_args
 
 
@@ -139,68 +144,61 @@ def trl_args(cfg, output_dir: str, report_to=None, round_no: int = 1):
         raise ValueError("algorithm.name: ppo with grpo.num_generations 1 needs grpo.per_device_train_batch_size "
                          "x grpo.gradient_accumulation_steps >= 2 (TRL's config checks for a group)")
     args = GRPOConfig(**{**owned, "num_generations": batch})
-    args.num_generations = 1
-    return args
+    return one_completion_per_prompt(args)
 
 
-def trainer_class():
-    class PPOTrainer(with_auxiliary(recording_trainer_class())):
-        """GRPOTrainer with a critic (see the module doc)."""
+class PPOTrainer(AuxiliaryGRPOTrainer):
+    """GRPOTrainer with a critic (see the module doc)."""
 
-        value_model: ValueModel | None = None
-        gae_gamma, gae_lambda, value_clip, value_loss_coef = 1.0, 0.95, 0.2, 0.1
+    value_model: ValueModel | None = None
+    gae_gamma, gae_lambda, value_clip, value_loss_coef = 1.0, 0.95, 0.2, 0.1
 
-        @torch.no_grad()
-        def _values(self, prompt_ids, prompt_mask, completion_ids, completion_mask):
-            ids = torch.cat([prompt_ids, completion_ids], dim=1)
-            mask = torch.cat([prompt_mask, completion_mask], dim=1)
-            step = self.args.per_device_train_batch_size
-            with self.accelerator.autocast():
-                values = torch.cat([self.value_model(ids[i:i + step], mask[i:i + step])
-                                    for i in range(0, ids.size(0), step)])
-            return completion_values(values, prompt_ids.size(1))
+    @torch.no_grad()
+    def _values(self, prompt_ids, prompt_mask, completion_ids, completion_mask):
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        step = self.args.per_device_train_batch_size
+        with self.accelerator.autocast():
+            values = torch.cat([self.value_model(ids[i:i + step], mask[i:i + step])
+                                for i in range(0, ids.size(0), step)])
+        return completion_values(values, prompt_ids.size(1))
 
-        def rebaseline(self, out: dict, rewards: torch.Tensor) -> list[float]:
-            mask = out["completion_mask"]
-            if "tool_mask" in out:
-                mask = mask * out["tool_mask"]
-            values = self._values(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], mask)
-            scored = ~torch.isnan(rewards.to(mask.device))  # one process: every row is local
-            r = terminal_rewards(torch.nan_to_num(rewards.to(mask.device), nan=0.0), mask)
-            adv, returns = gae(r, values, mask, self.gae_gamma, self.gae_lambda)
-            adv = whiten(adv, mask * scored.unsqueeze(1))  # unscorable rows: 0, as TRL does
-            returns = torch.where(scored.unsqueeze(1), returns, values)  # nothing to learn there
-            out.update(advantages=adv, old_values=values, returns=returns)
-            m = mask.float()
-            tokens = m.sum().clamp(min=1.0)
-            metrics = self._metrics["train" if self.model.training else "eval"]
-            if self.num_generations == 1:  # no groups: TRL's 1.0 would read as a collapse
-                metrics.pop("frac_reward_zero_std", None)
-            metrics["ppo/value_mean"].append(float((values * m).sum() / tokens))
-            metrics["ppo/return_mean"].append(float((returns * m).sum() / tokens))
-            per_row = (adv * m).sum(1) / m.sum(1).clamp(min=1.0)
-            return per_row.tolist()
+    def rebaseline(self, out: dict, rewards: torch.Tensor) -> list[float]:
+        mask = out["completion_mask"]
+        if "tool_mask" in out:
+            mask = mask * out["tool_mask"]
+        values = self._values(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], mask)
+        scored = ~torch.isnan(rewards.to(mask.device))  # one process: every row is local
+        r = terminal_rewards(torch.nan_to_num(rewards.to(mask.device), nan=0.0), mask)
+        adv, returns = gae(r, values, mask, self.gae_gamma, self.gae_lambda)
+        adv = whiten(adv, mask * scored.unsqueeze(1))  # unscorable rows: 0, as TRL does
+        returns = torch.where(scored.unsqueeze(1), returns, values)  # nothing to learn there
+        out.update(advantages=adv, old_values=values, returns=returns)
+        m = mask.float()
+        tokens = m.sum().clamp(min=1.0)
+        if self.num_generations == 1:  # no groups: TRL's 1.0 would read as a collapse
+            drop_metric(self, "frac_reward_zero_std")
+        log_metric(self, "ppo/value_mean", (values * m).sum() / tokens)
+        log_metric(self, "ppo/return_mean", (returns * m).sum() / tokens)
+        per_row = (adv * m).sum(1) / m.sum(1).clamp(min=1.0)
+        return per_row.tolist()
 
-        def _compute_loss(self, model, inputs):
-            loss = super()._compute_loss(model, inputs)  # TRL's clipped policy loss + beta KL
-            mask = inputs["completion_mask"]
-            if "tool_mask" in inputs:
-                mask = mask * inputs["tool_mask"]
-            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-            attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            with self.accelerator.autocast():
-                values = completion_values(self.value_model(ids, attn), inputs["prompt_ids"].size(1))
-            vloss, clipped = clipped_value_loss(values, inputs["old_values"], inputs["returns"], mask,
-                                                self.value_clip)
-            mode = "train" if self.model.training else "eval"
-            metrics = self._metrics[mode]
-            metrics["ppo/value_loss"].append(float(vloss.detach()))
-            metrics["ppo/value_clipfrac"].append(float(clipped.detach()))
-            # as TRL scales its "grpo" loss: a mean per micro-batch, over the accumulation steps
-            scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            return loss + self.value_loss_coef * vloss / scale
-
-    return PPOTrainer
+    def auxiliary_loss(self, inputs: dict, loss: torch.Tensor) -> torch.Tensor:
+        """TRL's clipped policy loss + beta KL, plus the value loss."""
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        with self.accelerator.autocast():
+            values = completion_values(self.value_model(ids, attn), inputs["prompt_ids"].size(1))
+        vloss, clipped = clipped_value_loss(values, inputs["old_values"], inputs["returns"], mask,
+                                            self.value_clip)
+        log_metric(self, "ppo/value_loss", vloss.detach())
+        log_metric(self, "ppo/value_clipfrac", clipped.detach())
+        # as TRL scales its "grpo" loss: a mean per micro-batch, over the accumulation steps
+        scale = self.current_gradient_accumulation_steps if self.model.training else 1.0
+        return loss + self.value_loss_coef * vloss / scale
 
 
 def prepare(trainer, cfg) -> None:

@@ -1,7 +1,8 @@
 """RLOO (algorithm.name: rloo): TRL 1.16's own RLOOTrainer, run by run_grpo_round with the
 same config, reward functions, callbacks (KL schedule, monitor, in-round eval, skipped
-updates), stop strings, rollout sink and saving as GRPO: RecordingGRPOTrainer is built over
-RLOOTrainer, which has GRPOTrainer's generate / score / log methods.
+updates), stop strings, rollout sink and saving as GRPO: PipelineRLOOTrainer
+(grpo_core.train.trainer) has the same hooks over RLOOTrainer, which has GRPOTrainer's
+generate / score / log methods.
 
 RLOO differs from GRPO in TRL's implementation, not ours (Ahmadian et al., 2024):
 - the baseline of completion i is the mean reward of the *other* G - 1 completions of its
@@ -18,7 +19,6 @@ training processes work as TRL's RLOOTrainer does.
 """
 from __future__ import annotations
 
-from grpo_core.train.grpo import recording_trainer_class
 from grpo_core.train.trl_args import grpo_kwargs
 
 GRPO_ONLY = ("loss_type", "scale_rewards")  # GRPOConfig fields RLOOConfig lacks
@@ -31,12 +31,6 @@ def trl_args(cfg, output_dir: str, report_to=None, round_no: int = 1):
     owned = {k: v for k, v in owned.items() if k not in GRPO_ONLY}
     return RLOOConfig(**{**owned,
                          "normalize_advantages": cfg.grpo.scale_rewards == "batch"})
-
-
-def trainer_class():
-    from trl import RLOOTrainer
-
-    return recording_trainer_class(RLOOTrainer)
 
 
 def prepare(trainer, cfg) -> None:

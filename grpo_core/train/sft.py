@@ -10,7 +10,6 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt
-from grpo_core.train.grpo import quiet_trainer, saving_in_dtype
 from grpo_core.train.trl_args import trl_sft_args
 
 _CALCULATOR_NOTE = re.compile(r"<<[^<>]*>>")  # GSM8K's "<<48/2=24>>" annotations
@@ -60,10 +59,9 @@ def run_sft(
     extra_callbacks: list | None = None,
 ) -> SFTResult:
     """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final."""
-    from transformers import TrainerCallback
-    from trl import SFTTrainer
-
     from grpo_core.modeling.loading import configure_threads, load_tokenizer
+    from grpo_core.train.callbacks import LossHistory
+    from grpo_core.train.trainer import PipelineSFTTrainer, quiet_trainer
 
     configure_threads()
     usable = [p for p in problems if p.solution or p.source.startswith("synthetic")]
@@ -76,18 +74,12 @@ def run_sft(
     model, save_dtype = load_for_training(model_path)  # fp32 master weights
     args = trl_sft_args(cfg, str(out), report_to)
     result = SFTResult(output_dir=str(out / "final"), steps=0)
-
-    class History(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "loss" in logs:
-                result.history.append({**logs, "step": state.global_step})
-
-    trainer = saving_in_dtype(SFTTrainer)(
+    trainer = PipelineSFTTrainer(
         model=model,
         args=args,
         train_dataset=sft_dataset(usable, template, tokenizer),
         processing_class=tokenizer,
-        callbacks=[History(), *(extra_callbacks or [])],
+        callbacks=[LossHistory(result.history), *(extra_callbacks or [])],
     )
     quiet_trainer(trainer)
     trainer.train()

@@ -31,8 +31,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from grpo_core.train.auxiliary import add_auxiliary, check_one_process, with_auxiliary
-from grpo_core.train.grpo import recording_trainer_class
+from grpo_core.train.auxiliary import add_auxiliary, check_one_process
+from grpo_core.train.dynamic_sampling import TRL_ADVANTAGE_EPS
+from grpo_core.train.trainer import AuxiliaryGRPOTrainer, log_metric, reward_std
 from grpo_core.train.trl_args import trl_grpo_args
 
 FEATURES, TARGET = "vhead_features", "vhead_target"  # per-row batch keys
@@ -56,20 +57,16 @@ def mixed_advantages(trl_adv: torch.Tensor, rewards: torch.Tensor, prediction: t
     """(N,) advantages: TRL's plus the head's correction w (mean - v) / (s' + 1e-4) (see the
     module doc). rewards: (N,) NaN where unscorable (their advantage stays TRL's 0);
     prediction: (N / G,) one per group."""
-    from trl.trainer.utils import nanstd
-
-    from grpo_core.train.dynamic_sampling import TRL_ADVANTAGE_EPS
-
     groups = rewards.view(-1, G)
     mean = torch.nanmean(groups, dim=1)
-    batch_std = nanstd(rewards) if rewards.numel() > 1 else torch.zeros(())
+    batch_std = reward_std(rewards) if rewards.numel() > 1 else torch.zeros(())
     batch_std = torch.where(batch_std > EQUAL_STD, batch_std, torch.ones_like(batch_std))
     if scale == "none":
         denom = torch.ones_like(mean)
     elif scale == "batch":
         denom = batch_std.expand_as(mean) + TRL_ADVANTAGE_EPS
     else:
-        std = nanstd(groups, dim=1)
+        std = reward_std(groups, dim=1)
         denom = torch.where(std > EQUAL_STD, std, batch_std) + TRL_ADVANTAGE_EPS
     correction = (weight * (mean - prediction) / denom).repeat_interleave(G)
     correction = torch.where(torch.isnan(rewards), torch.zeros_like(correction), correction)
@@ -80,59 +77,53 @@ def trl_args(cfg, output_dir: str, report_to=None, round_no: int = 1):
     return trl_grpo_args(cfg, output_dir, report_to, round_no)
 
 
-def trainer_class():
-    class ValueHeadGRPOTrainer(with_auxiliary(recording_trainer_class())):
-        """GRPOTrainer whose baseline mixes in a value head's prediction (see the module doc)."""
+class ValueHeadGRPOTrainer(AuxiliaryGRPOTrainer):
+    """GRPOTrainer whose baseline mixes in a value head's prediction (see the module doc)."""
 
-        vhead: ValueHead | None = None
-        vhead_weight, value_loss_coef = 0.5, 0.1
+    vhead: ValueHead | None = None
+    vhead_weight, value_loss_coef = 0.5, 0.1
 
-        @torch.no_grad()
-        def _prompt_features(self, prompt_ids, prompt_mask) -> torch.Tensor:
-            """(B, H) the policy's last hidden state at each prompt's last token (prompts
-            are left-padded: the last position)."""
-            policy = self.accelerator.unwrap_model(self.model)
-            with self.accelerator.autocast():
-                h = policy.base_model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                      use_cache=False).last_hidden_state
-            return h[:, -1].float()
+    @torch.no_grad()
+    def _prompt_features(self, prompt_ids, prompt_mask) -> torch.Tensor:
+        """(B, H) the policy's last hidden state at each prompt's last token (prompts
+        are left-padded: the last position)."""
+        policy = self.accelerator.unwrap_model(self.model)
+        with self.accelerator.autocast():
+            h = policy.base_model(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                  use_cache=False).last_hidden_state
+        return h[:, -1].float()
 
-        def rebaseline(self, out: dict, rewards: torch.Tensor) -> list[float]:
-            G = self.num_generations
-            device = out["advantages"].device
-            features = self._prompt_features(out["prompt_ids"][::G], out["prompt_mask"][::G])
-            target = torch.nanmean(rewards.view(-1, G), dim=1).to(device)  # (groups,)
-            head = self.vhead
-            with torch.no_grad():
-                if not head.started:  # an untrained head predicts the batch average
-                    head.linear.bias.fill_(float(torch.nan_to_num(torch.nanmean(target), nan=0.0)))
-                    head.started.fill_(True)
-                prediction = head(features)
-            adv = mixed_advantages(out["advantages"], rewards.to(device), prediction, G,
-                                   self.vhead_weight, self.scale_rewards)
-            out["advantages"] = adv
-            out[FEATURES] = features.repeat_interleave(G, dim=0)
-            out[TARGET] = target.repeat_interleave(G)
-            metrics = self._metrics["train" if self.model.training else "eval"]
-            metrics["vhead/prediction_mean"].append(float(prediction.mean()))
-            ok = ~torch.isnan(target)
-            if ok.any():
-                metrics["vhead/abs_error"].append(float((prediction - target)[ok].abs().mean()))
-            return adv.tolist()
+    def rebaseline(self, out: dict, rewards: torch.Tensor) -> list[float]:
+        G = self.num_generations
+        device = out["advantages"].device
+        features = self._prompt_features(out["prompt_ids"][::G], out["prompt_mask"][::G])
+        target = torch.nanmean(rewards.view(-1, G), dim=1).to(device)  # (groups,)
+        head = self.vhead
+        with torch.no_grad():
+            if not head.started:  # an untrained head predicts the batch average
+                head.linear.bias.fill_(float(torch.nan_to_num(torch.nanmean(target), nan=0.0)))
+                head.started.fill_(True)
+            prediction = head(features)
+        adv = mixed_advantages(out["advantages"], rewards.to(device), prediction, G,
+                               self.vhead_weight, self.scale_rewards)
+        out["advantages"] = adv
+        out[FEATURES] = features.repeat_interleave(G, dim=0)
+        out[TARGET] = target.repeat_interleave(G)
+        log_metric(self, "vhead/prediction_mean", prediction.mean())
+        ok = ~torch.isnan(target)
+        if ok.any():
+            log_metric(self, "vhead/abs_error", (prediction - target)[ok].abs().mean())
+        return adv.tolist()
 
-        def _compute_loss(self, model, inputs):
-            loss = super()._compute_loss(model, inputs)
-            target = inputs[TARGET]
-            ok = ~torch.isnan(target)
-            if not ok.any():
-                return loss
-            mse = ((self.vhead(inputs[FEATURES]) - target)[ok] ** 2).mean()
-            mode = "train" if self.model.training else "eval"
-            self._metrics[mode]["vhead/loss"].append(float(mse.detach()))
-            scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            return loss + self.value_loss_coef * mse / scale
-
-    return ValueHeadGRPOTrainer
+    def auxiliary_loss(self, inputs: dict, loss: torch.Tensor) -> torch.Tensor:
+        target = inputs[TARGET]
+        ok = ~torch.isnan(target)
+        if not ok.any():
+            return loss
+        mse = ((self.vhead(inputs[FEATURES]) - target)[ok] ** 2).mean()
+        log_metric(self, "vhead/loss", mse.detach())
+        scale = self.current_gradient_accumulation_steps if self.model.training else 1.0
+        return loss + self.value_loss_coef * mse / scale
 
 
 def prepare(trainer, cfg) -> None:

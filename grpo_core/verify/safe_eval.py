@@ -134,17 +134,9 @@ def _numeric(text: str) -> bool:
 
 def risky_reason(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
     """Why `text` must not reach sympy, or None when it is safe to parse. Linear time."""
-    if len(text) > max_chars:
-        return f"longer than {max_chars} chars"
-    if "\x00" in text:
-        return "NUL byte"
-    match, depth, curly_ok = _bracket_matches(text)
-    if not curly_ok:
-        return "unbalanced braces"
-    if depth > MAX_NESTING:
-        return f"nesting deeper than {MAX_NESTING}"
-    if any(len(run) > MAX_NUMBER_DIGITS for run in _DIGITS.findall(text)):
-        return f"a number longer than {MAX_NUMBER_DIGITS} digits"
+    reason, match = _shape_reason(text, max_chars)
+    if reason is not None:
+        return reason
     if "^" not in text and "*" not in text and "!" not in text and "\\" not in text:
         return None
     # math-verify's plain-expression path reads `**` as a power too.
@@ -153,30 +145,64 @@ def risky_reason(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
     big_operator = _BIG_OPERATOR.search(text) is not None
     for i, ch in enumerate(text):
         if ch == "^":
-            operand, after = _operand_after(text, i + 1, match_open)
-            digits = max((len(r) for r in _DIGITS.findall(operand)), default=0)
-            base_digits = _digits_before(text, i - 1)
-            if digits > (MAX_EXPONENT_DIGITS if base_digits else MAX_SYMBOLIC_EXPONENT_DIGITS):
-                return "huge exponent"
-            if big_operator and base_digits and operand.isdigit() and int(operand) > 3:
-                return "huge sum, product or binomial"  # \binom{10^{50}}{...}
-            if ("^" in operand or "!" in operand) and _numeric(operand):
-                return "nested exponent"
-            if text[after:].lstrip(" ").startswith(("^", "!")):
-                return "exponent chain"
-            base = _group_before(text, i - 1, match)
-            if base is not None and ("^" in base or "!" in base) and _numeric(base + operand):
-                return "power of a power"
+            reason = _power_reason(text, i, match, match_open, big_operator)
         elif ch == "!":
-            if text[i + 1 : i + 2] == "!" or _digits_before(text, i - 1) > MAX_FACTORIAL_DIGITS:
-                return "huge factorial"
-            group = _group_before(text, i - 1, match)
-            if group is not None and (
-                "^" in group or "!" in group or any(len(r) > 3 for r in _DIGITS.findall(group))
-            ):
-                return "huge factorial"
+            reason = _factorial_reason(text, i, match)
+        else:
+            continue
+        if reason is not None:
+            return reason
     if big_operator and any(len(r) > MAX_BOUND_DIGITS for r in _DIGITS.findall(text)):
         return "huge sum, product or binomial"
+    return None
+
+
+def _shape_reason(text: str, max_chars: int) -> tuple[str | None, dict]:
+    """risky_reason's checks of the whole text (length, bytes, brackets, digit runs), and
+    the text's bracket matches."""
+    if len(text) > max_chars:
+        return f"longer than {max_chars} chars", {}
+    if "\x00" in text:
+        return "NUL byte", {}
+    match, depth, curly_ok = _bracket_matches(text)
+    if not curly_ok:
+        return "unbalanced braces", match
+    if depth > MAX_NESTING:
+        return f"nesting deeper than {MAX_NESTING}", match
+    if any(len(run) > MAX_NUMBER_DIGITS for run in _DIGITS.findall(text)):
+        return f"a number longer than {MAX_NUMBER_DIGITS} digits", match
+    return None, match
+
+
+def _power_reason(text: str, i: int, match: dict, match_open: dict,
+                  big_operator: bool) -> str | None:
+    """risky_reason for the power at text[i] == "^"."""
+    operand, after = _operand_after(text, i + 1, match_open)
+    digits = max((len(r) for r in _DIGITS.findall(operand)), default=0)
+    base_digits = _digits_before(text, i - 1)
+    if digits > (MAX_EXPONENT_DIGITS if base_digits else MAX_SYMBOLIC_EXPONENT_DIGITS):
+        return "huge exponent"
+    if big_operator and base_digits and operand.isdigit() and int(operand) > 3:
+        return "huge sum, product or binomial"  # \binom{10^{50}}{...}
+    if ("^" in operand or "!" in operand) and _numeric(operand):
+        return "nested exponent"
+    if text[after:].lstrip(" ").startswith(("^", "!")):
+        return "exponent chain"
+    base = _group_before(text, i - 1, match)
+    if base is not None and ("^" in base or "!" in base) and _numeric(base + operand):
+        return "power of a power"
+    return None
+
+
+def _factorial_reason(text: str, i: int, match: dict) -> str | None:
+    """risky_reason for the factorial at text[i] == "!"."""
+    if text[i + 1 : i + 2] == "!" or _digits_before(text, i - 1) > MAX_FACTORIAL_DIGITS:
+        return "huge factorial"
+    group = _group_before(text, i - 1, match)
+    if group is not None and (
+        "^" in group or "!" in group or any(len(r) > 3 for r in _DIGITS.findall(group))
+    ):
+        return "huge factorial"
     return None
 
 

@@ -1,0 +1,354 @@
+"""The pipeline's TRL trainers, and the one door to TRL's, transformers' and accelerate's
+private members: no other module reads, writes or overrides one (tests/test_trl_contract.py
+pins each name below against the installed versions and scans the project for others).
+
+- `PipelineGRPOTrainer` (TRL's GRPOTrainer) and `PipelineRLOOTrainer` (TRL's RLOOTrainer):
+  every scored completion goes to `rollout_sink`, rollouts end at `stop_strings`, hopeless
+  batches skip their update (`skip_update_below`), DAPO's `dynamic_sampling` refills a
+  batch, `rebaseline` (the algorithms' hook) may replace TRL's advantages, and save_model
+  writes the weights in `save_dtype` when set.
+- `AuxiliaryGRPOTrainer`: the above, training modules beside the policy (PPO's critic,
+  grpo_vhead's head; grpo_core.train.auxiliary) with `auxiliary_loss` added to TRL's.
+- `PipelineSFTTrainer`: TRL's SFTTrainer saving in `save_dtype`.
+- Functions for what the rest of grpo_core needs from a trainer's internals: its step
+  metrics (`log_metric`, `drop_metric`), its logged rewards (`step_rewards`), its tokenizer
+  (`tokenizer_of`), one generate-score pass (`generate_and_score`), its sampling
+  (`wrap_generate`), a skipped optimizer step (`skip_optimizer_step`), stop strings on
+  `model.generate` (`stop_at_text`), a single-completion GRPOConfig
+  (`one_completion_per_prompt`), TRL's NaN-ignoring std (`reward_std`), the weighted
+  reward total (`weighted_rewards`), and no log printing (`quiet_trainer`).
+
+PRIVATE lists every private member used here, with the owner it is read from."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from accelerate.state import GradientState
+from transformers import Trainer
+from trl import GRPOTrainer, RLOOTrainer, SFTTrainer
+from trl.trainer import utils as trl_utils
+
+from grpo_core.train.auxiliary import AUX_FILE
+
+# (owner, member): every private member this module touches. The contract test pins each
+# one's signature and the shape relied on (tests/test_trl_contract.py).
+PRIVATE = (
+    (GRPOTrainer, "_generate_single_turn"),  # overridden: returns (ids, logprobs)
+    (RLOOTrainer, "_generate_single_turn"),  # overridden: returns the ids alone
+    (GRPOTrainer, "_generate_and_score_completions"),  # overridden and called: a dict
+    (RLOOTrainer, "_generate_and_score_completions"),
+    (GRPOTrainer, "_compute_loss"),  # overridden: the auxiliary loss is added
+    (GRPOTrainer, "_generate"),  # wrapped (wrap_generate): the sampling of one step
+    (GRPOTrainer, "_logs"),  # read (rewards, prompts, completions), advantages replaced
+    (GRPOTrainer, "_metrics"),  # {"train"|"eval": defaultdict(list)}, appended to
+    (GRPOTrainer, "_tokenizer"),  # the processing class's tokenizer
+    (RLOOTrainer, "_generate"),
+    (RLOOTrainer, "_logs"),
+    (RLOOTrainer, "_metrics"),
+    (RLOOTrainer, "_tokenizer"),
+    (Trainer, "_save"),  # overridden: weights in save_dtype
+    (Trainer, "_clip_grad_norm"),  # overridden: the auxiliary modules' clip
+    (Trainer, "_save_checkpoint"),  # overridden: the auxiliary modules' weights
+    (Trainer, "_get_output_dir"),  # where _save_checkpoint writes
+    (Trainer, "_load_optimizer_and_scheduler"),  # overridden: the auxiliary weights back
+    (GradientState, "_set_sync_gradients"),  # False: accelerate skips the optimizer step
+    (trl_utils, "nanstd"),  # TRL's advantage std (not exported by trl)
+)
+
+
+# ----------------------------------------------------------------------------- rewards
+
+
+def weighted_rewards(per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """(N,) rewards TRL computes advantages from: per_func (N, F) times weights, summed
+    over the functions ignoring NaN (a function's "not scored"); NaN where no function
+    scored the row (TRL leaves those rows out of its baseline). The one reward total:
+    the rollout rows record it with NaN read as 0."""
+    per_func = per_func.to(torch.float32)
+    total = (per_func * weights.to(per_func).unsqueeze(0)).nansum(dim=1)
+    total[torch.isnan(per_func).all(dim=1)] = torch.nan
+    return total
+
+
+def reward_std(rewards: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The std TRL scales advantages by (NaN ignored, Bessel-corrected): TRL's own function,
+    so a rescaled advantage matches TRL's to the bit."""
+    return trl_utils.nanstd(rewards, dim=dim)
+
+
+# ----------------------------------------------------------------------------- the door
+
+
+def log_metric(trainer, name: str, value: float, mode: str | None = None) -> None:
+    """Add `value` to the trainer's metrics of this step (TRL averages and logs them);
+    mode: "train" or "eval", by default the model's."""
+    trainer._metrics[mode or _mode(trainer)][name].append(float(value))
+
+
+def drop_metric(trainer, name: str, mode: str | None = None) -> None:
+    trainer._metrics[mode or _mode(trainer)].pop(name, None)
+
+
+def _mode(trainer) -> str:
+    return "train" if trainer.model.training else "eval"
+
+
+def tokenizer_of(trainer):
+    """The tokenizer TRL decodes with (the processing class's, for a processor)."""
+    return trainer._tokenizer
+
+
+def step_rewards(trainer, n: int) -> tuple[dict[str, list[float]], torch.Tensor]:
+    """The last generate-score call's per-function rewards ({name: the last n values} in
+    TRL's order: its logs hold every process's rows) and their (n,) weighted totals."""
+    rewards = {name: list(vals)[-n:] for name, vals in trainer._logs["rewards"].items()}
+    per_func = torch.tensor(list(rewards.values()), dtype=torch.float32).T
+    return rewards, weighted_rewards(per_func, trainer.reward_weights.cpu())
+
+
+def generate_and_score(trainer, inputs: list[dict]) -> dict:
+    """One TRL generate-score-advantage call on `inputs` (the pipeline's hooks included)."""
+    return trainer._generate_and_score_completions(inputs)
+
+
+def wrap_generate(trainer, wrap: Callable) -> None:
+    """Replace the trainer's generation (sampling alone, no scoring or update: what
+    benchmarks time) by wrap(the original)."""
+    trainer._generate = wrap(trainer._generate)
+
+
+def skip_optimizer_step(trainer) -> None:
+    """From on_pre_optimizer_step: with the gradients not synced, accelerate's optimizer
+    (and scaler, and scheduler) skip their step; the Trainer then zeroes the gradients.
+    The Trainer sets it again before each micro-batch."""
+    trainer.accelerator.gradient_state._set_sync_gradients(False)
+
+
+def one_completion_per_prompt(args):
+    """`args` (a GRPOConfig validated with a group) run with one completion per prompt:
+    GRPOConfig checks num_generations >= 2 in __post_init__ only."""
+    args.num_generations = 1
+    return args
+
+
+def quiet_trainer(trainer) -> None:
+    """With disable_tqdm, transformers prints every log dict to stdout (PrinterCallback):
+    the metrics go to MLflow and the history instead."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+
+
+def stop_at_text(model, tokenizer, stops: tuple[str, ...]) -> None:
+    """Make `model.generate` (what TRL calls, unwrapped, for transformers rollouts) end each
+    row once its generated text holds a stop string: the criterion the hf rollout backend
+    uses for filter and eval, so training samples stop where they do."""
+    if not stops:
+        return
+    from transformers import StoppingCriteriaList
+
+    from grpo_core.generation.rollout import text_stop_criterion
+
+    generate = model.generate
+
+    def generate_stopping_at_text(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            crit = text_stop_criterion(tokenizer, stops, ids.shape[1])
+            kwargs["stopping_criteria"] = StoppingCriteriaList(
+                [*(kwargs.get("stopping_criteria") or []), crit])
+        return generate(*args, **kwargs)
+
+    model.generate = generate_stopping_at_text
+
+
+# ----------------------------------------------------------------------------- mixins
+
+
+class SavesInDtype:
+    """save_model writes the weights in `save_dtype` when that is set (the final model;
+    checkpoints stay float32 so a resumed round loses nothing)."""
+
+    save_dtype = None
+
+    def _save(self, output_dir=None, state_dict=None):
+        if self.save_dtype is None:
+            return super()._save(output_dir, state_dict)
+        if state_dict is None:
+            state_dict = self.accelerator.unwrap_model(self.model).state_dict()
+        cast: dict = {}  # by storage: tied weights stay one tensor
+        state_dict = {k: cast.setdefault((v.data_ptr(), v.shape), v.to(self.save_dtype))
+                      if v.is_floating_point() else v for k, v in state_dict.items()}
+        super()._save(output_dir, state_dict)
+        config = Path(output_dir or self.args.output_dir) / "config.json"
+        if self.args.should_save and config.is_file():
+            # save_pretrained records the in-memory (float32) dtype; the file holds save_dtype
+            tree = json.loads(config.read_text())
+            tree["dtype"] = str(self.save_dtype).removeprefix("torch.")
+            config.write_text(json.dumps(tree, indent=2, sort_keys=True) + "\n")
+
+
+class RecordsRollouts:
+    """Hands every scored completion to a sink; optionally skips hopeless batches.
+    `rebaseline` is the algorithms' hook (algorithm.name): it may replace TRL's
+    advantages before they are recorded and trained on."""
+
+    rollout_sink = None  # grpo_core.train.grpo.RolloutSink: (step, one dict per completion)
+    stop_strings: tuple[str, ...] = ()  # the template's closing tag
+    skip_update_below: float | None = None
+    skipped_updates: int = 0  # optimizer steps skipped
+    skip_steps_left: int = 0  # optimizer steps still to skip on the current batch
+    dynamic_sampling = None  # grpo_core.train.dynamic_sampling.DynamicSampler when on
+
+    def _generate_single_turn(self, *args, **kwargs):
+        """Completions end at the first stop string: what follows it is cut (a row of a
+        batch keeps its padding; vLLM may overshoot inside a token) and eos is appended,
+        so TRL scores text ending in </answer> and counts the row as terminated, not
+        clipped (mask_truncated_completions would drop it from the loss)."""
+        from grpo_core.generation.rollout import stop_index
+
+        res = super()._generate_single_turn(*args, **kwargs)
+        # GRPOTrainer returns (ids, logprobs); RLOOTrainer the ids alone
+        completion_ids, logprobs = res if isinstance(res, tuple) else (res, None)
+        eos = self._tokenizer.eos_token_id
+        if not self.stop_strings or eos is None:
+            return res
+        for i, ids in enumerate(completion_ids):
+            k = stop_index(self._tokenizer, list(ids), self.stop_strings)
+            if k is None:
+                continue
+            completion_ids[i] = list(ids[:k]) + [eos]
+            if logprobs is not None:  # vLLM: no sampled logprob for the added eos
+                logprobs[i] = list(logprobs[i][:k]) + [None]
+        return (completion_ids, logprobs) if isinstance(res, tuple) else completion_ids
+
+    def rebaseline(self, out: dict, rewards) -> list[float] | None:
+        """algorithm.name's advantages: replace out["advantages"] (this process's rows)
+        given `rewards`, the (N,) weighted rewards of every process's rows (NaN where
+        unscorable), and return the N per-row advantages to record; None keeps TRL's."""
+        return None
+
+    def _generate_and_score_completions(self, inputs):
+        ds = self.dynamic_sampling
+        if ds is not None and self.model.training and not ds.in_pass:
+            return ds.fill(self, inputs)  # calls this method back once per generation pass
+        out = super()._generate_and_score_completions(inputs)
+        # TRL's logs hold this step's rows gathered from every process; `out` holds
+        # this process's slice. Record them all, once, on the main process.
+        n = len(out["advantages"]) * self.accelerator.num_processes
+        rewards, weighted = step_rewards(self, n)
+        if type(self).rebaseline is not RecordsRollouts.rebaseline:
+            recorded = self.rebaseline(out, weighted)
+            if recorded is not None:  # in TRL's logs (completions table, rollout rows)
+                logged = self._logs["advantages"]
+                for _ in range(n):
+                    logged.pop()
+                logged.extend(recorded)
+        totals = torch.where(torch.isnan(weighted), 0.0, weighted).tolist()  # unscored: 0
+        advantages = list(self._logs["advantages"])[-n:]
+        if self.skip_update_below is not None and totals and max(totals) < self.skip_update_below:
+            # No signal: every optimizer step on this batch is skipped (SkipUpdate).
+            # Every rank sees the same gathered rewards, so every rank skips.
+            out["advantages"] = out["advantages"] * 0.0
+            advantages = [0.0] * n
+            self.skip_steps_left = self.num_iterations
+        if self.rollout_sink is not None:
+            self._sink_rows(inputs, rewards, totals, advantages, n)
+        return out
+
+    def _sink_rows(self, inputs, rewards: dict, totals: list, advantages: list, n: int) -> None:
+        meta = [(x.get("problem_id"), x.get("answer")) for x in inputs]
+        if self.accelerator.num_processes > 1:  # collective: every rank calls it
+            from accelerate.utils import gather_object
+
+            meta = gather_object(meta)
+        if not self.accelerator.is_main_process:
+            return
+        prompts = list(self._logs["prompt"])[-n:]
+        completions = list(self._logs["completion"])[-n:]
+        self.rollout_sink(self.state.global_step, [{
+            "prompt": prompts[i],
+            "completion": c if isinstance(c := completions[i], str) else c[-1]["content"],
+            "problem_id": meta[i][0] if i < len(meta) else None,
+            "answer": meta[i][1] if i < len(meta) else None,
+            "rewards": {k: v[i] for k, v in rewards.items()},
+            "reward": totals[i],
+            "advantage": advantages[i] if i < len(advantages) else None,
+        } for i in range(n)])
+
+
+class TrainsAuxiliary:
+    """Trains `aux` modules {name: (module, lr)} with the policy (grpo_core.train.auxiliary):
+    their own parameter group and gradient clip, their weights in every checkpoint, and
+    `auxiliary_loss` added to TRL's loss. Set `aux` (add_auxiliary) before train()."""
+
+    aux: dict = {}
+
+    def aux_parameters(self) -> list:
+        return [p for module, _ in self.aux.values() for p in module.parameters()]
+
+    def auxiliary_loss(self, inputs: dict, loss: torch.Tensor) -> torch.Tensor:
+        """TRL's `loss` on the micro-batch `inputs` with the auxiliary modules' added."""
+        return loss
+
+    def _compute_loss(self, model, inputs):
+        return self.auxiliary_loss(inputs, super()._compute_loss(model, inputs))
+
+    def create_optimizer(self, model=None):
+        opt = super().create_optimizer(model)
+        held = {id(p) for group in opt.param_groups for p in group["params"]}
+        for module, lr in self.aux.values():
+            params = [p for p in module.parameters() if id(p) not in held]
+            if params:  # TRL's scheduler scales every group's lr alike
+                opt.add_param_group({"params": params, "lr": lr, "weight_decay": 0.0})
+        return opt
+
+    def _clip_grad_norm(self, model):
+        norm = super()._clip_grad_norm(model)
+        params = [p for p in self.aux_parameters() if p.grad is not None]
+        if params:
+            aux = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+            log_metric(self, "aux/grad_norm", aux, "train")
+        return norm
+
+    def _save_checkpoint(self, model, trial):
+        if self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial),
+                                  f"checkpoint-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            for name, (module, _) in self.aux.items():
+                torch.save(module.state_dict(), os.path.join(folder, AUX_FILE.format(name=name)))
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is not None:
+            for name, (module, _) in self.aux.items():
+                path = os.path.join(checkpoint, AUX_FILE.format(name=name))
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(f"{path}: the checkpoint lacks the {name} weights "
+                                            "its optimizer state belongs to")
+                module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        super()._load_optimizer_and_scheduler(checkpoint)
+
+
+# ----------------------------------------------------------------------------- trainers
+
+
+class PipelineGRPOTrainer(RecordsRollouts, SavesInDtype, GRPOTrainer):
+    """TRL's GRPOTrainer with the pipeline's hooks (see the module doc)."""
+
+
+class PipelineRLOOTrainer(RecordsRollouts, SavesInDtype, RLOOTrainer):
+    """TRL's RLOOTrainer with the same hooks: it has GRPOTrainer's generate/score/log methods."""
+
+
+class AuxiliaryGRPOTrainer(TrainsAuxiliary, PipelineGRPOTrainer):
+    """PipelineGRPOTrainer training modules beside the policy (ppo, grpo_vhead)."""
+
+
+class PipelineSFTTrainer(SavesInDtype, SFTTrainer):
+    """TRL's SFTTrainer saving in `save_dtype` when set."""
