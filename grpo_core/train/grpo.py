@@ -13,6 +13,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt, stop_strings
+from grpo_core.train import lora
 from grpo_core.train.diagnosis import RoundMonitor, is_step_log
 from grpo_core.train.in_round_eval import (
     BEST_DIR,
@@ -178,6 +179,9 @@ def saving_in_dtype(trainer_cls):
         def _save(self, output_dir=None, state_dict=None):
             if self.save_dtype is None:
                 return super()._save(output_dir, state_dict)
+            if lora.is_lora(self.accelerator.unwrap_model(self.model)):  # merged + adapter/
+                return lora.save_merged(self.accelerator.unwrap_model(self.model),
+                                        output_dir or self.args.output_dir, self.save_dtype)
             if state_dict is None:
                 state_dict = self.accelerator.unwrap_model(self.model).state_dict()
             cast: dict = {}  # by storage: tied weights stay one tensor
@@ -428,6 +432,7 @@ def run_grpo_round(
         train_dataset=grpo_dataset(problems, template, tokenizer),
         processing_class=tokenizer,
         callbacks=callbacks,
+        **lora.trainer_kwargs(cfg),  # model.peft: TRL wraps the model in LoRA adapters
     )
     trainer_ref.append(trainer)
     quiet_trainer(trainer)
@@ -459,6 +464,11 @@ def run_grpo_round(
     elif result.stopped_early:
         # Keep the last good checkpoint as the round's model, not the diverged weights.
         good = last_checkpoint(out)
+        if good and lora.is_lora(trainer.model):  # an adapter-only checkpoint: merge it
+            if trainer.is_world_process_zero():
+                lora.merge_checkpoint(trainer.model, good, result.output_dir, save_dtype)
+                tokenizer.save_pretrained(result.output_dir)
+            good = result.output_dir
         result.output_dir = good or model_path
     else:
         result.best_step = tracker.best_step if tracker is not None else None
