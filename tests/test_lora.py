@@ -139,6 +139,10 @@ def test_grpo_round_trains_only_the_adapters(lora_round, proxy_model_path):
     for k, v in peft_merged.state_dict().items():
         if k in merged:
             assert torch.equal(v.to(torch.bfloat16), merged[k]), k
+    # The same merge from the PeftModel's state dict (what the Trainer gathers under ZeRO-3)
+    aside = lora.merged_state_dict(model)
+    gathered = lora.merged_state_dict(model, model.state_dict())
+    assert aside.keys() == gathered.keys() and all(torch.equal(aside[k], gathered[k]) for k in aside)
     reloaded = AutoModelForCausalLM.from_pretrained(str(final), dtype="auto")
     assert reloaded.dtype == torch.bfloat16
 

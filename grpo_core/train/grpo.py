@@ -181,7 +181,8 @@ def saving_in_dtype(trainer_cls):
                 return super()._save(output_dir, state_dict)
             if lora.is_lora(self.accelerator.unwrap_model(self.model)):  # merged + adapter/
                 return lora.save_merged(self.accelerator.unwrap_model(self.model),
-                                        output_dir or self.args.output_dir, self.save_dtype)
+                                        output_dir or self.args.output_dir, self.save_dtype,
+                                        state_dict)
             if state_dict is None:
                 state_dict = self.accelerator.unwrap_model(self.model).state_dict()
             cast: dict = {}  # by storage: tied weights stay one tensor

@@ -57,22 +57,31 @@ def is_lora(model) -> bool:
     return isinstance(model, PeftModel)
 
 
-def merged_state_dict(model) -> dict:
-    """The base model's state dict with every LoRA layer's update added (W + scale B A),
-    under the plain model's names, computed aside: the PeftModel is left untouched (merging
-    in place and back would not give the base weights back bit for bit)."""
+def merged_state_dict(model, state_dict: dict | None = None) -> dict:
+    """The base model's weights with every LoRA layer's update added (W + scale B A), under
+    the plain model's names, computed aside: the PeftModel is left untouched (merging in
+    place and back would not give the base weights back bit for bit). `state_dict`: the
+    PeftModel's, when the Trainer gathered it (ZeRO-3, FSDP); else read from `model`."""
     import torch
     from peft.tuners.lora import LoraLayer
 
+    prefix = "base_model.model."
     base = model.get_base_model()
-    state = dict(base.state_dict())
+    state = ({k.removeprefix(prefix): v for k, v in state_dict.items()} if state_dict is not None
+             else dict(base.state_dict()))
     with torch.no_grad():
         for name, module in base.named_modules():
             if not isinstance(module, LoraLayer):
                 continue
+            if not isinstance(module.base_layer, torch.nn.Linear):
+                raise ValueError(f"cannot merge LoRA on {name} ({type(module.base_layer).__name__}): "
+                                 "only linear layers are supported")
             key = f"{name}.base_layer.weight"
-            for adapter in (a for a in module.active_adapters if a in module.lora_A):
-                delta = module.get_delta_weight(adapter).float()
+            for a in (a for a in module.active_adapters if a in module.lora_A):
+                up, down = state[f"{name}.lora_B.{a}.weight"], state[f"{name}.lora_A.{a}.weight"]
+                delta = (up.float() @ down.float()) * module.scaling[a]
+                if module.fan_in_fan_out:
+                    delta = delta.T
                 state[key] = (state[key].float() + delta).to(state[key].dtype)
     out = {}
     for key, tensor in state.items():
@@ -84,19 +93,19 @@ def merged_state_dict(model) -> dict:
     return out
 
 
-def save_merged(model, output_dir: str | Path, dtype) -> None:
+def save_merged(model, output_dir: str | Path, dtype, state_dict: dict | None = None) -> None:
     """Save the PeftModel `model` merged, as a plain transformers folder with weights (and
     config.json's dtype) in `dtype`, and its adapter in output_dir/adapter."""
     out = Path(output_dir)
     cast: dict = {}  # by storage: tied weights stay one tensor
     state = {k: cast.setdefault((v.data_ptr(), v.shape), v.to(dtype)) if v.is_floating_point() else v
-             for k, v in merged_state_dict(model).items()}
+             for k, v in merged_state_dict(model, state_dict).items()}
     model.get_base_model().save_pretrained(out, state_dict=state)
     config = out / "config.json"
     tree = json.loads(config.read_text())  # save_pretrained wrote the in-memory dtype
     tree["dtype"] = str(dtype).removeprefix("torch.")
     config.write_text(json.dumps(tree, indent=2, sort_keys=True) + "\n")
-    model.save_pretrained(out / ADAPTER_DIR)
+    model.save_pretrained(out / ADAPTER_DIR, **({} if state_dict is None else {"state_dict": state_dict}))
 
 
 def merge_checkpoint(model, checkpoint: str | Path, output_dir: str | Path, dtype) -> str:
