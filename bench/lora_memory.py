@@ -54,6 +54,9 @@ def child(model: str, lora: bool, steps: int, out: str) -> dict:
         seen["trainable"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         seen["params"] = sum(p.numel() for p in trainer.model.parameters())
         seen["ref_model"] = trainer.ref_model is not None
+        # the high-water mark before any step: loading and wrapping the model
+        seen["peak_before_training_mib"] = round(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base)
 
     base = _rss_mib()  # libraries imported, no model yet
     t0 = time.perf_counter()
@@ -102,11 +105,12 @@ def main() -> None:
     print(f"GRPO, {args.steps} steps, 2 prompts x G 4, 16 tokens, beta 0.04, LoRA r 16 "
           f"all-linear; load {load()}")
     print(f"{'model':<6} {'lora':<5} {'params':>8} {'trainable':>10} {'ref copy':>8} "
-          f"{'peak RSS MiB':>12} {'peak - imports':>14} {'seconds':>8}")
+          f"{'peak RSS MiB':>12} {'peak - imports':>14} {'of it at load':>13} {'seconds':>8}")
     for r in rows:
         print(f"{r['model']:<6} {'on' if r['lora'] else 'off':<5} {r['params'] / 1e6:>7.2f}M "
               f"{r['trainable'] / 1e6:>9.3f}M {'yes' if r['ref_model'] else 'no':>8} "
-              f"{r['peak_rss_mib']:>12} {r['training_mib']:>14} {r['seconds']:>8}")
+              f"{r['peak_rss_mib']:>12} {r['training_mib']:>14} "
+              f"{r['peak_before_training_mib']:>13} {r['seconds']:>8}")
     for name in dict.fromkeys(r["model"] for r in rows):
         off, on = (next(r for r in rows if r["model"] == name and r["lora"] == v) for v in (False, True))
         print(f"{name}: LoRA peak RSS {on['peak_rss_mib']} vs {off['peak_rss_mib']} MiB "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import test_registry_flavour
 import torch
 
 from grpo_core.config import ConfigError, config_from_dict
@@ -23,6 +23,7 @@ from grpo_core.data.synthetic import generate_problems
 from grpo_core.train import lora
 
 pytest_plugins = ["fixtures_models"]
+store = test_registry_flavour.store  # the registry tests' MLflow store fixture
 ROOT = Path(__file__).resolve().parents[1]
 LORA = {"enabled": True, "r": 4, "alpha": 8}
 
@@ -218,24 +219,17 @@ def test_round_killed_with_sigkill_resumes_from_the_adapter_checkpoint(proxy_mod
     assert _saved(result.output_dir).keys() == _saved(proxy_model_path).keys()
 
 
-def test_registered_lora_model_is_the_merged_transformers_model(lora_round, template_db,
-                                                                tmp_path, monkeypatch):
+def test_registered_lora_model_is_the_merged_transformers_model(lora_round, store, tmp_path,
+                                                                monkeypatch):
     import mlflow
 
-    from grpo_core.config import PipelineConfig
     from tasks import tracking as T
     from tasks.mlflow_model import MODEL_FORMAT_TAG
 
-    wd = tmp_path / "wd"
-    wd.mkdir()
-    shutil.copy(template_db, wd / "mlflow.db")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
-    cfg = PipelineConfig()
-    cfg.project.workdir, cfg.project.name, cfg.project.recipe = str(wd), "lora", "r1_zero"
+    cfg, wd = store
     run = T.start_parent_run(cfg, cfg.hash(), cfg.project.recipe, "abc1234", "flow", wd)
     final = lora_round[0].output_dir
-    name = "lora-r1_zero"
+    name = "lora-flav"
     assert T.register_model(run, final, name) == "1"
     c = T.get_client()
     mv = c.get_model_version(name, "1")
