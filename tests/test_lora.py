@@ -248,3 +248,36 @@ def test_registered_lora_model_is_the_merged_transformers_model(lora_round, stor
         artifact_uri=f"{mv.source}/{lora.ADAPTER_DIR}", dst_path=str(tmp_path / "dl"),
         tracking_uri=c.tracking_uri))
     assert (got / "adapter_config.json").is_file() and (got / "adapter_model.safetensors").is_file()
+
+
+def test_round_stopped_early_hands_on_its_last_good_checkpoint_merged(proxy_model_path,
+                                                                       tmp_path, monkeypatch):
+    """A diverged round keeps its last good checkpoint, which holds the adapter alone: the
+    model handed on is that adapter merged, a plain folder like any round's."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.train.grpo import run_grpo_round
+    from grpo_core.verify import rewards
+
+    calls = {"n": 0}
+    real = rewards.REWARDS["format"]
+
+    def format(completions, **kw):  # NaN from the third step's scoring on
+        calls["n"] += 1
+        out = real(completions, **kw)
+        return [float("nan")] * len(out) if calls["n"] >= 3 else out
+
+    monkeypatch.setitem(rewards.REWARDS, "format", format)
+    out = tmp_path / "diverge"
+    result = run_grpo_round(proxy_model_path, generate_problems("train", 8, levels=[1]),
+                            _cfg(max_steps=5), out, "chat")
+    assert result.stopped_early and result.steps == 3
+    final = Path(result.output_dir)
+    assert final == out / "final" and (final / "tokenizer.json").is_file()
+    assert json.loads((final / "config.json").read_text())["dtype"] == "bfloat16"
+    base = AutoModelForCausalLM.from_pretrained(proxy_model_path, dtype=torch.float32)
+    good = PeftModel.from_pretrained(base, str(out / "checkpoint-2")).merge_and_unload()
+    merged = _saved(final)
+    assert all(torch.equal(v.to(torch.bfloat16), merged[k])
+               for k, v in good.state_dict().items() if k in merged)
