@@ -281,3 +281,36 @@ def test_round_stopped_early_hands_on_its_last_good_checkpoint_merged(proxy_mode
     merged = _saved(final)
     assert all(torch.equal(v.to(torch.bfloat16), merged[k])
                for k, v in good.state_dict().items() if k in merged)
+
+
+def test_in_round_eval_hands_on_the_best_step_merged(proxy_model_path, tmp_path, monkeypatch):
+    """grpo.eval_every with LoRA: scores scripted 0.2, 0.6, 0.1 at steps 1-3, so the round's
+    model is step 2's adapter merged (bf16), with that adapter in best/adapter; saving it
+    mid-round leaves the base weights bit-identical."""
+    from grpo_core.train import grpo as grpo_mod
+    from grpo_core.train.in_round_eval import BEST_DIR
+
+    scripted = iter([0.2, 0.6, 0.1])
+    seen: dict[int, dict] = {}
+
+    class ScriptedEvaluator(grpo_mod.InRoundEvaluator):
+        def __call__(self, model, tokenizer):
+            seen[len(seen) + 1] = lora.merged_state_dict(model)
+            return next(scripted)
+
+    monkeypatch.setattr(grpo_mod, "InRoundEvaluator", ScriptedEvaluator)
+    grab = []
+    cfg = config_from_dict(_tree(max_steps=3, save_steps=10, eval_every=1, eval_problems=4))
+    out = tmp_path / "round"
+    result = grpo_mod.run_grpo_round(proxy_model_path, generate_problems("train", 12, levels=[1]),
+                                     cfg, out, "chat", trainer_hook=grab.append)
+    assert result.steps == 3 and result.best_step == 2
+    assert result.output_dir == str(out / BEST_DIR)
+    best = Path(result.output_dir)
+    assert (best / lora.ADAPTER_DIR / "adapter_config.json").is_file()
+    merged = _saved(best)
+    assert all(torch.equal(seen[2][k].to(torch.bfloat16), merged[k]) for k in merged)
+    assert not all(torch.equal(seen[2][k], seen[3][k]) for k in seen[2])  # step 3 moved on
+    base, _ = _split(grab[0].model)
+    want = _input_weights(proxy_model_path)
+    assert all(torch.equal(base[k], want[k]) for k in want)
