@@ -23,6 +23,11 @@ def _sampling_model(cfg: PipelineConfig) -> dict:
     return cfg.model.model_dump(mode="json", include={"template", "dtype", "gguf_file"})
 
 
+def _peft(cfg: PipelineConfig) -> dict:
+    """model.peft, for the training stages, only when on (LoRA off leaves keys as they were)."""
+    return {"peft": cfg.model.peft.model_dump(mode="json")} if cfg.model.peft.enabled else {}
+
+
 def _train_setup(cfg: PipelineConfig) -> dict:
     return cfg.train.model_dump(mode="json", exclude={"main_process_port"})
 
@@ -88,7 +93,8 @@ def sft_key(cfg: PipelineConfig, model_fp: str, problems_fp: str) -> str:
     return stage_key("sft", model=model_fp, problems=problems_fp,
                      sft=cfg.sft.model_dump(mode="json", exclude={"disable_tqdm"}),
                      max_examples=cfg.sft_stage.max_examples,
-                     template=cfg.model.template, train=_train_setup(cfg), seed=cfg.project.seed)
+                     template=cfg.model.template, train=_train_setup(cfg), seed=cfg.project.seed,
+                     **_peft(cfg))
 
 
 def grpo_key(cfg: PipelineConfig, model_fp: str, problems_fp: str, round_no: int) -> str:
@@ -106,7 +112,7 @@ def grpo_key(cfg: PipelineConfig, model_fp: str, problems_fp: str, round_no: int
                      dynamic_sampling=cfg.dynamic_sampling.model_dump(mode="json"),
                      in_round_eval=in_round,
                      rewards=cfg.rewards.model_dump(mode="json"), template=cfg.model.template,
-                     round=round_no, seed=cfg.project.seed, train=_train_setup(cfg))
+                     round=round_no, seed=cfg.project.seed, train=_train_setup(cfg), **_peft(cfg))
 
 
 def eval_key(cfg: PipelineConfig, model_fp: str, benchmarks: list[str],

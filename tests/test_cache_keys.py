@@ -66,6 +66,8 @@ CASES = [
     ("model.gguf_file=w.gguf", {"filter", "eval"}),
     ("model.name_or_path=some/other-id", set()),
     ("model.hub_token=hf_secret", set()),
+    ("model.peft.enabled=true", {"sft", "grpo"}),  # LoRA trains both
+    ("model.peft.r=8", set()),  # LoRA off: its settings are unused
     # data
     ("data.train=[{source: 'synthetic:arith', limit: 50}]", {"data"}),
     ("data.decontaminate=false", {"data"}),
@@ -179,6 +181,14 @@ def test_adaptive_rule_and_rollout_evidence_change_the_filter_key():
     assert filter_key(cfg, MODEL_FP, PROBLEMS_FP, "e0") != plain
     assert filter_key(cfg, MODEL_FP, PROBLEMS_FP, "e1") != filter_key(cfg, MODEL_FP,
                                                                        PROBLEMS_FP, "e0")
+
+
+def test_lora_settings_count_when_lora_is_on():
+    on = ["model.peft.enabled=true"]
+    key = keys(config_from_dict({}, on))
+    for extra in ("model.peft.r=8", "model.peft.alpha=8", "model.peft.dropout=0.1",
+                  "model.peft.target_modules=[q_proj, v_proj]"):
+        assert changed(key, keys(config_from_dict({}, on + [extra]))) == {"sft", "grpo"}, extra
 
 
 def test_stage_inputs_change_exactly_their_stages(base):

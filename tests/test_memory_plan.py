@@ -129,3 +129,41 @@ def test_builtin_models_have_a_plan():
     plan = memory_plan(load_config(ROOT / "configs/quickstart.yaml"))
     assert plan["arch_source"].startswith("build recipe") and plan["fits"] is True
     assert plan["params"] < 1_000_000
+
+
+def test_lora_plan_holds_the_adapters_alone():
+    """model.peft: weights 4 P + 4 A, gradients 4 A, Adam 8 A, no reference copy (the base
+    with adapters disabled). The LoRA preset fits 24 GiB where the full one does not."""
+    p = HAND["Qwen/Qwen2.5-1.5B-Instruct"]
+    # r 64 on all 7 projections of 28 layers: q, o 1536+1536; k, v 1536+256; gate, up,
+    # down 1536+8960
+    a = 28 * 64 * (2 * 3072 + 2 * 1792 + 3 * 10496)
+    assert a == 73_859_072
+    cfg = load_config(ROOT / "configs/models/qwen2.5-1.5b-instruct-lora.yaml")
+    plan = memory_plan(cfg, gpu_gb=24)
+    b = plan["bytes"]
+    assert plan["lora"] == {"r": 64, "adapter_params": a} and plan["trainable_params"] == a
+    assert (b["policy_weights"], b["gradients"], b["optimizer_adam"], b["reference_model"]) == (
+        4 * (p + a), 4 * a, 8 * a, 0)
+    assert plan["fits"] is True
+    full = load_config(ROOT / "configs/models/qwen2.5-1.5b-instruct.yaml",
+                       ["grpo.per_device_micro_batch=4", "grpo.vllm_gpu_memory_utilization=0.25"])
+    assert memory_plan(full, gpu_gb=24)["fits"] is False  # 18 P of states alone: 25.9 GiB
+    some = load_config(ROOT / "configs/models/qwen2.5-1.5b-instruct-lora.yaml",
+                       ["model.peft.target_modules=[q_proj, self_attn.v_proj]", "model.peft.r=8"])
+    assert memory_plan(some)["lora"]["adapter_params"] == 28 * 8 * (3072 + 1792)
+
+
+def test_lora_count_equals_peft(tmp_path):
+    """The adapter formula against peft's count on the proxy (a real Qwen2 class)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from grpo_core.modeling.memory_plan import lora_params
+    from grpo_core.modeling.proxy import ensure_proxy
+
+    path = ensure_proxy(tmp_path)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path),
+                           LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert lora_params(resolve_arch(str(path))[0], 4, "all-linear") == trainable

@@ -20,6 +20,22 @@ class ProjectConfig(Section):
     """Local state (DuckDB, MLflow, checkpoints); default ./.grpo or $GRPO_WORKDIR."""
 
 
+class PeftConfig(Section):
+    """LoRA adapters (grpo_core/train/lora.py): TRL trains them on the frozen base, the
+    reference is the base with adapters disabled, the saved model is merged."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of every weight (SFT and GRPO)."""
+    r: int = Field(default=16, ge=1)
+    """Adapter rank."""
+    alpha: int = Field(default=32, ge=1)
+    """LoRA alpha: the update is scaled by alpha / r."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapters' input. 0: GRPO's ratio compares two forward passes."""
+    target_modules: str | list[str] = "all-linear"
+    """`all-linear` (every linear layer but the LM head) or module names (q_proj, ...)."""
+
+
 class ModelConfig(Section):
     name_or_path: str = "builtin:tiny-arith"
     """Hugging Face id, local path, `builtin:tiny-arith` (built offline in-process), or
@@ -35,6 +51,8 @@ class ModelConfig(Section):
     hub_token: SecretStr | None = None
     """Hugging Face token for gated or private models (better: the HF_TOKEN env var).
     Never written anywhere: dumps, hashes, MLflow and Prefect see `**********`."""
+    peft: PeftConfig = Field(default_factory=PeftConfig)
+    """LoRA (off by default)."""
 
 
 class DataSource(Section):

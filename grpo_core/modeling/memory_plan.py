@@ -11,6 +11,7 @@ The seed's memory argument made concrete: GRPO keeps a policy and a frozen refer
 | gradients (fp32, on the master weights) | 4 P | ZeRO-2, ZeRO-3 / FSDP |
 | Adam state (exp_avg + exp_avg_sq, fp32) | 8 P | ZeRO-1, -2, -3 / FSDP |
 | reference model (sampling dtype, bf16; none when grpo.beta == 0) | 2 P | ZeRO-3 / FSDP |
+| with model.peft (LoRA, A adapter parameters): weights 4 P + 4 A, gradients 4 A, Adam 8 A, reference 0 (the base with adapters disabled) | | |
 | activations of one micro-batch | see `activation_bytes` | - |
 | logits of one micro-batch (fp32 log-softmax over the vocabulary) | 4 b s_c V | - |
 | KV cache of one generation batch (bf16) | 2 L n_kv d_head 2 x tokens | - |
@@ -168,6 +169,18 @@ def kv_cache_bytes(arch: Arch, sequences: int, tokens: int, dtype_bytes: int = 2
     return 2 * arch.layers * arch.kv_heads * arch.head_dim * dtype_bytes * sequences * tokens
 
 
+def lora_params(arch: Arch, r: int, targets: str | list[str]) -> int:
+    """Adapter parameters of LoRA rank r: r x (in + out) per targeted linear layer.
+    `all-linear` is every projection of attention and MLP (peft leaves the LM head out);
+    module names count by their last part (q_proj, self_attn.q_proj)."""
+    h, kv, i = arch.hidden, arch.kv_heads * arch.head_dim, arch.intermediate
+    shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+              "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    names = shapes if targets == "all-linear" else \
+        {t.rsplit(".", 1)[-1] for t in ([targets] if isinstance(targets, str) else targets)}
+    return arch.layers * sum(r * sum(shapes[n]) for n in names if n in shapes)
+
+
 def gradient_checkpointing(cfg, explicit: bool | None = None) -> bool:
     """Explicit setting, else on for real models and off for the built-in tiny ones."""
     from grpo_core.modeling.tiny import BUILTIN_PREFIX
@@ -197,11 +210,17 @@ def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS) -
     seq = prompt_tokens + g.max_completion_length
     ckpt = gradient_checkpointing(cfg, g.activation_checkpointing)
     shard = lambda nbytes, from_stage: nbytes // n if stage >= from_stage else nbytes
+    peft = cfg.model.peft
+    # LoRA: the optimizer sees the adapters alone; the frozen base with its adapters
+    # disabled is the reference (TRL keeps no copy: grpo_core/train/lora.py)
+    adapters = lora_params(arch, peft.r, peft.target_modules) if peft.enabled else 0
+    trained = adapters if peft.enabled else p
+    kl = g.beta > 0 or cfg.rounds.kl_schedule.kind != "constant"
     items = {
-        "policy_weights": shard(4 * p, 3),
-        "gradients": shard(4 * p, 2),
-        "optimizer_adam": shard(8 * p, 1),
-        "reference_model": shard(2 * p, 3) if g.beta > 0 or cfg.rounds.kl_schedule.kind != "constant" else 0,
+        "policy_weights": shard(4 * (p + adapters), 3),
+        "gradients": shard(4 * trained, 2),
+        "optimizer_adam": shard(8 * trained, 1),
+        "reference_model": shard(2 * p, 3) if kl and not peft.enabled else 0,
         "activations_no_ckpt": activation_bytes(arch, micro, seq, False),
         "activations_ckpt": activation_bytes(arch, micro, seq, True),
         "logits": 4 * micro * g.max_completion_length * arch.vocab,
@@ -213,7 +232,9 @@ def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS) -
     vllm_colocate = g.use_vllm and g.vllm_mode == "colocate"
     gen = int(g.vllm_gpu_memory_utilization * gpu_gb * GIB) if vllm_colocate else items["kv_cache"]
     total = states + (train + gen if vllm_colocate else max(train, gen))
-    return {**plan, **asdict(arch), "params": p, "micro_batch": micro, "passes_per_step": passes,
+    return {**plan, **asdict(arch), "params": p, "trainable_params": trained,
+            "lora": {"r": peft.r, "adapter_params": adapters} if peft.enabled else None,
+            "micro_batch": micro, "passes_per_step": passes,
             "generation_batch": gen_seqs, "seq_tokens": seq, "prompt_tokens": prompt_tokens,
             "gradient_checkpointing": ckpt, "vllm_colocate_reserved": gen if vllm_colocate else 0,
             "bytes": items, "states_bytes": states, "total_bytes": total,
@@ -227,6 +248,9 @@ def format_plan(plan: dict) -> str:
     gib = lambda v: f"{v / GIB:.2f} GiB"
     lines = [(f"memory plan for {plan['model']} ({plan['params'] / 1e6:.0f}M params, "
               f"{plan['num_processes']} process(es), ZeRO stage {plan['zero_stage']}), per GPU:")]
+    if plan.get("lora"):
+        lines.append(f"  LoRA r={plan['lora']['r']}: {plan['lora']['adapter_params'] / 1e6:.1f}M "
+                     "trainable adapter params; reference = base with adapters disabled")
     lines += [f"  {k:<22} {gib(v)}" for k, v in plan["bytes"].items()]
     if plan["vllm_colocate_reserved"]:
         lines.append(f"  {'vllm_colocate_reserved':<22} {gib(plan['vllm_colocate_reserved'])}")

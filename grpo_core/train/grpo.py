@@ -15,6 +15,7 @@ from grpo_core.config import PipelineConfig, generation_batch
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt, stop_strings
+from grpo_core.train import lora
 from grpo_core.train.in_round_eval import (
     BEST_DIR,
     BestTracker,
@@ -158,6 +159,7 @@ def run_grpo_round(
         train_dataset=grpo_dataset(problems, template, tokenizer),
         processing_class=tokenizer,
         callbacks=callbacks,
+        **lora.trainer_kwargs(cfg),  # model.peft: TRL wraps the model in LoRA adapters
     )
     bind(callbacks, trainer)
     quiet_trainer(trainer)
@@ -216,6 +218,11 @@ def _hand_on(trainer, result: RoundResult, tracker: BestTracker | None, out: Pat
     elif result.stopped_early:
         # Keep the last good checkpoint as the round's model, not the diverged weights.
         good = last_checkpoint(out)
+        if good and lora.is_lora(trainer.model):  # an adapter-only checkpoint: merge it
+            if trainer.is_world_process_zero():
+                lora.merge_checkpoint(trainer.model, good, result.output_dir, save_dtype)
+                tokenizer.save_pretrained(result.output_dir)
+            good = result.output_dir
         result.output_dir = good or model_path
     else:
         result.best_step = tracker.best_step if tracker is not None else None

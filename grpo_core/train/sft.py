@@ -10,6 +10,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt
+from grpo_core.train import lora
 from grpo_core.train.trl_args import trl_sft_args
 
 _CALCULATOR_NOTE = re.compile(r"<<[^<>]*>>")  # GSM8K's "<<48/2=24>>" annotations
@@ -80,6 +81,7 @@ def run_sft(
         train_dataset=sft_dataset(usable, template, tokenizer),
         processing_class=tokenizer,
         callbacks=[LossHistory(result.history), *(extra_callbacks or [])],
+        **lora.trainer_kwargs(cfg),  # model.peft: LoRA adapters, saved merged (lora.py)
     )
     quiet_trainer(trainer)
     trainer.train()

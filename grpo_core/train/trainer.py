@@ -32,6 +32,7 @@ from transformers import Trainer
 from trl import GRPOTrainer, RLOOTrainer, SFTTrainer
 from trl.trainer import utils as trl_utils
 
+from grpo_core.train import lora
 from grpo_core.train.auxiliary import AUX_FILE
 
 # (owner, member): every private member this module touches. The contract test pins each
@@ -178,6 +179,10 @@ class SavesInDtype:
     def _save(self, output_dir=None, state_dict=None):
         if self.save_dtype is None:
             return super()._save(output_dir, state_dict)
+        if lora.is_lora(self.accelerator.unwrap_model(self.model)):  # merged + adapter/
+            return lora.save_merged(self.accelerator.unwrap_model(self.model),
+                                    output_dir or self.args.output_dir, self.save_dtype,
+                                    state_dict)
         if state_dict is None:
             state_dict = self.accelerator.unwrap_model(self.model).state_dict()
         cast: dict = {}  # by storage: tied weights stay one tensor

@@ -1,8 +1,9 @@
 """A trained model as an MLflow model: the `transformers` flavour (text-generation, string
 in and out, the tokenizer as a component, the stored dtype kept), logged as a LoggedModel of
 the pipeline's run and registered from it, through an explicit MlflowClient only (no
-fluent API, no global tracking URI: tasks.mlflow_client.connect). `hf_folder` turns a
-downloaded model back into a from_pretrained folder. Used by tasks.registry."""
+fluent API, no global tracking URI: tasks.mlflow_client.connect). A LoRA model's adapter
+(model.peft; its folder's adapter/) is kept in the logged model's adapter/. `hf_folder`
+turns a downloaded model back into a from_pretrained folder. Used by tasks.registry."""
 from __future__ import annotations
 
 import contextlib
@@ -17,6 +18,8 @@ from pathlib import Path
 import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from grpo_core.train.lora import ADAPTER_DIR
 
 MODEL_FORMAT_TAG = "grpo.model_format"
 MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # mlflow.utils.mlflow_tags.MLFLOW_MODEL_VERSIONS
@@ -43,6 +46,9 @@ def log_and_register(c: MlflowClient, run_id: str, model_dir: str | os.PathLike,
             return c.create_model_version(name, source=f"runs:/{run_id}/model",
                                           run_id=run_id, tags=version_tags)
         version_tags[MODEL_FORMAT_TAG] = "mlflow-transformers"
+        adapter = Path(model_dir) / ADAPTER_DIR  # model.peft: the LoRA adapter it merges
+        if (adapter / "adapter_config.json").is_file():
+            shutil.copytree(adapter, local / ADAPTER_DIR)  # kept beside the merged weights
         return _log_logged_model(c, run_id, local, name, version_tags)
 
 
