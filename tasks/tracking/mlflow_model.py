@@ -1,9 +1,9 @@
 """A trained model as an MLflow model: the `transformers` flavour (text-generation, string
 in and out, the tokenizer as a component, the stored dtype kept), logged as a LoggedModel of
 the pipeline's run and registered from it, through an explicit MlflowClient only (no
-fluent API, no global tracking URI: tasks.mlflow_client.connect). A LoRA model's adapter
+fluent API, no global tracking URI: tasks.tracking.mlflow_client.connect). A LoRA model's adapter
 (model.peft; its folder's adapter/) is kept in the logged model's adapter/. `hf_folder`
-turns a downloaded model back into a from_pretrained folder. Used by tasks.registry."""
+turns a downloaded model back into a from_pretrained folder. Used by tasks.tracking.registry."""
 from __future__ import annotations
 
 import contextlib

@@ -49,7 +49,7 @@ def register_model(run_id: str, model_dir: str | os.PathLike, name: str,
     `mlflow.transformers.load_model("models:/<name>@champion")` returns a generating
     pipeline and `mlflow.pyfunc.load_model` a string-to-string model. Only MlflowClient
     calls with explicit ids (no fluent API, no global tracking URI: see
-    tasks.mlflow_client.connect).
+    tasks.tracking.mlflow_client.connect).
 
     A folder the flavour cannot take (transformers cannot load it) is logged as before,
     files as they are under the run's `model/` artifacts, registered from runs:/<id>/model;
