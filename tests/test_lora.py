@@ -222,9 +222,9 @@ def test_round_killed_with_sigkill_resumes_from_the_adapter_checkpoint(proxy_mod
 def test_registered_lora_model_is_the_merged_transformers_model(lora_round, store, tmp_path,
                                                                 monkeypatch):
     import mlflow
-    from tasks.tracking.mlflow_model import MODEL_FORMAT_TAG
 
     from tasks import tracking as T
+    from tasks.tracking.mlflow_model import MODEL_FORMAT_TAG
 
     cfg, wd = store
     run = T.start_parent_run(cfg, cfg.hash(), cfg.project.recipe, "abc1234", "flow", wd)

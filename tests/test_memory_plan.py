@@ -147,7 +147,8 @@ def test_lora_plan_holds_the_adapters_alone():
         4 * (p + a), 4 * a, 8 * a, 0)
     assert plan["fits"] is True
     full = load_config(ROOT / "configs/models/qwen2.5-1.5b-instruct.yaml",
-                       ["grpo.per_device_micro_batch=4", "grpo.vllm_gpu_memory_utilization=0.25"])
+                       ["grpo.per_device_train_batch_size=4", "grpo.gradient_accumulation_steps=64",
+                        "grpo.vllm_gpu_memory_utilization=0.25"])
     assert memory_plan(full, gpu_gb=24)["fits"] is False  # 18 P of states alone: 25.9 GiB
     some = load_config(ROOT / "configs/models/qwen2.5-1.5b-instruct-lora.yaml",
                        ["model.peft.target_modules=[q_proj, self_attn.v_proj]", "model.peft.r=8"])
