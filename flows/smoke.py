@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig, config_from_dict
+from grpo_core.eval.metric_names import at_samples
 
 PROXY = "builtin:proxy-qwen2"
 STEPS = 2  # optimizer steps per training stage
@@ -28,15 +29,6 @@ EVAL_SAMPLES = 2
 TOKENS = 16  # completion budget everywhere
 FILTER_PROBLEMS = 8
 SOURCE_LIMIT = 32  # training rows kept per source (the whole source is still ingested)
-
-
-def _metric_for(primary: str, samples: int) -> str:
-    """The config's primary metric at `samples` samples (avg@16 -> avg@2, maj@8 -> maj@2)."""
-    extraction, sep, m = primary.rpartition("/")
-    if "@" in m:
-        kind, _, k = m.partition("@")
-        m = f"{kind}@{min(int(k), samples) if kind != 'avg' else samples}"
-    return f"{extraction}{sep}{m}"
 
 
 def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
@@ -81,7 +73,7 @@ def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
                        activation_checkpointing=gradient_checkpointing(cfg, sft.activation_checkpointing))
     tree["eval"].update(limit=EVAL_PROBLEMS, samples=EVAL_SAMPLES, max_new_tokens=TOKENS,
                         bootstrap=50, shards=1,
-                        primary_metric=_metric_for(cfg.eval.primary_metric, EVAL_SAMPLES))
+                        primary_metric=at_samples(cfg.eval.primary_metric, EVAL_SAMPLES))
     tree["train"].update(num_processes=1, num_machines=1, accelerate_config=None,
                          main_process_port=None, vllm_server_launch=False)
     # Its own MLflow store: a smoke run never lands on the user's tracking server.

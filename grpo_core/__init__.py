@@ -4,9 +4,9 @@ Modules are layered by concern; imports point one way, down the layers:
 
 - top modules (config, progress, workspace, prompts, versions): the base any layer may import.
   config is a package (its sections in modules); the others are modules. They import no
-  layer. Exception, by design: config's validators import two registries late (inside the
-  validator, not at import time): `data.benchmarks` (is_eval_split) and `verify.rewards`
-  (REWARDS), to refuse bad configs by name.
+  layer. Exception, by design: config's validators import three modules late (inside the
+  validator, not at import time): `data.benchmarks` (is_eval_split), `verify.rewards`
+  (REWARDS) and `eval.metric_names` (the metric grammar), to refuse bad configs by name.
 - verify/: answer extraction, comparison and rewards.
 - data/: problems, sources, the DuckDB store and its pipeline lock.
 - modeling/: model loading, the built-in tiny and proxy models, memory plans, GPU hygiene.
@@ -28,7 +28,8 @@ TOP_MODULES = ("config", "progress", "workspace", "prompts", "versions")
 """The base modules at the top of grpo_core (no layer imports, see CONFIG_LATE_IMPORTS);
 config is a package, the one top module that is."""
 
-CONFIG_LATE_IMPORTS = ("grpo_core.data.benchmarks", "grpo_core.verify.rewards")
+CONFIG_LATE_IMPORTS = ("grpo_core.data.benchmarks", "grpo_core.verify.rewards",
+                       "grpo_core.eval.metric_names")
 """The only layer modules a top module imports: config (any of its modules), inside its
 validators."""
 

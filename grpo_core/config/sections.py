@@ -256,16 +256,15 @@ class EvalConfig(Section):
 
     @model_validator(mode="after")
     def _known_metric(self) -> EvalConfig:
+        from grpo_core.eval.metric_names import parse_metric, reported_at  # the one grammar
+
         k = self.samples
-        extraction, _, m = self.primary_metric.rpartition("/")
-        if extraction == "strict":  # the default extraction: one spelling of each metric
-            self.__dict__["primary_metric"] = m
-        ok = extraction in ("", "strict", "flexible") and (m == "greedy_accuracy" or m == f"avg@{k}" or (
-            m.split("@")[0] in ("maj", "pass") and m.split("@")[-1].isdigit() and 1 <= int(m.split("@")[1]) <= k))
-        if not ok:
+        if not reported_at(self.primary_metric, k):
             raise ValueError(f"primary_metric: {self.primary_metric!r} is not reported with "
                              f"samples={k} (use greedy_accuracy, avg@{k}, maj@j or pass@j with "
                              f"j <= {k}, optionally prefixed flexible/)")
+        # one spelling of each metric (strict/avg@4 is avg@4)
+        self.__dict__["primary_metric"] = parse_metric(self.primary_metric).name
         return self
 
 

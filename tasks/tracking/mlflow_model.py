@@ -93,10 +93,14 @@ def _save_flavour(model_dir: str | os.PathLike, path: Path, name: str, run_id: s
     import mlflow.transformers
     from mlflow.models.signature import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from grpo_core.modeling.loading import load_causal_lm
+
+    # The tokenizer exactly as saved (load_tokenizer would add a pad token to the registered
+    # model); the weights through the one loader, in their stored dtype.
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto")
+    model = load_causal_lm(str(model_dir), "auto")
     model.eval()
     signature = ModelSignature(inputs=Schema([ColSpec("string")]),
                                outputs=Schema([ColSpec("string")]),
