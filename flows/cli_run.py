@@ -85,6 +85,10 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         configs = [_smoke_config_or_exit(config, real, model, smoke)]
     ws = Workspace.at(configs[0].project.workdir)
     _check_benchmarks_or_exit(configs, ws)
+    from flows.cli_train import plan_or_exit
+
+    for c in configs:  # more processes than GPUs: refused here, before any work
+        plan_or_exit(c, say=False)
     # An unreachable tracking server fails here, in seconds, before any training.
     uri = tracking_store.tracking_uri(configs[0], ws)
     try:

@@ -32,15 +32,36 @@ def _setup(config, overrides, workdir, model):
     return cfg, ws, path, pool, template
 
 
+def plan_or_exit(cfg, say: bool = True):
+    """How the stage starts on this machine (tasks.launch.launch_plan): in this process only
+    on exactly one device; else `accelerate launch`, pinned to the GPUs it uses. A refusal
+    exits 2 before any work, with the fix."""
+    from tasks.launch import stage_plan
+
+    plan = stage_plan(cfg)
+    if plan.mode == "refuse":
+        fail(plan.message, 2)
+    if say and plan.message:
+        typer.echo(plan.message, err=True)
+    return plan
+
+
 def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model: MODEL = None,
         out: OUT = None) -> None:
     """SFT cold start on the config's training pool (reasoning traces from solutions)."""
     require_supported_trl()
-    from grpo_core.train.sft import run_sft
+    from grpo_core.train.sft import SFTResult, run_sft
+    from tasks.launch import run_launched
 
+    plan = plan_or_exit(load_or_exit(config, set_, workdir))
     cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "sft"
-    result = run_sft(path, pool, cfg, out, template)
+    if plan.mode == "in-process":
+        result = run_sft(path, pool, cfg, out, template)
+    else:
+        res = run_launched("sft", cfg, path, pool, out, template, workspace=str(ws.root),
+                           extra_env=plan.env)
+        result = SFTResult(res["output_dir"], res["steps"], res["history"])
     typer.echo(f"sft: {result.steps} steps, final loss {result.history[-1]['loss']:.4f}"
                if result.history else f"sft: {result.steps} steps")
     typer.echo(f"model: {result.output_dir}")
@@ -53,13 +74,24 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
     require_supported_trl()
     from grpo_core.data.records import rollout_sink
     from grpo_core.data.store import Store
-    from grpo_core.train.grpo import run_grpo_round
+    from grpo_core.train.grpo import last_checkpoint, run_grpo_round
+    from tasks.stages import launched_round
 
+    plan = plan_or_exit(load_or_exit(config, set_, workdir))
     cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "grpo-round-1"
     with Store.open(ws.db_path, timeout=30) as store:
-        result = run_grpo_round(path, pool, cfg, out, template, resume=resume,
-                                rollout_sink=rollout_sink(store, run_id=str(out), round=1))
+        sink = rollout_sink(store, run_id=str(out), round=1)
+        if plan.mode == "in-process":
+            result = run_grpo_round(path, pool, cfg, out, template, resume=resume,
+                                    rollout_sink=sink)
+        else:  # its ranks resume from the last checkpoint: --resume or a fresh --out
+            ckpt = last_checkpoint(out)
+            if ckpt and not resume:
+                fail(f"{out} holds checkpoints: pass --resume, or another --out", 2)
+            step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
+            result = launched_round(cfg, str(ws.root), str(out), None, store, sink, path, pool,
+                                    Path(out), template, step, 1, plan)
     last = result.history[-1] if result.history else {}
     typer.echo(f"grpo: {result.steps} steps; last reward {last.get('reward', float('nan')):.3f}")
     for finding in result.findings:

@@ -24,6 +24,7 @@ from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.grpo import prompts_per_update
 from grpo_core.workspace import Workspace
 from tasks import stages, tracking
+from tasks.launch import require_plan
 
 
 def git_commit() -> str:
@@ -84,6 +85,7 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
     """Run one recipe end to end; returns the final metrics and where the model is."""
     log = get_run_logger()
     cfg = config
+    require_plan(cfg)  # a stage this machine cannot start is refused before any work
     ws = Workspace.at(cfg.project.workdir).ensure()
     use_hub_token(cfg)
     # One pipeline per store: a second one waits, then stops before its MLflow run exists.

@@ -26,12 +26,87 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = "infra/accelerate/cpu_2proc.yaml"
 
 
-def launched(cfg: PipelineConfig) -> bool:
-    """More than one process, or a vLLM server on some of the GPUs (the trainer must then
-    start in a process whose CUDA_VISIBLE_DEVICES leaves those out)."""
+# --- How a training stage starts (process count and device pinning) -----------------------
+# One decision for `grpo run`, `grpo train`, `grpo sft` and the deployments: in the calling
+# process only when exactly one device (or the CPU) is used and nothing else is visible;
+# otherwise a subprocess under `accelerate launch`, pinned with CUDA_VISIBLE_DEVICES to the
+# GPUs it uses. Never one process that sees several GPUs: transformers would wrap the model
+# in nn.DataParallel, which TRL's trainers refuse.
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    mode: str  # "in-process" | "pinned" | "launch" | "refuse"
+    devices: tuple[str, ...] = ()  # CUDA_VISIBLE_DEVICES of the stage's processes; () = as is
+    message: str = ""  # why pinned (logged), or the refusal with its fix
+
+    @property
+    def env(self) -> dict:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)} if self.devices else {}
+
+
+def launch_plan(device_count: int, num_processes: int, cuda_visible: str | None = None,
+                num_machines: int = 1, server_gpus: int = 0) -> LaunchPlan:
+    """Pure: how a stage runs on this machine. device_count: GPUs torch sees (0 on CPU);
+    cuda_visible: $CUDA_VISIBLE_DEVICES as set (names the GPUs; None: 0..device_count-1);
+    server_gpus: GPUs the round's own vLLM server takes first (0: none)."""
+    if device_count == 0:  # CPU: processes on gloo, no device to pin
+        if server_gpus:
+            return LaunchPlan("refuse", message="a launched vLLM server (grpo.vllm_mode=server, "
+                              "train.vllm_server_launch) needs GPUs and none is visible; use "
+                              "vllm_mode=colocate, or train.vllm_server_launch=false")
+        one = num_processes == 1 and num_machines == 1
+        return LaunchPlan("in-process" if one else "launch")
+    listed = [d.strip() for d in (cuda_visible or "").split(",") if d.strip()]
+    gpus = listed if cuda_visible is not None and len(listed) == device_count \
+        else [str(i) for i in range(device_count)]
+    train_gpus = gpus[server_gpus:]
+    local = -(-num_processes // num_machines)  # ranks on this machine
+    if not train_gpus:
+        return LaunchPlan("refuse", message=(
+            f"train.vllm_server_gpus={server_gpus} leaves no GPU for training ({device_count} "
+            f"visible); use grpo.vllm_mode=colocate on a single GPU"))
+    if local > len(train_gpus):
+        fix = f"set train.num_processes: {len(train_gpus) * num_machines}"
+        return LaunchPlan("refuse", message=(
+            f"train.num_processes={num_processes} needs {local} GPUs on this machine but "
+            f"{len(train_gpus)} are free for training ({device_count} visible"
+            f"{f', {server_gpus} for the vLLM server' if server_gpus else ''}); {fix}, or "
+            f"make more GPUs visible"))
+    used = tuple(train_gpus[:local])
+    if local == len(gpus) == 1 and num_machines == 1:
+        return LaunchPlan("in-process")
+    if local < len(train_gpus):
+        return LaunchPlan("pinned", used, (
+            f"{device_count} GPUs visible, train.num_processes={num_processes}: the stage runs on "
+            f"GPU {','.join(used)} (CUDA_VISIBLE_DEVICES); raise train.num_processes to use more"))
+    return LaunchPlan("launch", used if server_gpus else ())
+
+
+def stage_plan(cfg: PipelineConfig) -> LaunchPlan:
+    """launch_plan for this config on this machine (torch's device count, the environment)."""
+    import torch
+
     from tasks.vllm_server import launches_server
 
-    return cfg.train.num_processes > 1 or cfg.train.num_machines > 1 or launches_server(cfg)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    t = cfg.train
+    return launch_plan(count, t.num_processes, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                       t.num_machines, t.vllm_server_gpus if launches_server(cfg) else 0)
+
+
+def require_plan(cfg: PipelineConfig) -> LaunchPlan:
+    """stage_plan, or RuntimeError with the refusal (before any work of the stage)."""
+    plan = stage_plan(cfg)
+    if plan.mode == "refuse":
+        raise RuntimeError(plan.message)
+    return plan
+
+
+def launched(cfg: PipelineConfig) -> bool:
+    """Whether the stage runs in its own processes (run_launched) rather than in this one."""
+    return require_plan(cfg).mode != "in-process"
+# --- end of the stage-start decision ------------------------------------------------------
 
 
 def _free_port() -> int:

@@ -23,7 +23,7 @@ from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.cache import StageCache
-from tasks.launch import launched, read_rollouts_file, run_launched
+from tasks.launch import LaunchPlan, read_rollouts_file, require_plan, run_launched
 from tasks.stage_keys import (
     eval_key,
     filter_key,
@@ -208,9 +208,11 @@ def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
     def compute(run):
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"sft-{key[-8:]}")
-        if launched(ctx.cfg):
+        plan = require_plan(ctx.cfg)
+        if plan.mode != "in-process":
+            say_plan(plan)
             res = run_launched("sft", ctx.cfg, model_path, problems, out, template, run,
-                               tracking.current_uri(), str(ctx.ws.root))
+                               tracking.current_uri(), str(ctx.ws.root), extra_env=plan.env)
             result = SFTResult(res["output_dir"], res["steps"], res["history"])
             findings = res["findings"]
         else:
@@ -247,9 +249,12 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
             resume_step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
             drop_rollouts_from(store, run, resume_step)
             sink = rollout_sink(store, run_id=run, round=round_no)
-            if launched(ctx.cfg):
-                result = _launched_round(ctx, run, store, sink, model_path, problems, out,
-                                         template, resume_step, round_no)
+            plan = require_plan(ctx.cfg)
+            if plan.mode != "in-process":
+                say_plan(plan)
+                result = launched_round(ctx.cfg, str(ctx.ws.root), run, run, store, sink,
+                                        model_path, problems, out, template, resume_step,
+                                        round_no, plan)
             else:
                 with ctx.step_logger(run) as logger:
                     result = run_grpo_round(model_path, problems, ctx.cfg, out, template,
@@ -288,18 +293,34 @@ def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig) -> tuple[
     return [f.line() for f in found if f.severity == "warn"], codes_tag(found)
 
 
-def _launched_round(ctx: Ctx, run: str, store, sink, model_path: str, problems, out: Path,
-                    template: str, resume_step: int, round_no: int):
-    """The round on train.num_processes ranks (tasks.launch); then its rollouts, all of
-    them from the rank-0 file, into DuckDB (re-written whole: idempotent on a re-run)."""
+def say_plan(plan: LaunchPlan) -> None:
+    """A pinned stage says on which GPUs it runs (the Prefect run's log, or stderr)."""
+    if plan.message:
+        import logging
+
+        from prefect.exceptions import MissingContextError
+        from prefect.logging import get_run_logger
+
+        try:
+            get_run_logger().info(plan.message)
+        except MissingContextError:
+            logging.getLogger("grpo").warning(plan.message)
+
+
+def launched_round(cfg: PipelineConfig, workspace: str, run_id: str, mlflow_run: str | None,
+                   store, sink, model_path: str, problems, out: Path, template: str,
+                   resume_step: int, round_no: int, plan: LaunchPlan):
+    """The round in its own processes (tasks.launch, under `plan`'s CUDA_VISIBLE_DEVICES,
+    beside the round's vLLM server if it launches one); then its rollouts, all of them from
+    the rank-0 file, into DuckDB under `run_id` (re-written whole: idempotent on a re-run)."""
     from grpo_core.data.records import drop_rollouts_from
     from grpo_core.train.grpo import RoundResult
 
-    with vllm_server(ctx.cfg, model_path, Path(out) / "vllm-server.log") as gpu_env:
-        res = run_launched("grpo", ctx.cfg, model_path, problems, out, template, run,
-                           tracking.current_uri(), str(ctx.ws.root), resume_step, gpu_env,
-                           round_no)
-    drop_rollouts_from(store, run, 0)
+    with vllm_server(cfg, model_path, Path(out) / "vllm-server.log") as gpu_env:
+        res = run_launched("grpo", cfg, model_path, problems, out, template, mlflow_run,
+                           tracking.current_uri() if mlflow_run else None, workspace,
+                           resume_step, {**gpu_env, **plan.env}, round_no)
+    drop_rollouts_from(store, run_id, 0)
     for step, rows in sorted(read_rollouts_file(Path(res["rollouts_file"])).items()):
         sink(step, rows)
     sink.flush()

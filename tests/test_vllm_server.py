@@ -20,14 +20,23 @@ def test_gpu_split_follows_cuda_visible_devices():
         split_gpus(["0"], 1)
 
 
-def test_server_mode_config_reaches_the_command_and_trl(tmp_path):
+def test_server_mode_config_reaches_the_command_and_trl(tmp_path, monkeypatch):
+    import torch
+
+    # 4 simulated GPUs (only the device count is patched): 2 for the server, 2 to train on
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = config_from_dict({}, SERVER)
     cmd = server_command(cfg, "/models/m")
     assert cmd[cmd.index("--model") + 1] == "/models/m"
     assert cmd[cmd.index("--tensor_parallel_size") + 1] == "2"
     assert cmd[cmd.index("--port") + 1] == "8123"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # TRL's args on this CPU
     args = trl_grpo_args(cfg, str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert (args.use_vllm, args.vllm_mode, args.vllm_server_port) == (True, "server", 8123)
     assert launched(cfg)  # the trainer runs in a process that does not see the server's GPUs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU, one process:
     assert not launched(config_from_dict({}, ["grpo.use_vllm=true"]))  # colocate: in-process
     assert not launched(config_from_dict({}, [*SERVER, "train.vllm_server_launch=false"]))
