@@ -48,11 +48,14 @@ def split_gpus(gpus: list[str], server_gpus: int) -> tuple[list[str], list[str]]
 
 
 def server_command(cfg: PipelineConfig, model_path: str) -> list[str]:
-    g = cfg.grpo
+    """trl vllm-serve on train.vllm_server_gpus GPUs: vllm_server_data_parallel_size
+    replicas, each tensor-parallel over the rest; the server's own memory share."""
+    g, t = cfg.grpo, cfg.train
+    dp = t.vllm_server_data_parallel_size
     return [sys.executable, "-m", "trl.scripts.vllm_serve", "--model", model_path,
-            "--tensor_parallel_size", str(cfg.train.vllm_server_gpus), "--host", g.vllm_server_host,
-            "--port", str(g.vllm_server_port),
-            "--gpu_memory_utilization", str(cfg.rollout.gpu_memory_utilization)]
+            "--tensor_parallel_size", str(t.vllm_server_gpus // dp), "--data_parallel_size", str(dp),
+            "--host", g.vllm_server_host, "--port", str(g.vllm_server_port),
+            "--gpu_memory_utilization", str(t.vllm_server_gpu_memory_utilization)]
 
 
 def _healthy(url: str) -> bool:

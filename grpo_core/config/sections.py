@@ -107,7 +107,9 @@ class RolloutConfig(Section):
     tensor_parallel_size: int = Field(default=1, ge=1)
     """vLLM tensor parallel size."""
     data_parallel_size: int = Field(default=1, ge=1)
-    """vLLM data parallel size (engine replicas) for filter and eval sampling."""
+    """vLLM data parallel size (engine replicas) for filter and eval sampling. The offline
+    engine supports it for mixture-of-experts models only (a dense model is refused when the
+    engine starts): for more throughput on a dense model, shard the filter/eval instead."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     """vLLM share of GPU memory."""
 
@@ -292,6 +294,24 @@ class TrainConfig(Section):
     round on the first vllm_server_gpus visible GPUs and trains on the rest; False: use a
     server you run (at grpo.vllm_server_host / vllm_server_port)."""
     vllm_server_gpus: int = Field(default=1, ge=1)
+    """GPUs the launched server takes (the first visible ones); they are split into
+    vllm_server_data_parallel_size replicas of vllm_server_gpus / that many GPUs each
+    (the server's tensor parallelism)."""
+    vllm_server_data_parallel_size: int = Field(default=1, ge=1)
+    """Engine replicas on the server's GPUs (trl vllm-serve --data_parallel_size): a model that
+    fits one GPU serves fastest with one replica per GPU."""
+    vllm_server_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """The server's share of each of its GPUs (it has them to itself, unlike the filter's and
+    eval's engine, rollout.gpu_memory_utilization)."""
+
+    @model_validator(mode="after")
+    def _server_split(self):
+        if self.vllm_server_gpus % self.vllm_server_data_parallel_size:
+            raise ValueError(
+                f"train.vllm_server_data_parallel_size={self.vllm_server_data_parallel_size} does "
+                f"not divide train.vllm_server_gpus={self.vllm_server_gpus} (each replica takes "
+                "vllm_server_gpus / vllm_server_data_parallel_size GPUs)")
+        return self
 
 
 class TrackingConfig(Section):

@@ -198,6 +198,21 @@ class HFBackend:
         return results
 
 
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def check_offline_data_parallel(model_config: dict, data_parallel_size: int) -> None:
+    """vLLM's offline engine (one LLM object in one process) runs data parallel only for
+    mixture-of-experts models (expert parallelism); a dense model needs one process per
+    replica. Refuse before loading, naming the field (model_config: the model's config.json)."""
+    if data_parallel_size > 1 and not any(model_config.get(k) for k in MOE_KEYS):
+        raise ValueError(
+            f"rollout.data_parallel_size={data_parallel_size}: vLLM's offline engine runs data "
+            f"parallel only for mixture-of-experts models, and {model_config.get('model_type', 'this')} "
+            "model is dense. Set rollout.data_parallel_size: 1 (rollout.tensor_parallel_size for "
+            "more GPUs per engine), or shard the filter and eval (filter.shards, eval.shards)")
+
+
 class VLLMBackend:
     """vLLM offline engine (GPU). Import-guarded: the extra is optional."""
 
@@ -206,6 +221,11 @@ class VLLMBackend:
                  data_parallel_size: int = 1, stop_strings: tuple[str, ...] = (ANSWER_CLOSE,)):
         if not vllm_available():
             raise RuntimeError("rollout.backend=vllm needs the gpu extra: pip install -e '.[gpu]'")
+        if data_parallel_size > 1:
+            from transformers import AutoConfig
+
+            check_offline_data_parallel(AutoConfig.from_pretrained(model_path).to_dict(),
+                                        data_parallel_size)
         from vllm import LLM
 
         extra = {"data_parallel_size": data_parallel_size} if data_parallel_size > 1 else {}

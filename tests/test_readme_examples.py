@@ -1,0 +1,127 @@
+"""Presets and README examples that validate (issue 23, item 7): every fenced `grpo ...`
+command in the README that takes a config passes `grpo config show` with its `--set`s; the
+vLLM server's own memory share and data parallelism; the offline engine's data parallel on
+a dense model refused naming the field; project.seed reaching every sampler's arguments."""
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from grpo_core.config import ConfigError, config_from_dict, load_config
+from grpo_core.generation.rollout import check_offline_data_parallel
+from tasks.launch import launch_plan
+from tasks.vllm_server import server_command
+
+ROOT = Path(__file__).resolve().parents[1]
+TAKES_CONFIG = {("run",), ("sft",), ("train",), ("config", "show")}
+
+
+def readme_commands() -> list[list[str]]:
+    """Each fenced `grpo ...` line of the README (continuations joined, comments and
+    `[optional]` placeholders dropped), as argv after `grpo`."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    cmds = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            m = re.match(r"\s*(?:\S*/)?grpo\s+(.*)", line)
+            if m:
+                argv = shlex.split(re.sub(r"\[[^\]]*\]", " ", m.group(1)), comments=True)
+                cmds.append([a for a in argv if a != "|"])
+    return cmds
+
+
+def config_and_sets(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(CONFIG, --set values) of a command that takes a config and names one; else None."""
+    words = tuple(a for a in argv[:2] if not a.startswith("-"))
+    if words[:1] not in TAKES_CONFIG and words[:2] not in TAKES_CONFIG:
+        return None
+    configs = [a for a in argv if a.endswith((".yaml", ".yml")) and not a.startswith("-")]
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    return (configs[0], sets) if configs else None
+
+
+EXAMPLES = [c for c in map(config_and_sets, readme_commands()) if c]
+
+
+def test_the_readme_has_the_gpu_examples():
+    assert len(EXAMPLES) >= 6
+    assert any("train.vllm_server_gpus=2" in sets and "train.num_processes=6" in sets
+               for _, sets in EXAMPLES)  # the 8-GPU server example
+
+
+@pytest.mark.parametrize("config,sets", EXAMPLES, ids=[" ".join([c, *s]) for c, s in EXAMPLES])
+def test_readme_command_passes_config_show(config, sets):
+    argv = ["config", "show", str(ROOT / config)]
+    for s in sets:
+        argv += ["--set", s]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("# config hash")
+
+
+def test_the_8_gpu_examples_fit_8_gpus():
+    for _, sets in EXAMPLES:
+        if "infra/accelerate/multi_gpu.yaml" not in " ".join(sets):
+            continue
+        cfg = config_from_dict({}, sets)
+        server = cfg.train.vllm_server_gpus if cfg.grpo.vllm_mode == "server" else 0
+        plan = launch_plan(8, cfg.train.num_processes, None, server_gpus=server)
+        assert plan.mode == "launch", plan.message  # every GPU used, none refused
+
+
+def test_vllm_server_gets_its_own_memory_share_and_data_parallelism():
+    cfg = config_from_dict({}, ["grpo.use_vllm=true", "grpo.vllm_mode=server",
+                                "train.vllm_server_gpus=4", "train.vllm_server_data_parallel_size=2",
+                                "train.vllm_server_gpu_memory_utilization=0.85"])
+    cmd = server_command(cfg, "/m")
+    assert cfg.rollout.gpu_memory_utilization != 0.85  # the filter's share is not the server's
+    assert cmd[cmd.index("--gpu_memory_utilization") + 1] == "0.85"
+    assert cmd[cmd.index("--data_parallel_size") + 1] == "2"
+    assert cmd[cmd.index("--tensor_parallel_size") + 1] == "2"
+    default = server_command(config_from_dict({}, []), "/m")
+    assert default[default.index("--gpu_memory_utilization") + 1] == "0.9"
+    with pytest.raises(ConfigError, match="train.vllm_server_data_parallel_size=2 does not divide"):
+        config_from_dict({}, ["train.vllm_server_gpus=3", "train.vllm_server_data_parallel_size=2"])
+
+
+def test_offline_engine_data_parallel_refused_on_a_dense_model():
+    with pytest.raises(ValueError, match=r"rollout.data_parallel_size=2: .*qwen2 model is dense"):
+        check_offline_data_parallel({"model_type": "qwen2"}, 2)
+    check_offline_data_parallel({"model_type": "qwen2"}, 1)
+    check_offline_data_parallel({"model_type": "qwen2_moe", "num_experts": 60}, 2)
+    check_offline_data_parallel({"model_type": "mixtral", "num_local_experts": 8}, 4)
+
+
+def test_every_shipped_config_passes_config_show():
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        load_config(path)  # raises ConfigError naming the field
+
+
+def test_project_seed_reaches_every_sampler(tmp_path, monkeypatch):
+    """At the arguments' level: TRL's GRPO/SFT (seed, data_seed; TRL seeds its sampler and
+    the policy's generate from them), the filter's and eval's engines (VLLMBackend's seed,
+    the hf backend's seeded SamplingParams)."""
+    from grpo_core.generation import sampling
+    from grpo_core.train.trl_args import grpo_kwargs, trl_sft_args
+
+    cfg = config_from_dict({}, ["project.seed=1234", "rollout.backend=vllm"])
+    kw = grpo_kwargs(cfg, str(tmp_path))
+    assert (kw["seed"], kw["data_seed"]) == (1234, 1234)
+    sft = trl_sft_args(cfg, str(tmp_path))
+    assert (sft.seed, sft.data_seed) == (1234, 1234)
+
+    seen = {}
+
+    class FakeEngine:  # stands in for vLLM's (not installable beside a CPU torch)
+        tokenizer = None
+
+        def __init__(self, *args, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(sampling, "VLLMBackend", FakeEngine)
+    monkeypatch.setattr("grpo_core.generation.rollout.resolve_backend_name", lambda name: name)
+    sampling.build_backend("/m", cfg)
+    assert seen["seed"] == 1234
