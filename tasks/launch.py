@@ -58,7 +58,8 @@ def launch_plan(device_count: int, num_processes: int, cuda_visible: str | None 
         one = num_processes == 1 and num_machines == 1
         return LaunchPlan("in-process" if one else "launch")
     listed = [d.strip() for d in (cuda_visible or "").split(",") if d.strip()]
-    gpus = listed if cuda_visible is not None and len(listed) == device_count \
+    # torch counts the listed GPUs up to the first it cannot use
+    gpus = listed[:device_count] if len(listed) >= device_count \
         else [str(i) for i in range(device_count)]
     train_gpus = gpus[server_gpus:]
     local = -(-num_processes // num_machines)  # ranks on this machine

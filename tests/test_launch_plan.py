@@ -33,6 +33,7 @@ CASES = [
     (8, 6, None, "pinned", ("0", "1", "2", "3", "4", "5")),
     (4, 1, "4,5,6,7", "pinned", ("4",)),
     (4, 3, "7,6,5,4", "pinned", ("7", "6", "5")),
+    (2, 1, "0,1,99", "pinned", ("0",)),  # torch stops counting at an invalid entry
     # as many processes as GPUs: accelerate launch on all of them, as they are
     (2, 2, None, "launch", ()),
     (8, 8, None, "launch", ()),

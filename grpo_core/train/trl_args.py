@@ -47,6 +47,10 @@ def grpo_kwargs(cfg: PipelineConfig, output_dir: str, report_to: list[str] | Non
         # installed transformers' name for it
         checkpointing_field(): gradient_checkpointing(cfg, g.activation_checkpointing),
         "output_dir": output_dir,
+        # TRL seeds its sampler and the policy's generate from `seed`. TRL 1.16 has no field
+        # for the vLLM engine's seed (colocate: process_index // tp; server: vLLM's default),
+        # and a `seed` in generation_kwargs would seed every request alike: colocate samples
+        # each prompt's G copies with n=1, so the whole group would be one completion.
         "seed": cfg.project.seed,
         "data_seed": cfg.project.seed,
         **precision_flags(cfg),
