@@ -150,3 +150,36 @@ def test_grpo_sft_with_two_processes_goes_through_accelerate_launch(tiny_model_p
     result = json.loads((out / "sft-result.json").read_text())
     assert result["world_size"] == 2 and result["steps"] == 2
     assert (out / "sft-launch.log").is_file() and "sft: 2 steps" in proc.stdout
+
+
+def test_grpo_train_routes_through_the_plan(monkeypatch, tmp_path, tiny_model_path):
+    """`grpo train` hands the round to tasks.stages.launched_round (its processes) whenever
+    the plan is not in-process: 2 CPU processes, or 1 process with 8 simulated GPUs (pinned
+    to GPU 0). The launch itself is replaced by a recorder here; the real 2-rank launch is
+    the `grpo sft` test above and tests/test_accelerate.py."""
+    from typer.testing import CliRunner
+
+    import tasks.stages
+    from flows.cli import app
+    from grpo_core.train.grpo import RoundResult
+
+    calls = []
+
+    def recorder(cfg, workspace, run_id, mlflow_run, store, sink, model_path, problems, out,
+                 template, resume_step, round_no, plan):
+        calls.append((plan, run_id, resume_step))
+        return RoundResult(str(out), 0)
+
+    monkeypatch.setattr(tasks.stages, "launched_round", recorder)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cfg = write_config(tmp_path, tiny_model_path)
+    wd, out = tmp_path / "ws", tmp_path / "out"
+    base = ["train", str(cfg), "--workdir", str(wd), "--out", str(out)]
+    _gpus(monkeypatch, 0)
+    res = CliRunner().invoke(app, [*base, "--set", "train.num_processes=2"])
+    assert res.exit_code == 0, res.output
+    _gpus(monkeypatch, 8)
+    res = CliRunner().invoke(app, base)
+    assert res.exit_code == 0, res.output
+    assert "the stage runs on GPU 0 (CUDA_VISIBLE_DEVICES)" in res.output
+    assert calls == [(LaunchPlan("launch"), str(out), 0), (launch_plan(8, 1), str(out), 0)]
