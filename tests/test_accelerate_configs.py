@@ -32,23 +32,9 @@ DEEPSPEED_FILES = ["zero2.yaml", "zero3.yaml"]
 
 def _rank_env(name: str) -> dict:
     """The ACCELERATE_* variables `accelerate launch --config_file NAME` gives each rank."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils.launch import (
-        prepare_deepspeed_cmd_env,
-        prepare_multi_gpu_env,
-        prepare_simple_launcher_cmd_env,
-    )
+    from accelerate_launch import resolved_launch
 
-    args = launch_command_parser().parse_args(["--config_file", str(ACCEL / name), "train.py"])
-    args, defaults, mp_from_config = _validate_launch_command(args)
-    if args.use_deepspeed:
-        fields = [*defaults.deepspeed_config, *(["mixed_precision"] if mp_from_config else [])]
-        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
-        env = prepare_deepspeed_cmd_env(args)[1]
-    elif args.use_fsdp or args.multi_gpu:
-        env = prepare_multi_gpu_env(args)
-    else:
-        env = prepare_simple_launcher_cmd_env(args)[1]
+    env = resolved_launch(ACCEL / name)[2]
     # this machine has no GPU: the ranks' arguments are built as on CPU (bf16 off)
     return {k: v for k, v in env.items() if k.startswith("ACCELERATE_") and k != "ACCELERATE_MIXED_PRECISION"}
 

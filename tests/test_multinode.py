@@ -4,6 +4,12 @@ machine runs carries them. The loopback test runs it for real: 2 "machines" x 1 
 127.0.0.1 train 2 GRPO steps and end with the same weights as 2 processes on one machine."""
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +18,7 @@ from grpo_core.config import load_config
 from tasks.launch import DEFAULT_PORT, first_slurm_host, launch_command, rendezvous
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["fixtures_models"]
 
 
 # ----------------------------------------------------------------------- env -> rendezvous
@@ -96,3 +103,103 @@ def test_launch_command_on_one_machine_takes_no_rank_and_a_free_port():
     cmd = launch_command(_cfg(num_processes=2), Path("spec.json"), on_gpu=False, env={})
     assert "--machine_rank" not in cmd and "--main_process_ip" not in cmd
     assert int(_opt(cmd, "--main_process_port")) > 0
+
+
+# ------------------------------------------------------- 2 machines on loopback, for real
+
+LOOPBACK_TIMEOUT_S = 420
+
+
+def _spec(tmp_path: Path, name: str, model: str, num_machines: int) -> Path:
+    from grpo_core.config import config_from_dict
+    from grpo_core.data.synthetic import generate_problems
+
+    cfg = config_from_dict({
+        "model": {"name_or_path": model, "template": "r1_zero"},
+        # 2 processes x 4 completions = 2 prompts x G 4 per step, 16 new tokens
+        "grpo": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4,
+                 "max_completion_length": 16, "learning_rate": 1e-3, "save_steps": 2},
+        # a random model never answers right, but it emits the tags (added tokens) now and
+        # then: tag_count varies within groups, so the steps have gradients to compare
+        "rewards": {"funcs": ["tag_count"], "weights": [1.0]},
+        "train": {"num_processes": 2, "num_machines": num_machines,
+                  "accelerate_config": "infra/accelerate/cpu_2proc.yaml"},
+    })
+    out = tmp_path / name
+    out.mkdir()
+    spec = {"stage": "grpo", "config": cfg.model_dump(mode="json"), "model_path": model,
+            "problems": [p.to_row() for p in generate_problems("train", 8, levels=[1])],
+            "output_dir": str(out), "template": "r1_zero", "mlflow_run": None,
+            "tracking_uri": None, "workspace": None, "rollouts_file": str(out / "rollouts.jsonl"),
+            "result_file": str(out / "grpo-result.json"), "round_no": 1}
+    path = out / "grpo-spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _start(spec: Path, log: Path, **env: str) -> subprocess.Popen:
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "JOB_COMPLETION_INDEX")
+            and not k.startswith("SLURM_")}
+    full = {**base, "GRPO_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT), **env}
+    with log.open("w") as fh:  # own process group: a timeout kills the ranks too
+        return subprocess.Popen([sys.executable, "-m", "tasks.launch", "node", str(spec)], cwd=ROOT,
+                                env=full, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(procs: list[subprocess.Popen], logs: list[Path]) -> None:
+    deadline = time.monotonic() + LOOPBACK_TIMEOUT_S
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, f"{log.name} (exit {p.returncode}):\n{log.read_text()[-3000:]}"
+
+
+def _final_weights(spec: Path) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted((spec.parent / "final").glob("*.safetensors"))
+    assert files, f"no final model under {spec.parent}"
+    return {k: t for f in files for k, t in load_file(str(f)).items()}
+
+
+@pytest.mark.slow  # ~3.5 min on 2 cores: 3 x 2 processes importing the stack, 2 GRPO steps
+@pytest.mark.integration
+def test_two_machines_on_loopback_train_like_two_processes_on_one(tiny_model_path, tmp_path):
+    import socket
+
+    import torch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    two = _spec(tmp_path, "two-machines", tiny_model_path, num_machines=2)
+    logs = [tmp_path / f"machine{i}.log" for i in range(2)]
+    _wait([_start(two, logs[i], NODE_RANK=str(i), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+           for i in range(2)], logs)
+    one = _spec(tmp_path, "one-machine", tiny_model_path, num_machines=1)
+    _wait([_start(one, tmp_path / "one.log")], [tmp_path / "one.log"])
+
+    result = json.loads((two.parent / "grpo-result.json").read_text())
+    assert result["world_size"] == 2 and result["steps"] == 2
+    a, b = _final_weights(two), _final_weights(one)
+    assert a.keys() == b.keys()
+    diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert diff <= 1e-6, f"2 machines and 1 machine differ by {diff}"
+    assert any(not torch.equal(a[k], t) for k, t in _start_weights(tiny_model_path).items()), \
+        "training changed nothing"
+
+
+def _start_weights(model: str) -> dict:
+    from safetensors.torch import load_file
+
+    return {k: t for f in sorted(Path(model).glob("*.safetensors")) for k, t in load_file(str(f)).items()}
