@@ -7,6 +7,10 @@ the spec) and appends the round's rollouts (all ranks' rows: TRL gathers them) t
 JSONL file beside the checkpoints, which the stage ingests into DuckDB when the launch
 has ended. A killed launch resumes like a single-process round: from the newest
 complete checkpoint, with the JSONL cut back to the rows before it.
+
+More machines (train.num_machines > 1): every machine runs `python -m tasks.launch node SPEC`
+on a spec all of them read (shared storage); each takes its machine rank, the first
+machine's address and the port from the scheduler's environment (`rendezvous`).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
@@ -116,7 +121,72 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(cfg: PipelineConfig, spec_path: Path, on_gpu: bool) -> list[str]:
+DEFAULT_PORT = 29500  # torchrun's: every machine must agree on it without talking first
+# Where a machine's rank comes from, first found wins: torchrun's convention, a Kubernetes
+# indexed Job's pod index, Slurm's node index within the job.
+RANK_VARS = ("NODE_RANK", "JOB_COMPLETION_INDEX", "SLURM_NODEID")
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: "gpu[003-005,9],cpu1" -> "gpu003"."""
+    head, depth, i = "", 0, 0
+    for i, ch in enumerate(nodelist):  # the first entry: up to a comma outside brackets
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            break
+        head += ch
+    while "[" in head:  # each bracket group -> its first index (zero padding kept)
+        pre, rest = head.split("[", 1)
+        inner, post = rest.split("]", 1)
+        head = pre + inner.split(",")[0].split("-")[0] + post
+    return head
+
+
+def rendezvous(num_machines: int, port: int | None, env: Mapping[str, str]) -> tuple[int, str, int]:
+    """(machine_rank, main_process_ip, main_process_port) of this machine, for
+    num_machines > 1, from the scheduler's environment: the rank from NODE_RANK, else
+    JOB_COMPLETION_INDEX (Kubernetes indexed Job), else SLURM_NODEID; the first machine's
+    address from MASTER_ADDR, else the first host of SLURM_JOB_NODELIST; the port from
+    MASTER_PORT, else train.main_process_port, else 29500 (never a random one: each machine
+    would pick its own). Raises ValueError naming what is missing."""
+    rank_var = next((v for v in RANK_VARS if env.get(v, "").strip()), None)
+    if rank_var is None:
+        raise ValueError(f"train.num_machines={num_machines} needs this machine's rank: set "
+                         f"{' or '.join(RANK_VARS)} (torchrun's NODE_RANK, a Kubernetes "
+                         "indexed Job's JOB_COMPLETION_INDEX, Slurm's SLURM_NODEID)")
+    try:
+        rank = int(env[rank_var])
+    except ValueError:
+        raise ValueError(f"{rank_var}={env[rank_var]!r} is not a machine rank") from None
+    if not 0 <= rank < num_machines:
+        raise ValueError(f"{rank_var}={rank}: machine ranks run 0..{num_machines - 1} "
+                         f"for train.num_machines={num_machines}")
+    addr = env.get("MASTER_ADDR", "").strip()
+    if not addr and env.get("SLURM_JOB_NODELIST", "").strip():
+        addr = first_slurm_host(env["SLURM_JOB_NODELIST"].strip())
+    if not addr:
+        raise ValueError(f"train.num_machines={num_machines} needs the first machine's address: "
+                         "set MASTER_ADDR (under Slurm, SLURM_JOB_NODELIST is used when it is unset)")
+    raw_port = env.get("MASTER_PORT", "").strip()
+    try:
+        main_port = int(raw_port) if raw_port else (port or DEFAULT_PORT)
+    except ValueError:
+        raise ValueError(f"MASTER_PORT={raw_port!r} is not a port") from None
+    return rank, addr, main_port
+
+
+def machine_args(num_machines: int, port: int | None, env: Mapping[str, str]) -> list[str]:
+    """`accelerate launch`'s rendezvous arguments: on one machine a free port unless one is
+    set; on more, `rendezvous` from the environment."""
+    if num_machines == 1:
+        return ["--main_process_port", str(port or _free_port())]
+    rank, addr, main_port = rendezvous(num_machines, port, env)
+    return ["--machine_rank", str(rank), "--main_process_ip", addr,
+            "--main_process_port", str(main_port)]
+
+
+def launch_command(cfg: PipelineConfig, spec_path: Path, on_gpu: bool,
+                   env: Mapping[str, str] | None = None) -> list[str]:
     t = cfg.train
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     config = t.accelerate_config or (None if on_gpu else CPU_CONFIG)
@@ -126,7 +196,7 @@ def launch_command(cfg: PipelineConfig, spec_path: Path, on_gpu: bool) -> list[s
     elif t.num_processes > 1:
         cmd += ["--multi_gpu"]
     cmd += ["--num_processes", str(t.num_processes), "--num_machines", str(t.num_machines),
-            "--main_process_port", str(t.main_process_port or _free_port())]
+            *machine_args(t.num_machines, t.main_process_port, os.environ if env is None else env)]
     return [*cmd, "-m", "tasks.launch", str(spec_path)]
 
 
@@ -252,5 +322,24 @@ def _rank_main(spec_path: str) -> None:
         Path(spec["result_file"]).write_text(json.dumps(out, default=str))
 
 
+def _node_main(spec_path: str) -> int:
+    """One machine's part of a launched stage (`python -m tasks.launch node SPEC`, what the
+    Kubernetes and Slurm examples run on every machine): `accelerate launch` of SPEC's
+    stage with this machine's rank, the first machine's address and the port from the
+    environment. Machine 0's rank 0 writes the result file beside the spec's checkpoints."""
+    import torch
+
+    cfg = PipelineConfig.model_validate(json.loads(Path(spec_path).read_text())["config"])
+    t = cfg.train
+    env = dict(os.environ)
+    local = max(1, t.num_processes // t.num_machines)
+    env.setdefault("GRPO_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // local)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cmd = launch_command(cfg, Path(spec_path).resolve(), torch.cuda.is_available(), env)
+    return subprocess.run(cmd, env=env, cwd=ROOT, check=False).returncode
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "node":
+        sys.exit(_node_main(sys.argv[2]))
     _rank_main(sys.argv[1])

@@ -93,22 +93,9 @@ def test_accelerate_config_loads_with_accelerates_loader(name):
 def _resolved_launch(name: str):
     """What `accelerate launch --config_file infra/accelerate/NAME train.py` resolves to, and
     the environment its launcher gives each rank (no process is started)."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils.launch import (
-        prepare_deepspeed_cmd_env,
-        prepare_multi_gpu_env,
-        prepare_simple_launcher_cmd_env,
-    )
+    from accelerate_launch import resolved_launch
 
-    args = launch_command_parser().parse_args(["--config_file", str(ACCEL / name), "train.py"])
-    args, defaults, mp_from_config = _validate_launch_command(args)
-    if args.use_deepspeed:
-        fields = [*defaults.deepspeed_config, *(["mixed_precision"] if mp_from_config else [])]
-        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
-        return "deepspeed", args, prepare_deepspeed_cmd_env(args)[1]
-    if args.use_fsdp or args.multi_gpu:
-        return "torchrun", args, prepare_multi_gpu_env(args)
-    return "simple", args, prepare_simple_launcher_cmd_env(args)[1]
+    return resolved_launch(ACCEL / name)
 
 
 @pytest.mark.parametrize("name,launcher", [
