@@ -146,3 +146,11 @@ def test_a_real_round_logs_throughput_to_its_history_and_mlflow_run(tiny_model_p
     for key in (tp.GEN_SECONDS, tp.TRAIN_SECONDS, tp.GEN_TOK_S, tp.TRAIN_TOK_S):
         steps = sorted(m.step for m in client.get_metric_history(run, key))
         assert steps == [1, 2], key
+
+
+def test_smoke_json_rows_carry_the_figures():
+    from flows.smoke import stage_figures
+
+    res = {"steps": 2, "throughput": {"gen_share": 0.7}, "rss_peak_gb": 0.6, "gpu_peak_gb": None}
+    assert stage_figures(res) == {"throughput": {"gen_share": 0.7}, "rss_peak_gb": 0.6}
+    assert stage_figures({"kept": 3}) == {}
