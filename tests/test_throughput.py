@@ -4,7 +4,6 @@ run, the stage line's figures, and per-stage peak RSS."""
 from __future__ import annotations
 
 import math
-import shutil
 
 import pytest
 
@@ -102,17 +101,10 @@ def _cfg(**grpo):
 
 
 @pytest.fixture
-def tracked(tmp_path, template_db, monkeypatch):
-    from grpo_core.config import PipelineConfig
+def tracked(tracked_config):
     from tasks import tracking as T
 
-    wd = tmp_path / "wd"
-    wd.mkdir()
-    shutil.copy(template_db, wd / "mlflow.db")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
-    cfg = PipelineConfig()
-    cfg.project.workdir, cfg.project.name, cfg.project.recipe = str(wd), "tp", "r1_zero"
+    cfg, wd = tracked_config
     parent = T.start_parent_run(cfg, cfg.hash(), "r1_zero", "abc1234", "flow-1", wd)
     return T.child_run(parent, "grpo/round-1"), wd
 

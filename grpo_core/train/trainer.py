@@ -246,9 +246,9 @@ class MeasuresThroughput:
                 self._counts().gen_seconds += time.perf_counter() - t0
 
     def compute_loss(self, model, inputs, *args, **kwargs):
-        if self._counting() and "completion_mask" in inputs:
-            self._counts().train_tokens += int(inputs["completion_mask"].sum()) + int(
-                inputs["prompt_mask"].sum())
+        if self._counting():
+            self._counts().train_tokens += sum(int(inputs[k].sum()) for k in
+                                               ("prompt_mask", "completion_mask") if k in inputs)
         return super().compute_loss(model, inputs, *args, **kwargs)
 
     def _counts(self) -> StepCounts:
