@@ -146,3 +146,34 @@ def test_smoke_json_rows_carry_the_figures():
     res = {"steps": 2, "throughput": {"gen_share": 0.7}, "rss_peak_gb": 0.6, "gpu_peak_gb": None}
     assert stage_figures(res) == {"throughput": {"gen_share": 0.7}, "rss_peak_gb": 0.6}
     assert stage_figures({"kept": 3}) == {}
+
+
+def test_the_callback_logs_mfu_on_a_cuda_trainer_with_a_peak():
+    """Throughput on a stand-in trainer whose training device is CUDA (no GPU needed):
+    the MFU uses train.peak_tflops and the trainable parameters only."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from grpo_core.train.callbacks import Throughput
+
+    model = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 1))  # 110 + 11
+    model[1].weight.requires_grad_(False)  # 10 frozen
+    metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    metrics["train"]["step_time"].append(2.0)
+    trainer = SimpleNamespace(args=SimpleNamespace(device=torch.device("cuda")), model=model,
+                              _metrics=metrics,
+                              step_counts=tp.StepCounts(gen_seconds=1.5, gen_tokens=30,
+                                                        train_tokens=1000))
+    cb = Throughput(peak_override=1e-6)  # 1 MFLOP/s
+    cb.bind(trainer)
+    assert cb.params == 111 and cb.peak == 1e-6
+    cb.on_step_end(None, None, None)
+    got = {k: v[0] for k, v in metrics["train"].items() if k.startswith(tp.PREFIX)}
+    assert got[tp.TRAIN_SECONDS] == pytest.approx(0.5) and got[tp.GEN_TOK_S] == pytest.approx(20)
+    assert got[tp.MFU] == pytest.approx(6 * 111 * 1000 / 0.5 / 1e6)
+    assert trainer.step_counts == tp.StepCounts()  # counted once: reset for the next step
+    cpu = SimpleNamespace(args=SimpleNamespace(device=torch.device("cpu")), model=model)
+    cb.bind(cpu)
+    assert cb.peak is None  # no MFU on CPU, even with an override

@@ -293,7 +293,7 @@ class TrainConfig(Section):
     server you run (at grpo.vllm_server_host / vllm_server_port)."""
     vllm_server_gpus: int = Field(default=1, ge=1)
     peak_tflops: float | None = Field(default=None, gt=0)
-    """The device's peak TFLOP/s that throughput/mfu is computed against; None: by the CUDA
+    """The GPU's peak TFLOP/s that throughput/mfu (CUDA only) is computed against; None: by the CUDA
     device's name (grpo_core/train/throughput.py PEAK_TFLOPS, bf16 dense), no MFU for a
     device not listed. Measurement only: not in any stage's cache key."""
 

@@ -159,10 +159,12 @@ class Throughput(BoundCallback):
 
     def bind(self, trainer) -> None:
         super().bind(trainer)
-        model = trainer.model
-        on_cuda = next(model.parameters()).device.type == "cuda"
+        # the training device (args.device: the model may be placed later, by DeepSpeed/FSDP)
+        on_cuda = trainer.args.device.type == "cuda"
         self.peak = peak_tflops(cuda_device_name(), self.peak_override) if on_cuda else None
-        self.params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        # ds_numel: a parameter ZeRO-3 partitioned at load holds its full size there
+        self.params = sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()
+                          if p.requires_grad)
 
     def on_step_begin(self, args, state, control, **kw):
         self._t0 = time.perf_counter()
