@@ -8,7 +8,8 @@ in one process, each training stage takes 2 optimizer steps, each benchmark 4 pr
 completions ~16 tokens. It runs in its own workspace (<workdir>/smoke: its own store,
 MLflow and checkpoints) and writes <workdir>/reports/smoke.json: the stages and steps run,
 eval splits and problem counts, decontamination counts, the master-weight dtype training
-held, the parameter change of every training stage, and the memory plan of the config's
+held, the parameter change of every training stage, each GRPO round's throughput and each
+stage's peak memory (grpo_core/train/throughput.py), and the memory plan of the config's
 real model on a GPU (grpo_core/modeling/memory_plan.py).
 """
 from __future__ import annotations
@@ -166,6 +167,13 @@ def _master_dtype(rec: Recorder, model_path: str) -> tuple[str, str]:
     return str(next(model.parameters()).dtype).removeprefix("torch."), "load_for_training (stage cached)"
 
 
+def stage_figures(res: dict) -> dict:
+    """A stage result's measured figures: peak memory (rss_peak_gb, gpu_peak_gb) and a GRPO
+    round's throughput summary (grpo_core.train.throughput.round_summary), when present."""
+    return {k: res[k] for k in ("throughput", "rss_peak_gb", "gpu_peak_gb")
+            if isinstance(res, dict) and res.get(k) is not None}
+
+
 def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out: dict,
                  seconds: float, gpu_gb: float) -> dict:
     from grpo_core.modeling.memory_plan import memory_plan
@@ -177,16 +185,17 @@ def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out
         if s["stage"] == "ingest":
             contamination = res.get("contamination") or {}
             stages.append({"stage": "data", "pool_size": res.get("pool_size"),
-                           "cached": res.get("cached")})
+                           "cached": res.get("cached"), **stage_figures(res)})
         elif s["stage"] == "evaluate":
             label = args["label"]
             evals[label] = {b: {"split": v.get("split"),
                                 "problems": (v.get("metrics") or {}).get("n_problems")}
                             for b, v in res["benchmarks"].items()}
-            stages.append({"stage": label, "cached": res.get("cached")})
+            stages.append({"stage": label, "cached": res.get("cached"), **stage_figures(res)})
         elif s["stage"] == "difficulty_filter":
             stages.append({"stage": f"filter/round-{args['round_no']}", "kept": res.get("kept"),
-                           "considered": res.get("considered"), "cached": res.get("cached")})
+                           "considered": res.get("considered"), "cached": res.get("cached"),
+                           **stage_figures(res)})
         else:
             name = "sft" if s["stage"] == "sft" else f"grpo/round-{args['round_no']}"
             before = args["model_path"]
@@ -194,7 +203,7 @@ def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out
             row = {"stage": name, "steps": res["steps"], "input": before,
                    "output": res["model_dir"], "master_dtype": dtype, "master_dtype_from": how,
                    "param_change_norm": param_change_norm(before, res["model_dir"]),
-                   "cached": res.get("cached")}
+                   "cached": res.get("cached"), **stage_figures(res)}
             stages.append(row)
             training.append(row)
     findings = list(out.get("findings", []))
@@ -209,7 +218,9 @@ def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out
         "workspace": smoke.project.workdir,
         "seconds": round(seconds, 1),
         "stages": stages,
-        "training": {t["stage"]: {k: t[k] for k in ("steps", "master_dtype", "param_change_norm")}
+        "training": {t["stage"]: {k: t[k] for k in ("steps", "master_dtype", "param_change_norm",
+                                                    "throughput", "rss_peak_gb", "gpu_peak_gb")
+                                  if k in t}
                      for t in training},
         "master_dtype": dtypes.pop() if len(dtypes) == 1 else sorted(dtypes),
         "eval": evals,

@@ -23,18 +23,30 @@ def _metric(m: dict | None) -> str:
 
 
 def summary(kind: str, result: Any, primary: str = "") -> str:
-    """The key number of a stage's result (the dicts tasks/stages.py returns)."""
+    """The key number of a stage's result (the dicts tasks/stages.py returns), then its
+    throughput (GRPO) and peak memory (grpo_core.train.throughput) when measured."""
     if not isinstance(result, dict):
         return str(result)
+    from grpo_core.train.throughput import format_memory, format_throughput
+
+    figures = " | ".join(f for f in (format_throughput(result.get("throughput")),
+                                     format_memory(result)) if f)
+    key = _key(kind, result, primary)
+    if kind in ("sft", "grpo"):
+        diagnosis = result.get("diagnosis", "none")  # the rules' codes, info ones too
+        return (key + (f"; {figures}" if figures else "")
+                + (f"; diagnosis: {diagnosis}" if diagnosis != "none" else ""))
+    return "; ".join(f for f in (key, figures) if f)
+
+
+def _key(kind: str, result: dict, primary: str) -> str:
     if kind == "data":
         return (f"{result['pool_size']} problems in the pool, {result.get('quarantined', 0)} "
                 f"quarantined, {result.get('contaminated', 0)} contaminated")
     if kind == "filter":
         return f"kept {result['kept']} of {result['considered']}"
     if kind in ("sft", "grpo"):
-        diagnosis = result.get("diagnosis", "none")  # the rules' codes, info ones too
-        return (f"{result['steps']} steps" + (" (stopped early)" if result.get("stopped_early") else "")
-                + (f"; diagnosis: {diagnosis}" if diagnosis != "none" else ""))
+        return f"{result['steps']} steps" + (" (stopped early)" if result.get("stopped_early") else "")
     if kind == "eval":
         return ", ".join(f"{bench} {primary} {_metric(v['metrics'].get(primary))}"
                          for bench, v in result["benchmarks"].items())

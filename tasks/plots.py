@@ -5,8 +5,9 @@ thread-safe.
 
 GRPO panels lead with what says whether the round learns (total reward, each reward
 function, accuracy), then what usually explains why not (length, truncation at the cap,
-groups with no reward spread, hence no advantage), then the optimizer's side (kl, ...).
-Keys are TRL 1.16's GRPOTrainer log keys plus in-round eval's `in_round_eval/accuracy`."""
+groups with no reward spread, hence no advantage), then the optimizer's side (kl, ...), then speed (throughput/*).
+Keys are TRL 1.16's GRPOTrainer log keys plus in-round eval's `in_round_eval/accuracy` and
+the round's throughput/* (grpo_core.train.throughput)."""
 from __future__ import annotations
 
 import math
@@ -46,6 +47,13 @@ GRPO_PANELS = [
           (_line("frac_reward_zero_std"),), share=True),
     *(Panel(k, (_line(k),)) for k in ("kl", "entropy", "clip_ratio/region_mean", "loss",
                                       "grad_norm", "learning_rate")),
+    # How fast (grpo_core.train.throughput): a starved run shows here, not in the reward.
+    Panel("throughput (tokens/s)", (_line("throughput/gen_tokens_per_s", "generated"),
+                                    _line("throughput/train_tokens_per_s", "trained"))),
+    Panel("seconds per step", (_line("throughput/gen_seconds", "generation"),
+                               _line("throughput/train_seconds", "training"),
+                               _line("step_time", "TRL step_time", ":"))),
+    Panel("MFU (throughput/mfu, GPU only)", (_line("throughput/mfu"),), share=True),
 ]
 SFT_PANELS = [Panel(k, (_line(k),)) for k in ("loss", "mean_token_accuracy", "grad_norm",
                                               "learning_rate")]

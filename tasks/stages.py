@@ -20,6 +20,8 @@ from grpo_core.data.problems import Problem
 from grpo_core.data.store import Store
 from grpo_core.modeling.gpu import peak_metrics, stage_memory
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
+from grpo_core.train.throughput import PREFIX as THROUGHPUT
+from grpo_core.train.throughput import RSS_PEAK_METRIC, rss_peak
 from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.cache import StageCache
@@ -74,7 +76,8 @@ def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics
     run ends with the stage (FINISHED, or FAILED if compute raises), so its duration in
     MLflow is the stage's; `stage/seconds` is what the stage measured itself.
     `compute` runs inside grpo_core.modeling.gpu.stage_memory: peak GPU memory (CUDA only) is kept
-    as `gpu_peak_gb` and logged as system/gpu_peak_gb."""
+    as `gpu_peak_gb` and logged as system/gpu_peak_gb; its peak resident memory
+    (grpo_core.train.throughput.rss_peak) as `rss_peak_gb`, logged as system/rss_peak_gb."""
     run = tracking.child_run(ctx.parent_run, child)
     hit = ctx.cache.get(key)
     if hit is None:
@@ -82,7 +85,7 @@ def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics
         try:
             # Engines built inside are shut down, CUDA memory freed and the environment restored
             # when the stage ends (grpo_core.modeling.gpu); its peak GPU memory goes to the child run.
-            with stage_memory() as mem:
+            with stage_memory() as mem, rss_peak() as rss:
                 value = {**compute(run), "mlflow_run": run}
         except BaseException:
             tracking.end_run(run, "FAILED")
@@ -90,17 +93,23 @@ def _cached(ctx: Ctx, key: str, child: str, compute, paths=lambda v: [], metrics
         value["seconds"] = round(time.perf_counter() - t0, 3)
         if mem.peak_gb is not None:
             value["gpu_peak_gb"] = mem.peak_gb
-        tracking.log_metrics(run, {**metrics(value), **peak_metrics(value),
+        value["rss_peak_gb"] = rss.peak_gb
+        tracking.log_metrics(run, {**metrics(value), **_memory_metrics(value),
                                    "stage/seconds": value["seconds"]})
         tracking.end_run(run)
         return {**ctx.cache.put(key, value, paths(value)), "cached": False}
     if not tracking.has_metrics(run):
-        tracking.log_metrics(run, {**metrics(hit), **peak_metrics(hit)})
+        tracking.log_metrics(run, {**metrics(hit), **_memory_metrics(hit)})
         if hit.get("mlflow_run") and hit["mlflow_run"] != run:
             tracking.copy_artifacts(hit["mlflow_run"], run)
             tracking.set_tags(run, {"grpo.cached_from": hit["mlflow_run"]})
     tracking.end_run(run, only_running=True)
     return {**hit, "cached": True}
+
+
+def _memory_metrics(value: dict) -> dict:
+    rss = value.get("rss_peak_gb")
+    return {**peak_metrics(value), **({RSS_PEAK_METRIC: rss} if rss is not None else {})}
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=2)
@@ -234,6 +243,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
     from grpo_core.data.records import drop_rollouts_from, rollout_sink
     from grpo_core.prompts import resolve_template
     from grpo_core.train.grpo import last_checkpoint, run_grpo_round
+    from grpo_core.train.throughput import round_summary
 
     problems = pool_problems(ctx, problem_ids)
     key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems),
@@ -264,6 +274,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
         warns, codes = diagnose_round(run, result.history, ctx.cfg)
         findings = result.findings + warns
         tracking.log_training_curves(run, result.history, "grpo")
+        throughput = round_summary(result.history)  # the stage line's figures
         tags = {"findings": " | ".join(findings) or "none"}
         if result.in_round_evals:  # in_round_eval.every: which checkpoint the round hands on
             tags.update({"in_round_eval.best_step": str(result.best_step),
@@ -272,10 +283,13 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
         return {"model_dir": result.output_dir, "steps": result.steps, "findings": findings,
                 "diagnosis": codes,
                 "stopped_early": result.stopped_early, "train_seconds": result.train_seconds,
-                "best_step": result.best_step, "in_round_evals": result.in_round_evals}
+                "best_step": result.best_step, "in_round_evals": result.in_round_evals,
+                "throughput": throughput}
 
     return _cached(ctx, key, f"grpo/round-{round_no}", compute, paths=lambda v: [v["model_dir"]],
-                   metrics=lambda v: {"grpo/steps": v["steps"], "grpo/findings": len(v["findings"])})
+                   metrics=lambda v: {"grpo/steps": v["steps"], "grpo/findings": len(v["findings"]),
+                                      **{f"{THROUGHPUT}round/{k}": x for k, x in
+                                         (v.get("throughput") or {}).items()}})
 
 
 def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig) -> tuple[list[str], str]:

@@ -4,6 +4,7 @@
   or $GRPO_SHARED_DATA); tests that use it are skipped, with the reason, when it is absent.
 - `tmp_workdir`: a fresh workspace folder, exported as $GRPO_WORKDIR for the test.
 - `template_db`: a migrated, empty MLflow SQLite store, made once per session (copy it).
+- `tracked_config`: a PipelineConfig (recipe r1_zero) whose workdir holds a copy of it.
 """
 from __future__ import annotations
 
@@ -49,6 +50,24 @@ def template_db(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # runs migrations
     return path
+
+
+@pytest.fixture
+def tracked_config(tmp_path, template_db, monkeypatch):
+    """(config, workdir): a config whose workdir holds a migrated, empty SQLite store;
+    MLflow's global URI unset; cwd a scratch folder (a stray ./mlruns lands there)."""
+    import shutil
+
+    from grpo_core.config import PipelineConfig
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    shutil.copy(template_db, wd / "mlflow.db")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    cfg = PipelineConfig()
+    cfg.project.workdir, cfg.project.name, cfg.project.recipe = str(wd), "tracked", "r1_zero"
+    return cfg, wd
 
 
 def pytest_collection_modifyitems(config, items):

@@ -157,6 +157,8 @@ def test_each_algorithm_trains_two_steps_and_moves_the_weights(algorithm, extra,
     g = extra.get("num_generations", G)
     assert sorted(steps) == [0, 1] and all(len(rows) == 2 * g for rows in steps.values())
     assert all(r["advantage"] is not None for rows in steps.values() for r in rows)
+    for h in result.history:  # every training path measures its steps (issue 23 item 5)
+        assert h["throughput/gen_tokens_per_s"] > 0 and h["throughput/train_tokens_per_s"] > 0
     for name, (module, _) in trainer.aux.items() if algorithm != "rloo" else ():
         now = module.state_dict()
         assert _moved(aux0[name], now), f"{name} did not train"

@@ -137,8 +137,9 @@ def _stage_harness(monkeypatch, tmp_path):
     monkeypatch.setattr(stages.tracking, "has_metrics", lambda run: False)
     monkeypatch.setattr(stages.tracking, "end_run", lambda run, *a, **k: None)
 
-    def log_metrics(run, m):  # the stage's own time is there too; not what these tests check
-        logged.append({k: v for k, v in m.items() if k != "stage/seconds"})
+    def log_metrics(run, m):  # the stage's own time and RSS are there too; not checked here
+        logged.append({k: v for k, v in m.items()
+                       if k not in ("stage/seconds", "system/rss_peak_gb")})
 
     monkeypatch.setattr(stages.tracking, "log_metrics", log_metrics)
     ctx = types.SimpleNamespace(parent_run="parent", cache=StageCache(tmp_path / "cache"))

@@ -23,7 +23,9 @@ def _grpo_row(step: int, kl: bool = True, in_round: bool = False) -> dict:
            "rewards/tag_count/mean": 0.25, "rewards/tag_count/std": 0.09,
            "reward": -0.4 + 0.1 * step, "reward_std": 0.05, "frac_reward_zero_std": 0.5,
            "entropy": 5.77, "clip_ratio/region_mean": 0.0, "step_time": 0.2, "epoch": 0.1 * step,
-           "step": step, "beta": 0.04}
+           "step": step, "beta": 0.04,
+           "throughput/gen_seconds": 0.15, "throughput/train_seconds": 0.05,
+           "throughput/gen_tokens_per_s": 400.0, "throughput/train_tokens_per_s": 1200.0}
     if kl:
         row["kl"] = 1e-5 * step
     if in_round:
@@ -40,13 +42,15 @@ def test_grpo_panels_lead_with_reward_functions_accuracy_length_truncation_zero_
     titles = [p.title for p in panels(hist)]
     assert titles[:6] == LEAD
     assert titles[6:] == ["kl", "entropy", "clip_ratio/region_mean", "loss", "grad_norm",
-                          "learning_rate"]
+                          "learning_rate", "throughput (tokens/s)", "seconds per step"]
     fig = figure(hist)
     assert _titles(fig) == titles  # the drawn figure is what panels() planned
     reward_ax = fig.axes[0]
     assert len(reward_ax.lines) == 1 and reward_ax.collections  # reward line + std band
     length_ax = fig.axes[3]
     assert [ln.get_label() for ln in length_ax.lines] == ["mean", "min", "max"]
+    speed_ax = fig.axes[titles.index("seconds per step")]  # no MFU panel on CPU
+    assert [ln.get_label() for ln in speed_ax.lines] == ["generation", "training", "TRL step_time"]
 
 
 def test_per_function_panel_has_one_line_per_reward_function_in_trl_order():
@@ -103,7 +107,7 @@ def test_grpo_png_is_a_valid_image_sized_to_the_grid(tmp_path):
     png = training_curves(hist, tmp_path / "grpo_curves.png", kind="grpo")
     with Image.open(png) as im:
         assert im.format == "PNG"
-        assert im.size == (3 * 420, 4 * 280)  # 12 panels, 3 columns, 100 dpi
+        assert im.size == (3 * 420, 5 * 280)  # 14 panels, 3 columns, 100 dpi
     few = training_curves([{"step": 1, "reward": 0.1, "kl": 0.0}], tmp_path / "few.png")
     with Image.open(few) as im:
         assert im.size == (2 * 420, 280)

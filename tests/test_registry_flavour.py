@@ -7,13 +7,11 @@ builtin:proxy-qwen2 architecture and tokenizer (random weights: no warm start, t
 from __future__ import annotations
 
 import json
-import shutil
 
 import mlflow
 import pytest
 import torch
 
-from grpo_core.config import PipelineConfig
 from tasks import tracking as T
 from tasks.tracking.mlflow_model import MODEL_FORMAT_TAG
 
@@ -30,18 +28,11 @@ def proxy_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def store(tmp_path, template_db, monkeypatch):
-    """A config whose workdir holds a migrated, empty SQLite store; MLflow's global URI
-    unset (as in a pipeline: tasks.tracking.mlflow_client.connect leaves it alone)."""
-    wd = tmp_path / "wd"
-    wd.mkdir()
-    shutil.copy(template_db, wd / "mlflow.db")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
-    cfg = PipelineConfig()
-    cfg.project.workdir = str(wd)
+def store(tracked_config):
+    """MLflow's global URI unset, as in a pipeline (tasks.tracking.mlflow_client.connect
+    leaves it alone)."""
+    cfg, wd = tracked_config
     cfg.project.name = "flav"
-    cfg.project.recipe = "r1_zero"
     return cfg, wd
 
 

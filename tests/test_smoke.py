@@ -89,6 +89,11 @@ def _check_report(report: dict, real) -> None:
         # fp32 master weights move at the config's lr (GRPO 1e-6 in the presets): the
         # warm-started proxy's groups disagree, so GRPO's advantage is not all zero
         assert t["param_change_norm"] > 0, name
+        assert t["rss_peak_gb"] > 0, name  # CPU: peak RSS; a GPU adds gpu_peak_gb
+        if name.startswith("grpo"):  # issue 23 item 5: how fast, where the time went
+            assert 0 < t["throughput"]["gen_share"] < 1, name
+            assert t["throughput"]["gen_tokens_per_s"] > 0, name
+            assert t["throughput"]["train_tokens_per_s"] > 0, name
     assert report["master_dtype"] == "float32"
     final = report["eval"]["eval/final"]
     assert set(final) == set(real.eval.benchmarks)

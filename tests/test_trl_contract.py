@@ -125,6 +125,11 @@ def _pin_metrics(owner):
     text = ast.unparse(value)
     assert text == "{'train': defaultdict(list), 'eval': defaultdict(list)}", (
         f"{_label(owner, '_metrics')} is no longer {{'train'|'eval': defaultdict(list)}}: {text}")
+    # grpo_core.train.trainer.step_time: one step_time per optimizer step, appended by
+    # training_step before the step ends (throughput/train_seconds = step_time - generation)
+    assert "self._metrics['train']['step_time'].append(" in ast.unparse(
+        _function_ast(owner.training_step)), (
+        f"{owner.__name__}.training_step no longer appends _metrics['train']['step_time']")
 
 
 def _pin_tokenizer(owner):

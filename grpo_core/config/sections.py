@@ -303,6 +303,10 @@ class TrainConfig(Section):
     vllm_server_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """The server's share of each of its GPUs (it has them to itself, unlike the filter's and
     eval's engine, rollout.gpu_memory_utilization)."""
+    peak_tflops: float | None = Field(default=None, gt=0)
+    """The GPU's peak TFLOP/s that throughput/mfu (CUDA only) is computed against; None: by the CUDA
+    device's name (grpo_core/train/throughput.py PEAK_TFLOPS, bf16 dense), no MFU for a
+    device not listed. Measurement only: not in any stage's cache key."""
 
     @model_validator(mode="after")
     def _server_split(self):

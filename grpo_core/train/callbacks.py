@@ -4,13 +4,15 @@ list is the order they run in) and `bind`s them to it once it exists."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
 from grpo_core.train.diagnosis import RoundMonitor, is_step_log
 from grpo_core.train.in_round_eval import BEST_DIR, METRIC, STATE_FILE, BestTracker
-from grpo_core.train.trainer import log_metric, skip_optimizer_step
+from grpo_core.train.throughput import cuda_device_name, peak_tflops, step_metrics
+from grpo_core.train.trainer import log_metric, skip_optimizer_step, step_time, take_step_counts
 from grpo_core.train.trl_args import kl_beta
 
 
@@ -144,6 +146,40 @@ class InRoundEval(BoundCallback):
             trainer.processing_class.save_pretrained(str(self.best))
 
 
+class Throughput(BoundCallback):
+    """Each optimizer step's throughput/* metrics (grpo_core.train.throughput: generation
+    and training seconds, tokens per second, MFU on CUDA) into TRL's metrics of the step,
+    from the trainer's counts and TRL's step_time. Measures only."""
+
+    def __init__(self, peak_override: float | None = None):
+        self.peak_override = peak_override
+        self.peak = None
+        self.params = 0
+        self._t0 = None
+
+    def bind(self, trainer) -> None:
+        super().bind(trainer)
+        # the training device (args.device: the model may be placed later, by DeepSpeed/FSDP)
+        on_cuda = trainer.args.device.type == "cuda"
+        self.peak = peak_tflops(cuda_device_name(), self.peak_override) if on_cuda else None
+        # ds_numel: a parameter ZeRO-3 partitioned at load holds its full size there
+        self.params = sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()
+                          if p.requires_grad)
+
+    def on_step_begin(self, args, state, control, **kw):
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.trainer is None:
+            return
+        counts = take_step_counts(self.trainer)
+        seconds = step_time(self.trainer)
+        if seconds is None:  # TRL logged none: the step's wall time
+            seconds = time.perf_counter() - (self._t0 or time.perf_counter())
+        for name, value in step_metrics(counts, seconds, self.params, self.peak).items():
+            log_metric(self.trainer, name, value, "train")
+
+
 class LossHistory(TrainerCallback):
     """SFT's history: each logged step with a loss."""
 
@@ -157,4 +193,5 @@ class LossHistory(TrainerCallback):
 
 def round_callbacks(cfg, result, round_no: int) -> list:
     """The round's own callbacks, in the order they run (bind them to the trainer)."""
-    return [KLSchedule(cfg, round_no), Monitor(cfg, result), FlushRollouts(), SkipUpdate()]
+    return [KLSchedule(cfg, round_no), Throughput(cfg.train.peak_tflops), Monitor(cfg, result),
+            FlushRollouts(), SkipUpdate()]

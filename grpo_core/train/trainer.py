@@ -16,13 +16,15 @@ pins each name below against the installed versions and scans the project for ot
   (`wrap_generate`), a skipped optimizer step (`skip_optimizer_step`), stop strings on
   `model.generate` (`stop_at_text`), a single-completion GRPOConfig
   (`one_completion_per_prompt`), TRL's NaN-ignoring std (`reward_std`), the weighted
-  reward total (`weighted_rewards`), and no log printing (`quiet_trainer`).
+  reward total (`weighted_rewards`), no log printing (`quiet_trainer`), and the step's
+  throughput counts and TRL's step time (`take_step_counts`, `step_time`).
 
 PRIVATE lists every private member used here, with the owner it is read from."""
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from trl.trainer import utils as trl_utils
 
 from grpo_core.train import lora
 from grpo_core.train.auxiliary import AUX_FILE
+from grpo_core.train.throughput import StepCounts
 
 # (owner, member): every private member this module touches. The contract test pins each
 # one's signature and the shape relied on (tests/test_trl_contract.py).
@@ -92,6 +95,20 @@ def log_metric(trainer, name: str, value: float, mode: str | None = None) -> Non
 
 def drop_metric(trainer, name: str, mode: str | None = None) -> None:
     trainer._metrics[mode or _mode(trainer)].pop(name, None)
+
+
+def step_time(trainer) -> float | None:
+    """TRL's `step_time` of the optimizer step that just ended (GRPOTrainer.training_step
+    appends it after the step's last micro-batch); None when it logged none."""
+    times = trainer._metrics["train"].get("step_time")
+    return times[-1] if times else None
+
+
+def take_step_counts(trainer) -> StepCounts:
+    """The throughput counts (MeasuresThroughput) since the last call, reset."""
+    counts = trainer.__dict__.get("step_counts") or StepCounts()
+    trainer.step_counts = StepCounts()
+    return counts
 
 
 def _mode(trainer) -> str:
@@ -195,6 +212,49 @@ class SavesInDtype:
             tree = json.loads(config.read_text())
             tree["dtype"] = str(self.save_dtype).removeprefix("torch.")
             config.write_text(json.dumps(tree, indent=2, sort_keys=True) + "\n")
+
+
+class MeasuresThroughput:
+    """Counts what a training step does, for grpo_core.train.callbacks.Throughput: the
+    wall time of the generate-and-score calls (outermost only: dynamic sampling's passes
+    are inside one), the completion tokens generated, and the prompt + completion tokens
+    trained on (padding excluded). Measures only: nothing sampled or trained changes."""
+
+    step_counts: StepCounts
+    _scoring_depth: int = 0
+
+    def _counting(self) -> bool:
+        return self.model.training
+
+    def _generate_single_turn(self, *args, **kwargs):
+        res = super()._generate_single_turn(*args, **kwargs)
+        if self._counting():
+            ids = res[0] if isinstance(res, tuple) else res  # GRPO: (ids, logprobs)
+            self._counts().gen_tokens += sum(len(row) for row in ids)
+        return res
+
+    def _generate_and_score_completions(self, inputs):
+        if not self._counting():
+            return super()._generate_and_score_completions(inputs)
+        t0 = time.perf_counter()
+        self._scoring_depth += 1
+        try:
+            return super()._generate_and_score_completions(inputs)
+        finally:
+            self._scoring_depth -= 1
+            if self._scoring_depth == 0:
+                self._counts().gen_seconds += time.perf_counter() - t0
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        if self._counting():
+            self._counts().train_tokens += sum(int(inputs[k].sum()) for k in
+                                               ("prompt_mask", "completion_mask") if k in inputs)
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+    def _counts(self) -> StepCounts:
+        if "step_counts" not in self.__dict__:
+            self.step_counts = StepCounts()
+        return self.step_counts
 
 
 class RecordsRollouts:
@@ -343,11 +403,11 @@ class TrainsAuxiliary:
 # ----------------------------------------------------------------------------- trainers
 
 
-class PipelineGRPOTrainer(RecordsRollouts, SavesInDtype, GRPOTrainer):
+class PipelineGRPOTrainer(MeasuresThroughput, RecordsRollouts, SavesInDtype, GRPOTrainer):
     """TRL's GRPOTrainer with the pipeline's hooks (see the module doc)."""
 
 
-class PipelineRLOOTrainer(RecordsRollouts, SavesInDtype, RLOOTrainer):
+class PipelineRLOOTrainer(MeasuresThroughput, RecordsRollouts, SavesInDtype, RLOOTrainer):
     """TRL's RLOOTrainer with the same hooks: it has GRPOTrainer's generate/score/log methods."""
 
 

@@ -1,0 +1,210 @@
+"""Throughput arithmetic: how fast a GRPO step is, and where its time goes. Pure Python
+(torch only to ask the device), so it is tested without a trainer.
+
+Per optimizer step the round logs (grpo_core.train.callbacks.Throughput, into TRL's
+metrics, hence the round's MLflow run and history):
+- throughput/gen_seconds: the step's generate-and-score calls (sampling, reward scoring,
+  the old/reference log-probs TRL computes with them); 0 on steps that reuse a buffered
+  generation (steps_per_generation > 1, num_iterations > 1).
+- throughput/train_seconds: TRL's `step_time` (its training_step calls: forward, backward,
+  and the generation inside them) minus gen_seconds; the optimizer step is in neither, as
+  in TRL's step_time.
+- throughput/gen_tokens_per_s: completion tokens this process generated / gen_seconds.
+- throughput/train_tokens_per_s: prompt + completion tokens (padding excluded) this
+  process trained on / train_seconds.
+- throughput/mfu: on CUDA only, 6 x trainable parameters x trained tokens / train_seconds /
+  peak FLOP/s (model FLOPs utilisation of the training part). Peak: train.peak_tflops, else
+  PEAK_TFLOPS by device name; neither: not logged. On CPU it is not logged (no meaningful
+  peak). With LoRA, 6 x trainable parameters undercounts the frozen weights' passes.
+Figures are this process's (rank 0's with several processes: one device's share).
+
+Per stage: peak memory, `system/gpu_peak_gb` (CUDA max allocated; grpo_core.modeling.gpu)
+and `system/rss_peak_gb` (the process's peak resident memory during the stage, or a
+launched child's when higher: `rss_peak`)."""
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "throughput/"
+GEN_SECONDS = PREFIX + "gen_seconds"
+TRAIN_SECONDS = PREFIX + "train_seconds"
+GEN_TOK_S = PREFIX + "gen_tokens_per_s"
+TRAIN_TOK_S = PREFIX + "train_tokens_per_s"
+MFU = PREFIX + "mfu"
+RSS_PEAK_METRIC = "system/rss_peak_gb"
+
+# bf16 dense peak TFLOP/s (no sparsity), by a substring of torch.cuda.get_device_name();
+# the first match wins, so the more specific names come first.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),  # SXM / NVL
+    ("A100", 312.0),  # 40GB and 80GB alike
+    ("L40S", 362.0),
+    ("A10G", 70.0),
+    ("RTX 4090", 165.0),
+)
+
+
+def peak_tflops(device_name: str | None, override: float | None = None) -> float | None:
+    """The peak to compute MFU against: `override` (train.peak_tflops) when set, else the
+    table's by device name; None when the device is unknown."""
+    if override is not None:
+        return float(override)
+    if not device_name:
+        return None
+    for name, peak in PEAK_TFLOPS:
+        if name.lower() in device_name.lower():
+            return peak
+    return None
+
+
+def mfu(trainable_params: int, tokens: float, seconds: float, peak_tflops_: float) -> float:
+    """6 x N x tokens / seconds / peak: the fraction of the peak the training did."""
+    if seconds <= 0 or peak_tflops_ <= 0:
+        return math.nan
+    return 6.0 * trainable_params * tokens / seconds / (peak_tflops_ * 1e12)
+
+
+def cuda_device_name() -> str | None:
+    """The current CUDA device's name; None without CUDA (MFU is then not logged)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name()
+
+
+@dataclass
+class StepCounts:
+    """What one optimizer step did, accumulated by the trainer (grpo_core.train.trainer)."""
+
+    gen_seconds: float = 0.0
+    gen_tokens: int = 0
+    train_tokens: int = 0
+
+
+def step_metrics(counts: StepCounts, step_time: float, trainable_params: int,
+                 peak: float | None) -> dict[str, float]:
+    """The step's throughput/* metrics (module doc) from its counts and TRL's step_time."""
+    gen_s = counts.gen_seconds
+    train_s = max(step_time - gen_s, 0.0)
+    out = {GEN_SECONDS: gen_s, TRAIN_SECONDS: train_s}
+    if gen_s > 0:
+        out[GEN_TOK_S] = counts.gen_tokens / gen_s
+    if train_s > 0:
+        out[TRAIN_TOK_S] = counts.train_tokens / train_s
+        if peak:
+            out[MFU] = mfu(trainable_params, counts.train_tokens, train_s, peak)
+    return out
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def round_summary(history: Sequence[dict]) -> dict[str, float]:
+    """A round's figures from its logged rows: gen_share (generation's share of the step
+    time), gen_tokens_per_s and train_tokens_per_s (tokens over seconds, rows weighted by
+    their seconds), mfu (mean of the rows that have one). {} when nothing was logged."""
+    gen_s = train_s = gen_tok = train_tok = 0.0
+    mfus = []
+    for row in history:
+        g, t = row.get(GEN_SECONDS), row.get(TRAIN_SECONDS)
+        if not (_finite(g) and _finite(t)):
+            continue
+        gen_s, train_s = gen_s + g, train_s + t
+        if _finite(row.get(GEN_TOK_S)):
+            gen_tok += row[GEN_TOK_S] * g
+        if _finite(row.get(TRAIN_TOK_S)):
+            train_tok += row[TRAIN_TOK_S] * t
+        if _finite(row.get(MFU)):
+            mfus.append(row[MFU])
+    if gen_s + train_s <= 0:
+        return {}
+    out = {"gen_share": gen_s / (gen_s + train_s),
+           "gen_seconds": gen_s, "train_seconds": train_s}
+    if gen_s > 0:
+        out["gen_tokens_per_s"] = gen_tok / gen_s
+    if train_s > 0:
+        out["train_tokens_per_s"] = train_tok / train_s
+    if mfus:
+        out["mfu"] = sum(mfus) / len(mfus)
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+def _count(n: float) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else f"{n:.0f}"
+
+
+def format_throughput(tp: dict | None) -> str:
+    """`gen 62% | 410 tok/s gen, 1.2k tok/s train | MFU 31%` (what is known of it)."""
+    if not tp:
+        return ""
+    parts = [f"gen {tp['gen_share']:.0%}"] if "gen_share" in tp else []
+    rates = [f"{_count(tp[k])} tok/s {w}" for k, w in
+             (("gen_tokens_per_s", "gen"), ("train_tokens_per_s", "train")) if k in tp]
+    if rates:
+        parts.append(", ".join(rates))
+    if "mfu" in tp:
+        parts.append(f"MFU {tp['mfu']:.1%}")
+    return " | ".join(parts)
+
+
+def format_memory(value: dict) -> str:
+    """`peak GPU 12.3 GB` and/or `peak RSS 0.6 GB` from a stage result."""
+    parts = [f"peak {what} {value[k]:.1f} GB" for k, what in
+             (("gpu_peak_gb", "GPU"), ("rss_peak_gb", "RSS")) if _finite(value.get(k))]
+    return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------- peak RSS
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _hwm_bytes() -> int | None:
+    """The process's peak RSS since start or the last reset (Linux VmHWM)."""
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _maxrss_bytes(who) -> int:
+    kb = resource.getrusage(who).ru_maxrss
+    return kb if sys.platform == "darwin" else kb * 1024  # bytes on macOS, KiB elsewhere
+
+
+@dataclass
+class RssPeak:
+    peak_gb: float | None = None
+
+
+@contextlib.contextmanager
+def rss_peak() -> Iterator[RssPeak]:
+    """The block's peak resident memory (GB, 1e9 bytes), in rec.peak_gb at the end: the
+    process's (Linux: its high-water mark reset at entry; elsewhere the peak since start),
+    or a child process's that ended in the block and peaked higher (a launched stage)."""
+    rec = RssPeak()
+    reset = False
+    with contextlib.suppress(OSError):
+        _CLEAR_REFS.write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        reset = True
+    children = _maxrss_bytes(resource.RUSAGE_CHILDREN)
+    try:
+        yield rec
+    finally:
+        own = (_hwm_bytes() if reset else None) or _maxrss_bytes(resource.RUSAGE_SELF)
+        child = _maxrss_bytes(resource.RUSAGE_CHILDREN)
+        peak = max(own, child if child > children else 0)
+        rec.peak_gb = round(peak / 1e9, 3)
