@@ -128,10 +128,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--models", default="proxy,mid,qwen05")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--rows", help="print the table of rows saved with --json, no run (the "
+                    "plan's runtime term taken from the current CPU_RUNTIME_BYTES)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0], args.steps, args.child[1])))
+        return
+    if args.rows:
+        from grpo_core.modeling.memory_plan import CPU_RUNTIME_BYTES
+
+        rows = json.loads(Path(args.rows).read_text())
+        for r in rows:
+            plan = r["plan"]
+            old = plan["bytes"].get("runtime", 0)
+            plan["bytes"]["runtime"] = CPU_RUNTIME_BYTES
+            plan["total_bytes"] += CPU_RUNTIME_BYTES - old
+        print_table(rows, rows[0]["steps"], load_avg=None)
         return
 
     rows = []
@@ -161,10 +174,11 @@ def main() -> None:
     print_table(rows, args.steps)
 
 
-def print_table(rows: list[dict], steps: int) -> None:
+def print_table(rows: list[dict], steps: int, load_avg: str | None = "now") -> None:
     gib = 2**30
     print(f"GRPO on CPU (fp32, no autocast), {steps} step(s), 1 prompt x G 2, 16 completion tokens, "
-          f"beta 0.04, no checkpointing; peak RSS above the idle process; load {load()}")
+          f"beta 0.04, no checkpointing; peak RSS above the idle process"
+          + (f"; load {load()}" if load_avg else ""))
     head = ["model", "params"] + [t.replace("optimizer_", "opt_").replace("reference_model", "reference")
                                   .replace("policy_", "").replace("activations", "activ") for t in TERMS] + ["plan", "measured", "ratio"]
     print(" ".join(f"{h:>11}" for h in head))

@@ -234,9 +234,12 @@ def gradient_checkpointing(cfg, explicit: bool | None = None) -> bool:
     return explicit if explicit is not None else not cfg.model.name_or_path.startswith(BUILTIN_PREFIX)
 
 
-# What a CPU process holds above its idle self (libraries imported, no model) however
-# small the model: see bench/memory_plan.py, where builtin:proxy-qwen2 (0.1M params) measures it.
-CPU_RUNTIME_BYTES = 0
+# What a CPU GRPO process holds above its idle self (libraries imported, no model) whatever
+# the model: the modules TRL, accelerate and datasets import while building the trainer,
+# the tokenizer and dataset, torch's per-thread and oneDNN scratch buffers. A measured
+# constant, not derived: bench/memory_plan.py's proxy row (builtin:proxy-qwen2, 0.1M
+# parameters, whose model terms total ~10 MiB) peaked 308 MiB above idle (2026-12-01).
+CPU_RUNTIME_BYTES = 300 * 2**20
 
 
 def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS,
