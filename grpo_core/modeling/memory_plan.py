@@ -187,7 +187,7 @@ def logprob_chunk_bytes(arch: Arch, tokens: int, triton: bool, dtype_bytes: int 
     materialises batch x sequence x vocabulary logits: it projects tiles of at most 4096
     tokens x 32768 vocabulary entries and folds each into running log-sum-exp statistics.
     `tokens` are the positions scored: the completion tokens with Triton (GPU, `compact`:
-    only labels != -100, utils.py:1641), every position elsewhere (CPU).
+    only labels != -100, utils.py:1642), every position elsewhere (CPU).
 
     With Triton the fold runs in registers: one tile buffer in the autocast dtype
     (`mm_buf`, chunked_logprob.py:413). Without it (`_backward_tile`, chunked_logprob.py:257)
@@ -336,8 +336,9 @@ def format_plan(plan: dict) -> str:
     if plan["vllm_colocate_reserved"]:
         lines.append(f"  {'vllm_colocate_reserved':<22} {gib(plan['vllm_colocate_reserved'])}")
     lines.append(f"  total {plan['total_gib']} GiB ({plan['total_gb']} GB): "
-                 f"{'fits' if plan['fits'] else 'does NOT fit'} in {plan['gpu_gb']} GB "
-                 f"(micro-batch {plan['micro_batch']} x {plan['seq_tokens']} tokens, "
+                 + (f"{'fits' if plan['fits'] else 'does NOT fit'} in {plan['gpu_gb']} GB "
+                    if plan.get("device", "gpu") == "gpu" else "")
+                 + f"(micro-batch {plan['micro_batch']} x {plan['seq_tokens']} tokens, "
                  f"{plan['passes_per_step']} per optimizer step, "
                  f"checkpointing {'on' if plan['gradient_checkpointing'] else 'off'})")
     if not plan["fits"]:
