@@ -53,7 +53,8 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         model: Annotated[str | None, typer.Option(
             "--model", help="With --smoke: the model to run instead of builtin:proxy-qwen2.")] = None,
         gpu_gb: Annotated[float, typer.Option(
-            "--gpu-gb", min=1, help="With --smoke: GPU memory (GiB) the plan must fit.")] = 80.0) -> None:
+            "--gpu-gb", min=1, help="With --smoke: GPU memory in GB (10^9 bytes, as GPUs are "
+            "named: 80 for an H100 80GB) the plan must fit.")] = 80.0) -> None:
     """Run a config through the pipeline; with no CONFIG, compare R1-Zero and SFT+GRPO on
     the built-in model and synthetic task (offline, minutes on a CPU)."""
     require_supported_trl()

@@ -3,10 +3,11 @@ import pytest
 
 from grpo_core.config import load_config
 from grpo_core.modeling.memory_plan import (
-    GIB,
+    GB,
     KNOWN,
     activation_bytes,
     known_key,
+    linear_params,
     memory_plan,
     resolve_arch,
     zero_stage,
@@ -46,32 +47,46 @@ def test_plan_states_by_hand(preset, name):
     assert b["policy_weights"] == 4 * p  # fp32 master weights
     assert b["gradients"] == 4 * p  # fp32 gradients
     assert b["optimizer_adam"] == 2 * 4 * p  # exp_avg + exp_avg_sq in fp32
-    assert b["reference_model"] == 2 * p  # bf16, beta 0.04 > 0
-    assert plan["states_bytes"] == 18 * p
+    # TRL 1.16 builds the reference in the policy's dtype (grpo_trainer.py:1001), and the
+    # policy is our fp32 master copy: 4 bytes, not the 2 of bf16 the plan used to say
+    assert b["reference_model"] == 4 * p
+    assert plan["states_bytes"] == 20 * p
     # micro-batch: grpo.per_device_train_batch_size 8 completions of 256 + 1024 tokens, 32
     # passes per optimizer step (GA 32: 256 completions = 32 prompts x G 8)
     assert plan["micro_batch"] == 8 and plan["seq_tokens"] == 1280
     assert plan["passes_per_step"] == 32 and plan["generation_batch"] == 256
     arch = resolve_arch(name)[0]
-    s, bsz, h, a, L = 1280, 8, arch.hidden, arch.heads, arch.layers
-    assert b["activations_no_ckpt"] == L * (s * bsz * h * 34 + 5 * a * s * s * bsz)
-    assert b["activations_ckpt"] == 2 * s * bsz * h * L + s * bsz * h * 34 + 5 * a * s * s * bsz
+    s, bsz, h, L, i = 1280, 8, arch.hidden, arch.layers, arch.intermediate
+    kv = 2 * (h // arch.heads)  # 2 kv heads
+    # per token and layer 7h + 2kv + 4i values saved for backward, 3h at the top (final
+    # norm, the fused head's input), 16-bit under autocast
+    layer = 7 * h + 2 * kv + 4 * i
+    assert b["activations_no_ckpt"] == (L * layer + 3 * h) * s * bsz * 2
+    assert b["activations_ckpt"] == (L * h + layer + 3 * h) * s * bsz * 2
     assert b["activations_ckpt"] < b["activations_no_ckpt"]
+    # bf16 copies of the decoder's linear weights (autocast), kept for backward
+    assert b["autocast_weight_copies"] == 2 * linear_params(arch) and plan["autocast"] is True
+    assert linear_params(arch) == p - 151936 * h - (2 * L + 1) * h  # all but embedding and norms
     # KV cache: K and V, L layers, 2 kv heads x 64/128 dims, bf16, a whole optimizer step
     # (8 x GA 32 = 256 sequences) of 1280 tokens
-    assert b["kv_cache"] == 2 * L * 2 * (h // a) * 2 * 256 * 1280
-    assert b["logits"] == 4 * 8 * 1024 * 151936
+    assert b["kv_cache"] == 2 * L * 2 * (h // arch.heads) * 2 * 256 * 1280
+    # TRL's fused LM head: no 8 x 1024 x 151936 logits (4.6 GiB in fp32), one bf16 tile of
+    # 4096 completion tokens x 32768 vocabulary entries and the fp32 gradient of the
+    # 8 x 1024 hidden states
+    assert "logits" not in b
+    assert b["logprob_chunk"] == 4096 * 32768 * 2 + 4 * 8 * 1024 * h
     # colocated vLLM keeps 0.3 of the GPU; the preset checkpoints activations
     assert plan["gradient_checkpointing"] is True
-    reserved = int(0.3 * 80 * GIB)
-    assert plan["total_bytes"] == 18 * p + b["activations_ckpt"] + b["logits"] + reserved
-    assert plan["fits"] == (plan["total_bytes"] <= 80 * GIB)
-    assert plan["fits"] is True  # as shipped, on an 80 GiB GPU
+    reserved = int(0.3 * 80 * GB)  # --gpu-gb 80 is 80 GB (an "80GB" GPU), not 80 GiB
+    assert plan["total_bytes"] == (20 * p + b["activations_ckpt"] + b["logprob_chunk"]
+                                   + b["autocast_weight_copies"] + reserved)
+    assert plan["fits"] == (plan["total_bytes"] <= 80 * GB)
+    assert plan["fits"] is True  # as shipped, on an 80 GB GPU
     assert memory_plan(cfg, gpu_gb=1000)["fits"] is True
-    # the same step in passes of 64 completions (8 prompts x G 8) would not fit
+    # passes of 512 completions (64 prompts x G 8) would not fit: activations alone >60 GB
     whole = load_config(ROOT / f"configs/models/{preset}.yaml",
-                        ["grpo.per_device_train_batch_size=64", "grpo.gradient_accumulation_steps=4"])
-    assert memory_plan(whole, gpu_gb=80)["micro_batch"] == 64
+                        ["grpo.per_device_train_batch_size=512", "grpo.gradient_accumulation_steps=1"])
+    assert memory_plan(whole, gpu_gb=80)["micro_batch"] == 512
     assert memory_plan(whole, gpu_gb=80)["fits"] is False
 
 
@@ -83,10 +98,10 @@ def test_zero_sharding_per_gpu():
     assert z2["zero_stage"] == 2
     assert (z2["bytes"]["policy_weights"], z2["bytes"]["gradients"],
             z2["bytes"]["optimizer_adam"], z2["bytes"]["reference_model"]) == (
-        4 * p, 4 * p // 8, 8 * p // 8, 2 * p)
+        4 * p, 4 * p // 8, 8 * p // 8, 4 * p)
     z3 = memory_plan(load_config(base, ["train.num_processes=8",
                                         "train.accelerate_config=infra/accelerate/zero3.yaml"]))
-    assert (z3["bytes"]["policy_weights"], z3["bytes"]["reference_model"]) == (4 * p // 8, 2 * p // 8)
+    assert (z3["bytes"]["policy_weights"], z3["bytes"]["reference_model"]) == (4 * p // 8, 4 * p // 8)
     assert z3["micro_batch"] == 8  # 64 completions over 8 processes
     assert zero_stage("infra/accelerate/multi_gpu.yaml") == 0
     assert zero_stage("infra/accelerate/fsdp.yaml") == 3
@@ -149,7 +164,7 @@ def test_lora_plan_holds_the_adapters_alone():
     full = load_config(ROOT / "configs/models/qwen2.5-1.5b-instruct.yaml",
                        ["grpo.per_device_train_batch_size=4", "grpo.gradient_accumulation_steps=64",
                         "grpo.vllm_gpu_memory_utilization=0.25"])
-    assert memory_plan(full, gpu_gb=24)["fits"] is False  # 18 P of states alone: 25.9 GiB
+    assert memory_plan(full, gpu_gb=24)["fits"] is False  # 20 P of states alone: 30.9 GB
     some = load_config(ROOT / "configs/models/qwen2.5-1.5b-instruct-lora.yaml",
                        ["model.peft.target_modules=[q_proj, self_attn.v_proj]", "model.peft.r=8"])
     assert memory_plan(some)["lora"]["adapter_params"] == 28 * 8 * (3072 + 1792)
@@ -168,3 +183,51 @@ def test_lora_count_equals_peft(tmp_path):
                            LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert lora_params(resolve_arch(str(path))[0], 4, "all-linear") == trainable
+
+
+def test_gpu_gb_is_gb_not_gib():
+    """`--gpu-gb 80` means an "80GB" GPU: 80 x 10^9 bytes (74.5 GiB). A plan between the
+    two must not fit in 80 GB."""
+    cfg = load_config(ROOT / "configs/models/qwen2.5-1.5b-instruct.yaml", ["grpo.use_vllm=false"])
+    total = memory_plan(cfg, gpu_gb=80)["total_bytes"]
+    assert GB == 10**9
+    just_over = total / GB * (1 - 1e-6)  # a capacity a hair below the plan, in GB
+    assert memory_plan(cfg, gpu_gb=just_over)["fits"] is False
+    assert memory_plan(cfg, gpu_gb=total / GB)["fits"] is True
+    # 80 GB < 80 GiB: the colocated vLLM reservation is 0.3 x 80e9 bytes
+    colocated = load_config(ROOT / "configs/models/qwen2.5-1.5b-instruct.yaml")
+    assert memory_plan(colocated, gpu_gb=80)["vllm_colocate_reserved"] == int(0.3 * 80e9)
+    from grpo_core.modeling.memory_plan import format_plan
+
+    assert "in 80 GB" in format_plan(memory_plan(colocated, gpu_gb=80))
+
+
+def test_reference_in_policy_dtype_matches_trl(tmp_path):
+    """TRL 1.16 builds the reference from the policy's path in `self.model.dtype`
+    (grpo_trainer.py:1001): an fp32 policy gets an fp32 reference, 4 bytes a parameter, on
+    CPU and GPU alike. Checked against the installed source, not only the comment."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    src = inspect.getsource(GRPOTrainer.__init__)
+    assert 'model_init_kwargs.setdefault("dtype", self.model.dtype)' in src
+    cfg = load_config(ROOT / "configs/models/qwen2.5-0.5b-instruct.yaml")
+    for device in ("gpu", "cpu"):
+        plan = memory_plan(cfg, device=device)
+        assert plan["bytes"]["reference_model"] == 4 * plan["params"]
+
+
+def test_cpu_plan_is_fp32_without_autocast():
+    """device="cpu": what use_cpu runs: one process, fp32 activations and KV cache, no
+    autocast copies, no vLLM, every position through the fused head's torch tiles."""
+    cfg = load_config(ROOT / "configs/models/qwen2.5-0.5b-instruct.yaml",
+                      ["train.num_processes=8", "train.accelerate_config=infra/accelerate/zero3.yaml"])
+    gpu, cpu = memory_plan(cfg, gpu_gb=80), memory_plan(cfg, device="cpu")
+    assert cpu["num_processes"] == 1 and cpu["zero_stage"] == 0 and cpu["autocast"] is False
+    assert cpu["bytes"]["autocast_weight_copies"] == 0 and cpu["vllm_colocate_reserved"] == 0
+    assert cpu["bytes"]["activations_ckpt"] == 2 * memory_plan(
+        load_config(ROOT / "configs/models/qwen2.5-0.5b-instruct.yaml"))["bytes"]["activations_ckpt"]
+    assert cpu["bytes"]["policy_weights"] == 4 * cpu["params"] == 8 * gpu["bytes"]["policy_weights"]
+    with pytest.raises(ValueError):
+        memory_plan(cfg, device="tpu")

@@ -1,23 +1,29 @@
-"""GPU memory plan of a config's GRPO stage for its real model: what one GPU holds.
+"""Memory plan of a config's GRPO stage for its real model: what one device holds.
 
-    plan = memory_plan(cfg, gpu_gb=80)     # dict of bytes per item, the total, fits
+    plan = memory_plan(cfg, gpu_gb=80)              # one GPU: bytes per item, total, fits
+    plan = memory_plan(cfg, device="cpu")           # the same stage on CPU (use_cpu, fp32)
 
 The seed's memory argument made concrete: GRPO keeps a policy and a frozen reference
-(no critic, no value model). Per GPU, with P parameters and N = train.num_processes:
+(no critic, no value model). Per device, with P parameters and N = train.num_processes
+(GB = 10^9 bytes, GiB = 2^30: `gpu_gb` is what a GPU's name says, "H100 80GB", in GB):
 
 | item | bytes | sharded by |
 |---|---|---|
-| policy weights (fp32 master, train.precision) | 4 P | ZeRO-3 / FSDP |
+| policy weights (fp32 master weights, whatever the checkpoint's dtype) | 4 P | ZeRO-3 / FSDP |
 | gradients (fp32, on the master weights) | 4 P | ZeRO-2, ZeRO-3 / FSDP |
-| Adam state (exp_avg + exp_avg_sq, fp32) | 8 P | ZeRO-1, -2, -3 / FSDP |
-| reference model (sampling dtype, bf16; none when grpo.beta == 0) | 2 P | ZeRO-3 / FSDP |
+| Adam state (exp_avg + exp_avg_sq, fp32; fused AdamW: no temporaries) | 8 P | ZeRO-1, -2, -3 / FSDP |
+| reference model, built by TRL in the policy's dtype: fp32 (none when beta == 0) | 4 P | ZeRO-3 / FSDP |
 | with model.peft (LoRA, A adapter parameters): weights 4 P + 4 A, gradients 4 A, Adam 8 A, reference 0 (the base with adapters disabled) | | |
-| activations of one micro-batch | see `activation_bytes` | - |
-| logits of one micro-batch (fp32 log-softmax over the vocabulary) | 4 b s_c V | - |
-| KV cache of one generation batch (bf16) | 2 L n_kv d_head 2 x tokens | - |
+| GPU, bf16/fp16 autocast: 16-bit copies of the linear layers' weights, kept for backward | 2 P_linear | - |
+| activations of one micro-batch (16-bit under autocast, fp32 on CPU) | see `activation_bytes` | - |
+| TRL's fused LM head: one log-prob tile of tokens x vocabulary chunk | see `logprob_chunk_bytes` | - |
+| KV cache of one generation batch (bf16 on GPU, fp32 on CPU) | 2 L n_kv d_head x bytes x tokens | - |
+| CPU: the runtime (see `CPU_RUNTIME_BYTES`) | constant | - |
 
-Architecture numbers come from a small table of known models (hub ids cannot be fetched
-here) or a local folder's config.json. Pure arithmetic: no torch, no transformers.
+Peak = states + max(training transients, generation transients). Architecture numbers come
+from a small table of known models (hub ids cannot be fetched here) or a local folder's
+config.json. Pure arithmetic: no torch, no transformers. bench/memory_plan.py compares the
+CPU plan with measured peaks.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 GIB = 2**30
+GB = 10**9
 PROMPT_TOKENS = 256  # assumed prompt length (the config has no prompt budget)
 
 
@@ -147,21 +154,60 @@ def zero_stage(accelerate_config: str | None) -> int:
     return int(m.group(1)) if m else 0
 
 
-def activation_bytes(arch: Arch, batch: int, seq: int, checkpointing: bool) -> int:
+def activation_bytes(arch: Arch, batch: int, seq: int, checkpointing: bool,
+                     dtype_bytes: int = 2) -> int:
     """Activations kept for backward in one micro-batch of `batch` sequences of `seq`
-    tokens, 16-bit (autocast).
+    tokens, `dtype_bytes` per value (2: 16-bit autocast on GPU; 4: fp32 on CPU).
 
-    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-    Models" (arXiv:2205.05198), eq. 1 with no tensor parallelism: per layer
-    s*b*h*(34 + 5*a*s/h) bytes, where 5*a*s^2*b is the attention score/softmax/dropout
-    part (an upper bound: SDPA/flash attention does not store it). With full activation
-    recomputation (their section 4.1) each layer keeps only its 16-bit input, 2*s*b*h
-    bytes, and one layer's activations are live again during its recomputation."""
-    s, b, h, a = seq, batch, arch.hidden, arch.heads
-    per_layer = s * b * h * 34 + 5 * a * s * s * b
-    if checkpointing:
-        return 2 * s * b * h * arch.layers + per_layer
-    return per_layer * arch.layers
+    Counted from what transformers' Qwen2/Llama decoder layer saves with SDPA attention,
+    per token and layer: each RMSNorm its input and normalised output (2 x 2h); the
+    attention's rotated q and k and its v (h + 2 kv, kv = n_kv x d_head: SDPA with GQA),
+    its output and the contiguous copy o_proj reads (2h); the gated MLP's gate output,
+    SiLU output, up output and their product (4 i): 7h + 2kv + 4i. SDPA (flash or
+    memory-efficient, on GPU and CPU) keeps no s x s score matrix. At the top, the final
+    norm (2h) and the hidden states TRL's fused LM head saves (h). With activation
+    checkpointing each layer keeps only its input (h) and one layer's activations are
+    live again during its recomputation."""
+    kv = arch.kv_heads * arch.head_dim
+    per_layer = 7 * arch.hidden + 2 * kv + 4 * arch.intermediate
+    top = 3 * arch.hidden
+    kept = arch.hidden * arch.layers + per_layer if checkpointing else per_layer * arch.layers
+    return (kept + top) * batch * seq * dtype_bytes
+
+
+# trl/trainer/utils.py:1506 `_CHUNKED_LOGPROB_CHUNK_SIZE = 32768` (vocabulary columns per
+# tile) and trl/kernels/chunked_logprob.py:31 `TOKEN_CHUNK_SIZE = 4096` (rows per tile)
+LOGPROB_VOCAB_CHUNK = 32768
+LOGPROB_TOKEN_CHUNK = 4096
+
+
+def logprob_chunk_bytes(arch: Arch, tokens: int, triton: bool, dtype_bytes: int = 2) -> int:
+    """Peak of TRL 1.16's fused LM head (trl/trainer/utils.py:1548 `add_fused_lm_head`,
+    trl/kernels/chunked_logprob.py:299 `ChunkedLogProbFunction`), which never
+    materialises batch x sequence x vocabulary logits: it projects tiles of at most 4096
+    tokens x 32768 vocabulary entries and folds each into running log-sum-exp statistics.
+    `tokens` are the positions scored: the completion tokens with Triton (GPU, `compact`:
+    only labels != -100, utils.py:1642), every position elsewhere (CPU).
+
+    With Triton the fold runs in registers: one tile buffer in the autocast dtype
+    (`mm_buf`, chunked_logprob.py:413). Without it (`_backward_tile`, chunked_logprob.py:257)
+    the backward keeps, per tile element, the buffer and y, z, log_p, p, grad and two
+    temporaries of the gradient expression in fp32, plus the bool `is_target`: 8 x 4 + 1
+    bytes. Both also accumulate the hidden states' gradient in fp32 (tokens x h x 4; the
+    weight's gradient in fp32 is the LM head's gradient, counted with the gradients)."""
+    rows = min(tokens, LOGPROB_TOKEN_CHUNK)
+    cols = min(arch.vocab, LOGPROB_VOCAB_CHUNK)
+    per_element = dtype_bytes if triton else 8 * 4 + 1
+    return rows * cols * per_element + 4 * tokens * arch.hidden
+
+
+def linear_params(arch: Arch) -> int:
+    """Parameters of the decoder layers' linear layers (weights and biases): what autocast
+    casts to 16 bits. The embedding is looked up in fp32, the norms run in fp32 and the
+    fused LM head casts its weight a chunk at a time, uncached."""
+    h, kv = arch.hidden, arch.kv_heads * arch.head_dim
+    attn = 2 * h * h + 2 * h * kv + ((h + 2 * kv) if arch.qkv_bias else 0)
+    return arch.layers * (attn + 3 * h * arch.intermediate)
 
 
 def kv_cache_bytes(arch: Arch, sequences: int, tokens: int, dtype_bytes: int = 2) -> int:
@@ -188,16 +234,31 @@ def gradient_checkpointing(cfg, explicit: bool | None = None) -> bool:
     return explicit if explicit is not None else not cfg.model.name_or_path.startswith(BUILTIN_PREFIX)
 
 
-def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS) -> dict:
-    """Per-GPU bytes of cfg's GRPO stage for cfg.model.name_or_path, and whether they fit
-    `gpu_gb` GiB. Peak = states + max(training transients, generation transients): TRL
-    generates, then trains, in turn (vLLM colocate keeps its reservation throughout)."""
+# What a CPU GRPO process holds above its idle self (libraries imported, no model) whatever
+# the model: the modules TRL, accelerate and datasets import while building the trainer,
+# the tokenizer and dataset, torch's per-thread and oneDNN scratch buffers. A measured
+# constant, not derived: bench/memory_plan.py's proxy row (builtin:proxy-qwen2, 0.1M
+# parameters, whose model terms total ~10 MiB) peaked 308 MiB above idle (2026-12-01).
+CPU_RUNTIME_BYTES = 300 * 2**20
+
+
+def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS,
+                device: str = "gpu") -> dict:
+    """Per-device bytes of cfg's GRPO stage for cfg.model.name_or_path and whether they fit
+    `gpu_gb` GB (10^9 bytes, as GPUs are named). Peak = states + max(training transients,
+    generation transients): TRL generates, then trains, in turn (vLLM colocate keeps its
+    reservation throughout). device "gpu": fp32 master weights with train.precision's
+    autocast; "cpu": what the stage does with use_cpu (fp32, no autocast, no vLLM, one
+    process), which bench/memory_plan.py measures."""
+    if device not in ("gpu", "cpu"):
+        raise ValueError(f"device must be 'gpu' or 'cpu', not {device!r}")
+    cpu = device == "cpu"
     name = cfg.model.name_or_path
     arch, source = resolve_arch(name)
     g, t = cfg.grpo, cfg.train
-    n = t.num_processes
-    stage = zero_stage(t.accelerate_config)
-    plan: dict = {"model": name, "arch_source": source, "gpu_gb": gpu_gb,
+    n = 1 if cpu else t.num_processes
+    stage = 0 if cpu else zero_stage(t.accelerate_config)
+    plan: dict = {"model": name, "arch_source": source, "device": device, "gpu_gb": gpu_gb,
                   "num_processes": n, "accelerate_config": t.accelerate_config,
                   "zero_stage": stage}
     if arch is None:
@@ -209,6 +270,10 @@ def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS) -
     gen_seqs = generation_batch(cfg) // n  # per process: TRL generates a whole batch at once
     seq = prompt_tokens + g.max_completion_length
     ckpt = gradient_checkpointing(cfg, g.activation_checkpointing)
+    # autocast on a GPU unless train.precision is fp32 ("auto": bf16 or fp16 there);
+    # the CPU runs fp32 throughout
+    autocast = not cpu and t.precision not in ("fp32", "float32")
+    act_bytes = 2 if autocast else 4
     shard = lambda nbytes, from_stage: nbytes // n if stage >= from_stage else nbytes
     peft = cfg.model.peft
     # LoRA: the optimizer sees the adapters alone; the frozen base with its adapters
@@ -216,29 +281,44 @@ def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS) -
     adapters = lora_params(arch, peft.r, peft.target_modules) if peft.enabled else 0
     trained = adapters if peft.enabled else p
     kl = g.beta > 0 or cfg.rounds.kl_schedule.kind != "constant"
+    # TRL 1.16 builds the reference from the policy's path with
+    # `model_init_kwargs.setdefault("dtype", self.model.dtype)` (trl/trainer/grpo_trainer.py
+    # :1001-1003): the policy is our fp32 master copy, so the reference is fp32 too
+    ref_dtype_bytes = 4
+    # scored positions: completions only with Triton (GPU), every position on CPU
+    scored = micro * (g.max_completion_length if not cpu else seq - 1)
     items = {
         "policy_weights": shard(4 * (p + adapters), 3),
         "gradients": shard(4 * trained, 2),
         "optimizer_adam": shard(8 * trained, 1),
-        "reference_model": shard(2 * p, 3) if kl and not peft.enabled else 0,
-        "activations_no_ckpt": activation_bytes(arch, micro, seq, False),
-        "activations_ckpt": activation_bytes(arch, micro, seq, True),
-        "logits": 4 * micro * g.max_completion_length * arch.vocab,
-        "kv_cache": kv_cache_bytes(arch, gen_seqs, seq),
+        "reference_model": shard(ref_dtype_bytes * p, 3) if kl and not peft.enabled else 0,
+        # autocast keeps a 16-bit copy of each linear weight it casts for the forward pass
+        # until backward (torch's autocast weight cache, cleared when the region exits)
+        "autocast_weight_copies": 2 * linear_params(arch) // (n if stage >= 3 else 1) if autocast else 0,
+        "activations_no_ckpt": activation_bytes(arch, micro, seq, False, act_bytes),
+        "activations_ckpt": activation_bytes(arch, micro, seq, True, act_bytes),
+        "logprob_chunk": logprob_chunk_bytes(arch, scored, triton=not cpu, dtype_bytes=act_bytes),
+        "kv_cache": kv_cache_bytes(arch, gen_seqs, seq, 2 if not cpu else 4),
     }
+    if cpu:
+        items["runtime"] = CPU_RUNTIME_BYTES
     states = sum(items[k] for k in ("policy_weights", "gradients", "optimizer_adam",
-                                    "reference_model"))
-    train = items["activations_ckpt" if ckpt else "activations_no_ckpt"] + items["logits"]
-    vllm_colocate = g.use_vllm and g.vllm_mode == "colocate"
-    gen = int(g.vllm_gpu_memory_utilization * gpu_gb * GIB) if vllm_colocate else items["kv_cache"]
+                                    "reference_model")) + items.get("runtime", 0)
+    train = (items["activations_ckpt" if ckpt else "activations_no_ckpt"] + items["logprob_chunk"]
+             + items["autocast_weight_copies"])
+    vllm_colocate = not cpu and g.use_vllm and g.vllm_mode == "colocate"
+    capacity = gpu_gb * GB
+    gen = int(g.vllm_gpu_memory_utilization * capacity) if vllm_colocate else items["kv_cache"]
     total = states + (train + gen if vllm_colocate else max(train, gen))
     return {**plan, **asdict(arch), "params": p, "trainable_params": trained,
             "lora": {"r": peft.r, "adapter_params": adapters} if peft.enabled else None,
             "micro_batch": micro, "passes_per_step": passes,
             "generation_batch": gen_seqs, "seq_tokens": seq, "prompt_tokens": prompt_tokens,
-            "gradient_checkpointing": ckpt, "vllm_colocate_reserved": gen if vllm_colocate else 0,
-            "bytes": items, "states_bytes": states, "total_bytes": total,
-            "total_gib": round(total / GIB, 2), "fits": total <= gpu_gb * GIB}
+            "gradient_checkpointing": ckpt, "autocast": autocast,
+            "vllm_colocate_reserved": gen if vllm_colocate else 0,
+            "bytes": items, "states_bytes": states, "train_bytes": train, "generation_bytes": gen,
+            "total_bytes": total, "total_gib": round(total / GIB, 2),
+            "total_gb": round(total / GB, 2), "fits": total <= capacity}
 
 
 def format_plan(plan: dict) -> str:
@@ -246,20 +326,22 @@ def format_plan(plan: dict) -> str:
     if plan.get("fits") is None:
         return f"memory plan: {plan.get('note')}"
     gib = lambda v: f"{v / GIB:.2f} GiB"
+    where = "per GPU" if plan.get("device", "gpu") == "gpu" else "on CPU (fp32)"
     lines = [(f"memory plan for {plan['model']} ({plan['params'] / 1e6:.0f}M params, "
-              f"{plan['num_processes']} process(es), ZeRO stage {plan['zero_stage']}), per GPU:")]
+              f"{plan['num_processes']} process(es), ZeRO stage {plan['zero_stage']}), {where}:")]
     if plan.get("lora"):
         lines.append(f"  LoRA r={plan['lora']['r']}: {plan['lora']['adapter_params'] / 1e6:.1f}M "
                      "trainable adapter params; reference = base with adapters disabled")
     lines += [f"  {k:<22} {gib(v)}" for k, v in plan["bytes"].items()]
     if plan["vllm_colocate_reserved"]:
         lines.append(f"  {'vllm_colocate_reserved':<22} {gib(plan['vllm_colocate_reserved'])}")
-    lines.append(f"  total {plan['total_gib']} GiB: "
-                 f"{'fits' if plan['fits'] else 'does NOT fit'} in {plan['gpu_gb']} GiB "
-                 f"(micro-batch {plan['micro_batch']} x {plan['seq_tokens']} tokens, "
+    lines.append(f"  total {plan['total_gib']} GiB ({plan['total_gb']} GB): "
+                 + (f"{'fits' if plan['fits'] else 'does NOT fit'} in {plan['gpu_gb']} GB "
+                    if plan.get("device", "gpu") == "gpu" else "")
+                 + f"(micro-batch {plan['micro_batch']} x {plan['seq_tokens']} tokens, "
                  f"{plan['passes_per_step']} per optimizer step, "
                  f"checkpointing {'on' if plan['gradient_checkpointing'] else 'off'})")
     if not plan["fits"]:
-        lines.append("  lower grpo.per_device_train_batch_size (activations and logits scale with it), "
+        lines.append("  lower grpo.per_device_train_batch_size (activations scale with it), "
                      "or shard with a ZeRO/FSDP train.accelerate_config")
     return "\n".join(lines)
