@@ -93,7 +93,9 @@ def test_mlflow_basic_auth_pipeline_run_and_guarded_registry(tiny_model_path, tm
             assert refused.returncode == 1, refused.stdout + refused.stderr
             assert "HTTP 401" in refused.stderr and "MLFLOW_TRACKING_PASSWORD" in refused.stderr
             assert "Traceback" not in refused.stderr and "wrong-password-5678" not in refused.stderr
-            assert took < 15, f"{took:.1f} s to refuse"
+            # Refused before any stage: the bound catches a retry loop (MLflow's default
+            # retries take minutes), not speed; start-up alone took 23 s on a loaded machine.
+            assert took < 60, f"{took:.1f} s to refuse"
             assert not (tmp_path / "refused").exists(), "workspace state created before the check"
 
         # The pipeline, as its own identity, credentials from the environment only.
