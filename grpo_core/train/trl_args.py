@@ -46,6 +46,15 @@ def grpo_kwargs(cfg: PipelineConfig, output_dir: str, report_to: list[str] | Non
         # TRL's default (on) would be on for every model: ours is per model, under the
         # installed transformers' name for it
         checkpointing_field(): gradient_checkpointing(cfg, g.activation_checkpointing),
+        **pipeline_set(cfg, output_dir, report_to),
+        "remove_unused_columns": False,
+    }
+
+
+def pipeline_set(cfg: PipelineConfig, output_dir: str, report_to: list[str] | None) -> dict:
+    """What the pipeline sets in every stage's TRL arguments (config.trl_sections.PIPELINE_SET):
+    the stage's folder, the project's seed, the precision flags, the trackers."""
+    return {
         "output_dir": output_dir,
         # TRL seeds its sampler and the policy's generate from `seed`. TRL 1.16 has no field
         # for the vLLM engine's seed (colocate: process_index // tp; server: vLLM's default),
@@ -55,7 +64,6 @@ def grpo_kwargs(cfg: PipelineConfig, output_dir: str, report_to: list[str] | Non
         "data_seed": cfg.project.seed,
         **precision_flags(cfg),
         "report_to": report_to or [],
-        "remove_unused_columns": False,
     }
 
 
@@ -90,11 +98,7 @@ def trl_sft_args(cfg: PipelineConfig, output_dir: str, report_to: list[str] | No
     return SFTConfig(
         **cfg.sft.trl_kwargs(),
         **{checkpointing_field(): gradient_checkpointing(cfg, cfg.sft.activation_checkpointing)},
-        output_dir=output_dir,
+        **pipeline_set(cfg, output_dir, report_to),
         completion_only_loss=True,
         save_strategy="no",
-        seed=cfg.project.seed,
-        data_seed=cfg.project.seed,
-        **precision_flags(cfg),
-        report_to=report_to or [],
     )
