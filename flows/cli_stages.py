@@ -14,10 +14,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows.cli_common import require_fetched_or_exit
+
 console = Console(highlight=False, soft_wrap=True)
 
 MODEL = Annotated[str | None, typer.Option(
-    "--model", help="builtin:tiny-arith, builtin:proxy-qwen2, a local folder or a hub id [default: model.name_or_path "
+    "--model", help="builtin:tiny-arith, builtin:proxy-qwen2, a fetched name (grpo model fetch "
+    "smollm2-135m-instruct), a local folder or a hub id [default: model.name_or_path "
     "of the config, builtin:tiny-arith].")]
 CONFIG = Annotated[Path | None, typer.Option("--config", help="Pipeline config YAML.")]
 SET = Annotated[list[str] | None, typer.Option(
@@ -52,9 +55,11 @@ def _config(config: Path | None, overrides: list[str] | None, **fields):
                 for part in parents:
                     node = node[part]
                 node[leaf] = value
-        return config_from_dict(tree)
+        cfg = config_from_dict(tree)
     except ConfigError as exc:
         _fail(str(exc), 2)
+    require_fetched_or_exit(cfg.model.name_or_path, cfg.project.workdir)
+    return cfg
 
 
 def _parse_band(band: str | None) -> list[float] | None:

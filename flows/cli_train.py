@@ -6,9 +6,19 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit, require_supported_trl
+from flows.cli_common import (
+    CONFIG,
+    SET,
+    WORKDIR,
+    fail,
+    load_or_exit,
+    require_fetched_or_exit,
+    require_supported_trl,
+)
 
-MODEL = Annotated[str | None, typer.Option("--model", help="Start from this model [default: config's].")]
+MODEL = Annotated[str | None, typer.Option(
+    "--model", help="Start from this model: a name (builtin:tiny-arith, smollm2-135m-instruct once "
+    "fetched), a folder or a hub id [default: config's].")]
 OUT = Annotated[Path | None, typer.Option("--out", help="Output folder [default: <workdir>/checkpoints/...].")]
 
 
@@ -20,6 +30,7 @@ def _setup(config, overrides, workdir, model):
     from grpo_core.workspace import Workspace
 
     cfg = load_or_exit(config, overrides, workdir)
+    require_fetched_or_exit(model or cfg.model.name_or_path, cfg.project.workdir)
     ws = Workspace.at(cfg.project.workdir).ensure()
     path = resolve_model_path(model or cfg.model.name_or_path, ws.models, progress=True)
     try:

@@ -18,6 +18,7 @@ from prefect import task
 from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
 from grpo_core.data.store import Store
+from grpo_core.modeling.fetch import provenance_tags
 from grpo_core.modeling.gpu import peak_metrics, stage_memory
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.train.throughput import PREFIX as THROUGHPUT
@@ -163,7 +164,13 @@ def pool_problems(ctx: Ctx, ids: list[str]) -> list[Problem]:
 
 @task(name="base-model", retries=1)
 def base_model(ctx: Ctx) -> str:
-    return resolve_model_path(ctx.cfg.model.name_or_path, ctx.ws.models, progress=ctx.progress)
+    """The base model's folder (built or fetched); a fetched model's provenance (wheel,
+    sha256s, conversion) goes on the parent run as `model.provenance.*` tags."""
+    path = resolve_model_path(ctx.cfg.model.name_or_path, ctx.ws.models, progress=ctx.progress)
+    tags = provenance_tags(path)
+    if tags:
+        tracking.set_tags(ctx.parent_run, tags)
+    return path
 
 
 @task(name="filter")
