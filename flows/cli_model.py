@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import WORKDIR, fail
+from flows.cli_common import WORKDIR, fail, quiet_libraries
 
 app = typer.Typer(help="Models by name: fetch, list, build.", no_args_is_help=True,
                   add_completion=False)
@@ -44,9 +44,11 @@ def fetch(
 
     if name not in FETCHABLE:
         fail(f"no fetchable model {name!r}; known: {', '.join(sorted(FETCHABLE))}", 2)
+    quiet_libraries()  # transformers' conversion bars: our step lines say what happens
     t0 = time.time()
     try:
-        path = fetch_model(name, Workspace.at(workdir).models, force=force, find_links=find_links)
+        path = fetch_model(name, Workspace.at(workdir).models, force=force, find_links=find_links,
+                           say=lambda line: typer.echo(line, err=True))
     except ModelFetchError as exc:
         fail(str(exc), 1)
     except FileExistsError as exc:

