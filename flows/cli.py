@@ -8,15 +8,11 @@ import importlib
 
 import typer
 
-from flows.cli_common import CONFIG, SET, load_or_exit
+from flows.cli_common import CONFIG, SET, command_group, load_or_exit
 
-app = typer.Typer(
-    help="GRPO with verifiable rewards: data, filtering, SFT, GRPO rounds, evaluation.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True, add_completion=False)
+app = command_group("GRPO with verifiable rewards: data, filtering, SFT, GRPO rounds, evaluation.",
+                    pretty_exceptions_enable=False)
+config_app = command_group("Inspect configs.")
 app.add_typer(config_app, name="config")
 
 

@@ -17,6 +17,13 @@ WORKDIR = Annotated[Path | None, typer.Option(
     "--workdir", help="Workspace folder [default: $GRPO_WORKDIR or ./.grpo].")]
 
 
+def command_group(help: str, **kw) -> typer.Typer:
+    """A `grpo` command group. Rich markup off: it reads `[default: ...]` in a help text as a
+    style tag and swallows it ("Workspace folder ."); plain help prints it as written."""
+    kw = {"no_args_is_help": True, "add_completion": False, **kw}
+    return typer.Typer(help=help, rich_markup_mode=None, **kw)
+
+
 # Third-party noise a `grpo run` log should not carry (unless --verbose): set in the
 # environment, so processes launched for training (accelerate) inherit it too.
 QUIET_ENV = {

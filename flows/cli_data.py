@@ -13,13 +13,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows.cli_common import command_group
 from grpo_core.data import decontam
 from grpo_core.data.adapters import PRESETS, SourceError, SourceUnreadable, resolve_source
 from grpo_core.data.store import MAX_PROBLEM_CHARS, IngestReport, Store, StoreError
 from grpo_core.workspace import Workspace
 
-app = typer.Typer(help="Ingest and inspect problem sets.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False)
+app = command_group("Ingest and inspect problem sets.", pretty_exceptions_enable=False)
 console = Console(highlight=False, soft_wrap=True)
 
 DB = Annotated[Path | None, typer.Option(

@@ -16,10 +16,9 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import WORKDIR, fail, quiet_libraries
+from flows.cli_common import WORKDIR, command_group, fail, quiet_libraries
 
-app = typer.Typer(help="Models by name: fetch, list, build.", no_args_is_help=True,
-                  add_completion=False)
+app = command_group("Models by name: fetch, list, build.")
 
 
 @app.command("fetch")
