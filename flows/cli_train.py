@@ -12,6 +12,7 @@ from flows.cli_common import (
     WORKDIR,
     fail,
     load_or_exit,
+    quiet_libraries,
     require_fetched_or_exit,
     require_supported_trl,
 )
@@ -19,6 +20,8 @@ from flows.cli_common import (
 MODEL = Annotated[str | None, typer.Option(
     "--model", help="Start from this model: a name (builtin:tiny-arith, smollm2-135m-instruct once "
     "fetched), a folder or a hub id [default: config's].")]
+VERBOSE = Annotated[bool, typer.Option(
+    "--verbose", help="Keep library warnings and third-party progress bars.")]
 OUT = Annotated[Path | None, typer.Option("--out", help="Output folder [default: <workdir>/checkpoints/...].")]
 
 
@@ -57,18 +60,28 @@ def plan_or_exit(cfg, say: bool = True):
     return plan
 
 
-def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model: MODEL = None,
-        out: OUT = None) -> None:
-    """SFT cold start on the config's training pool (reasoning traces from solutions)."""
+def _start(verbose: bool) -> None:
+    """Before any library import: TRL in range, library noise off unless --verbose (the
+    step lines on stderr say what happens)."""
     require_supported_trl()
+    if not verbose:
+        quiet_libraries()
+
+
+def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model: MODEL = None,
+        out: OUT = None, verbose: VERBOSE = False) -> None:
+    """SFT cold start on the config's training pool (reasoning traces from solutions).
+    One line per step on stderr (s/step, tokens/s, loss)."""
+    _start(verbose)
     from grpo_core.train.sft import SFTResult, run_sft
+    from grpo_core.train.step_progress import StepProgress
     from tasks.launch import run_launched
 
     plan = plan_or_exit(load_or_exit(config, set_, workdir))
     cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "sft"
     if plan.mode == "in-process":
-        result = run_sft(path, pool, cfg, out, template)
+        result = run_sft(path, pool, cfg, out, template, extra_callbacks=[StepProgress("sft")])
     else:
         res = run_launched("sft", cfg, path, pool, out, template, workspace=str(ws.root),
                            extra_env=plan.env)
@@ -80,12 +93,15 @@ def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model:
 
 def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model: MODEL = None,
           out: OUT = None, resume: Annotated[bool, typer.Option(
-              "--resume", help="Continue from the last checkpoint in --out.")] = False) -> None:
-    """One GRPO round on the config's training pool; every completion goes to DuckDB."""
-    require_supported_trl()
+              "--resume", help="Continue from the last checkpoint in --out.")] = False,
+          verbose: VERBOSE = False) -> None:
+    """One GRPO round on the config's training pool; every completion goes to DuckDB.
+    One line per step on stderr (s/step, tokens/s, loss, reward)."""
+    _start(verbose)
     from grpo_core.data.records import rollout_sink
     from grpo_core.data.store import Store
     from grpo_core.train.grpo import last_checkpoint, run_grpo_round
+    from grpo_core.train.step_progress import StepProgress
     from tasks.stages import launched_round
 
     plan = plan_or_exit(load_or_exit(config, set_, workdir))
@@ -95,7 +111,7 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
         sink = rollout_sink(store, run_id=str(out), round=1)
         if plan.mode == "in-process":
             result = run_grpo_round(path, pool, cfg, out, template, resume=resume,
-                                    rollout_sink=sink)
+                                    rollout_sink=sink, extra_callbacks=[StepProgress("grpo")])
         else:  # its ranks resume from the last checkpoint: --resume or a fresh --out
             ckpt = last_checkpoint(out)
             if ckpt and not resume:
