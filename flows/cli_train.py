@@ -73,6 +73,7 @@ def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model:
     """SFT cold start on the config's training pool (reasoning traces from solutions).
     One line per step on stderr (s/step, tokens/s, loss)."""
     _start(verbose)
+    from grpo_core.train.graceful_stop import StopOnSignal
     from grpo_core.train.sft import SFTResult, run_sft
     from grpo_core.train.step_progress import StepProgress
     from tasks.launch import run_launched
@@ -80,8 +81,11 @@ def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model:
     plan = plan_or_exit(load_or_exit(config, set_, workdir))
     cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "sft"
+    stop = StopOnSignal()  # in this process only: launched ranks get the default signals
     if plan.mode == "in-process":
-        result = run_sft(path, pool, cfg, out, template, extra_callbacks=[StepProgress("sft")])
+        with stop.installed():
+            result = run_sft(path, pool, cfg, out, template,
+                             extra_callbacks=[StepProgress("sft"), stop])
     else:
         res = run_launched("sft", cfg, path, pool, out, template, workspace=str(ws.root),
                            extra_env=plan.env)
@@ -89,6 +93,15 @@ def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model:
     typer.echo(f"sft: {result.steps} steps, final loss {result.history[-1]['loss']:.4f}"
                if result.history else f"sft: {result.steps} steps")
     typer.echo(f"model: {result.output_dir}")
+    _exit_if_stopped(stop, result.steps, "")
+
+
+def _exit_if_stopped(stop, steps: int, then: str) -> None:
+    """After a SIGINT/SIGTERM stop (a checkpoint and the model saved): say so, exit 128+signal."""
+    if stop.signum:
+        typer.echo(f"stopped by {stop.signal_name} after step {steps}: checkpoint and model "
+                   f"saved{then}", err=True)
+        raise typer.Exit(stop.exit_code)
 
 
 def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model: MODEL = None,
@@ -100,6 +113,7 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
     _start(verbose)
     from grpo_core.data.records import rollout_sink
     from grpo_core.data.store import Store
+    from grpo_core.train.graceful_stop import StopOnSignal
     from grpo_core.train.grpo import last_checkpoint, run_grpo_round
     from grpo_core.train.step_progress import StepProgress
     from tasks.stages import launched_round
@@ -109,9 +123,12 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "grpo-round-1"
     with Store.open(ws.db_path, timeout=30) as store:
         sink = rollout_sink(store, run_id=str(out), round=1)
+        stop = StopOnSignal()  # in this process only: launched ranks get the default signals
         if plan.mode == "in-process":
-            result = run_grpo_round(path, pool, cfg, out, template, resume=resume,
-                                    rollout_sink=sink, extra_callbacks=[StepProgress("grpo")])
+            with stop.installed():
+                result = run_grpo_round(path, pool, cfg, out, template, resume=resume,
+                                        rollout_sink=sink,
+                                        extra_callbacks=[StepProgress("grpo"), stop])
         else:  # its ranks resume from the last checkpoint: --resume or a fresh --out
             ckpt = last_checkpoint(out)
             if ckpt and not resume:
@@ -124,6 +141,7 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
     for finding in result.findings:
         typer.echo(f"finding: {finding}")
     typer.echo(f"model: {result.output_dir}")
+    _exit_if_stopped(stop, result.steps, " (same command with --resume continues)")
     if result.stopped_early:
         raise typer.Exit(1)
 
