@@ -6,16 +6,8 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import (
-    CONFIG,
-    SET,
-    WORKDIR,
-    fail,
-    load_or_exit,
-    quiet_libraries,
-    require_fetched_or_exit,
-    require_supported_trl,
-)
+from flows import cli_common
+from flows.cli_common import CONFIG, SET, WORKDIR, fail, load_or_exit, require_supported_trl
 
 MODEL = Annotated[str | None, typer.Option(
     "--model", help="Start from this model: a name (builtin:tiny-arith, smollm2-135m-instruct once "
@@ -33,7 +25,7 @@ def _setup(config, overrides, workdir, model):
     from grpo_core.workspace import Workspace
 
     cfg = load_or_exit(config, overrides, workdir)
-    require_fetched_or_exit(model or cfg.model.name_or_path, cfg.project.workdir)
+    cli_common.require_fetched_or_exit(model or cfg.model.name_or_path, cfg.project.workdir)
     ws = Workspace.at(cfg.project.workdir).ensure()
     path = resolve_model_path(model or cfg.model.name_or_path, ws.models, progress=True)
     try:
@@ -65,7 +57,7 @@ def _start(verbose: bool) -> None:
     step lines on stderr say what happens)."""
     require_supported_trl()
     if not verbose:
-        quiet_libraries()
+        cli_common.quiet_libraries()
 
 
 def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model: MODEL = None,
