@@ -28,6 +28,20 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _keep_process_settings():
+    """`grpo model fetch` quiets the libraries for its process (environment variables,
+    warning filters); in-process here, so give the rest of the session its settings back."""
+    import os
+    import warnings
+
+    env, filters = dict(os.environ), list(warnings.filters)
+    yield
+    os.environ.clear()
+    os.environ.update(env)
+    warnings.filters[:] = filters
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     """(folder, GGUF file name, the HF folder it came from, expected dequantised weights)."""
