@@ -320,6 +320,9 @@ def run_stage_process(spec: dict, cfg: PipelineConfig, out: Path,
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({**record, "output_dir": str(out)}) + "\n")
+    from grpo_core.modeling.gpu import report_child_peak
+
+    report_child_peak(result.get("gpu_peak_gb"))  # the stage's peak, in this stage's record
     if code != 0 or not done:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"the {name} stage's process failed (exit {code}); log {log}:\n{tail}")
@@ -357,7 +360,10 @@ def _shard_main(spec: dict) -> None:
     else:
         path = shards.score_shard(spec["model_path"], spec["config"], spec["template"],
                                   problems, spec["out_path"], None)
-    Path(spec["result_file"]).write_text(json.dumps({"path": str(path), "pid": os.getpid()}))
+    from grpo_core.modeling.gpu import process_peak_gb
+
+    Path(spec["result_file"]).write_text(json.dumps({"path": str(path), "pid": os.getpid(),
+                                                     "gpu_peak_gb": process_peak_gb()}))
 
 
 def _rank_main(spec_path: str) -> None:
@@ -401,6 +407,9 @@ def _rank_main(spec_path: str) -> None:
         out["findings"] = [*out.get("findings", []), *([note] if note else [])]
         out["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
         out["pid"] = os.getpid()
+        from grpo_core.modeling.gpu import process_peak_gb
+
+        out["gpu_peak_gb"] = process_peak_gb()  # rank 0's; the pipeline's stage record keeps it
         Path(spec["result_file"]).write_text(json.dumps(out, default=str))
 
 

@@ -84,3 +84,18 @@ def test_two_rounds_with_a_process_per_stage_leave_nothing_behind(tiny_model_pat
     assert set(rss) == {1, 2}, rss
     print(f"pipeline RSS after round 1 {rss[1]:.3f} GB, after round 2 {rss[2]:.3f} GB")
     assert abs(rss[2] - rss[1]) <= RSS_MARGIN_GB, rss
+
+
+def test_a_stage_process_peak_counts_in_the_pipeline_stage():
+    """A stage's own process reports its CUDA peak (tasks/launch.py): the pipeline's
+    stage_memory block keeps it, though this process never touched CUDA (here: the CPU)."""
+    from grpo_core.modeling.gpu import report_child_peak, stage_memory
+
+    with stage_memory() as outer:
+        with stage_memory() as inner:
+            report_child_peak(1.5)
+        report_child_peak(None)  # a CPU stage process reports nothing
+    assert inner.peak_gb == 1.5 and outer.peak_gb == 1.5
+    with stage_memory() as alone:
+        pass
+    assert alone.peak_gb is None
