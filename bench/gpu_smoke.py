@@ -658,6 +658,8 @@ def print_summary(report: dict) -> None:
         for n, r in pl["rounds"].items():
             print(f"  round {n}: peak GPU memory {r['gpu_peak_gb']} GB vs plan {r['plan_gb']} GB "
                   f"(plan/peak {r['plan_over_peak']}); {format_throughput(r['throughput'])}")
+    if not set(parts) - {"pipeline"}:
+        return  # the pipeline part alone: its lines above are the summary
     g, st, ev = sm["generation_tokens_per_s"], sm["grpo_step_s"], sm["eval_s"]
     p = report["params"]
     print(f"generation tokens/s ({p['prompts']} prompts x {p['samples']} samples, <= "

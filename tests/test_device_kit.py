@@ -75,9 +75,8 @@ def test_gpu_smoke_dry_run_passes_on_cpu():
 
 def test_gpu_smoke_dry_run_fails_on_a_config_grpo_refuses(monkeypatch, tmp_path):
     """The dry run's pipeline check is `grpo config show`'s verdict: a tree it refuses fails."""
-    import gpu_pipeline  # bench/, on the path through _smoke_module's import
-
-    _smoke_module()
+    _smoke_module()  # puts bench/ on the path, as the script itself does
+    import gpu_pipeline
     tree = gpu_pipeline.config_tree(tmp_path, False)
     tree["train"] = {"stage_process": "sometimes"}
     path = gpu_pipeline.write_config(tree, tmp_path / "bad.yaml")
