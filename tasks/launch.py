@@ -27,6 +27,7 @@ from pathlib import Path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
+from grpo_core.modeling.gpu import process_peak_gb, report_child_peak
 
 # Where the machines meet (tasks/rendezvous.py), named here too: the launch path's own parts.
 from tasks.rendezvous import (  # noqa: F401
@@ -258,8 +259,6 @@ def run_stage_process(spec: dict, cfg: PipelineConfig, out: Path,
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({**record, "output_dir": str(out)}) + "\n")
-    from grpo_core.modeling.gpu import report_child_peak
-
     report_child_peak(result.get("gpu_peak_gb"))  # the stage's peak, in this stage's record
     if code != 0 or not done:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
@@ -298,8 +297,6 @@ def _shard_main(spec: dict) -> None:
     else:
         path = shards.score_shard(spec["model_path"], spec["config"], spec["template"],
                                   problems, spec["out_path"], None)
-    from grpo_core.modeling.gpu import process_peak_gb
-
     Path(spec["result_file"]).write_text(json.dumps({"path": str(path), "pid": os.getpid(),
                                                      "gpu_peak_gb": process_peak_gb()}))
 
@@ -345,8 +342,6 @@ def _rank_main(spec_path: str) -> None:
         out["findings"] = [*out.get("findings", []), *([note] if note else [])]
         out["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
         out["pid"] = os.getpid()
-        from grpo_core.modeling.gpu import process_peak_gb
-
         out["gpu_peak_gb"] = process_peak_gb()  # rank 0's; the pipeline's stage record keeps it
         Path(spec["result_file"]).write_text(json.dumps(out, default=str))
 
