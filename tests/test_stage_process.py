@@ -14,7 +14,7 @@ import subprocess
 import pytest
 from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, write_config
 
-from grpo_core.config import ConfigError, config_from_dict
+from grpo_core.config import ConfigError, PipelineConfig, config_from_dict
 from tasks.launch import launch_plan
 
 pytest_plugins = ["fixtures_models"]
@@ -99,3 +99,58 @@ def test_a_stage_process_peak_counts_in_the_pipeline_stage():
     with stage_memory() as alone:
         pass
     assert alone.peak_gb is None
+
+
+def _small_cfg(stage_process: str, workdir) -> PipelineConfig:
+    cfg = PipelineConfig()
+    cfg.project.workdir = str(workdir)
+    cfg.project.seed = 7
+    cfg.rollout.backend = "hf"
+    cfg.rollout.batch_size = 8
+    cfg.rollout.max_new_tokens = 10
+    cfg.model.template = "r1_zero"
+    cfg.filter.k = 4
+    cfg.filter.band = (0.0, 1.0)
+    cfg.eval.samples = 2
+    cfg.eval.max_new_tokens = 10
+    cfg.eval.bootstrap = 100
+    cfg.train.stage_process = stage_process
+    return cfg
+
+
+@pytest.mark.integration
+def test_filter_and_eval_in_their_own_process_give_the_in_process_results(
+        shard_flows, tiny_model_path, tmp_path):
+    """Where a stage runs changes nothing it computes: the filter's stored estimates and an
+    evaluation's records and metrics are those of the in-process stage; the process that
+    computed them is logged, exited 0 and gone; this process stays the only DuckDB writer."""
+    from flows import prefill_sharded
+    from grpo_core.data.records import read_pass_rates
+    from grpo_core.data.store import Store
+    from grpo_core.data.synthetic import generate_problems
+    from grpo_core.eval.difficulty import run_filter
+    from grpo_core.eval.evaluation import evaluate
+
+    problems = generate_problems("train", 6, seed=5)
+    rows = lambda store: [{k: v for k, v in r.items() if k != "created_at"}
+                          for r in read_pass_rates(store)]
+    here, ws = _small_cfg("never", tmp_path / "ws1"), tmp_path / "ws2"
+    own = _small_cfg("always", ws)
+    with Store.open(tmp_path / "one.duckdb") as store:
+        one = run_filter(tiny_model_path, problems, here, store=store)
+        expected = rows(store)
+        ev_one = evaluate(tiny_model_path, "synthetic", here, store=store, limit=6)
+    db = tmp_path / "two.duckdb"
+    fresh = prefill_sharded(own, tiny_model_path, lambda: problems, lambda: Store.open(db), ws)
+    assert len(fresh) == 6
+    with Store.open(db) as store:
+        two = run_filter(tiny_model_path, problems, own, store=store, fresh=fresh)
+        assert rows(store) == expected
+        ev_two = evaluate(tiny_model_path, "synthetic", own, store=store, limit=6,
+                          scorer=shard_flows.eval_scorer(ws))
+    assert two.counts == one.counts and two.estimated == 6
+    assert ev_two.per_problem == ev_one.per_problem and ev_two.metrics == ev_one.metrics
+    procs = [json.loads(line) for line in
+             (ws / "logs" / "stage-processes.jsonl").read_text().splitlines()]
+    assert [p["stage"] for p in procs] == ["filter", "eval"]
+    assert all(p["exit_code"] == 0 and not _alive(p["rank0_pid"]) for p in procs), procs
