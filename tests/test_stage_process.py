@@ -12,6 +12,7 @@ import os
 import subprocess
 
 import pytest
+import test_shards
 from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, write_config
 
 from grpo_core.config import ConfigError, PipelineConfig, config_from_dict
@@ -101,20 +102,9 @@ def test_a_stage_process_peak_counts_in_the_pipeline_stage():
     assert alone.peak_gb is None
 
 
-def _small_cfg(stage_process: str, workdir) -> PipelineConfig:
-    cfg = PipelineConfig()
-    cfg.project.workdir = str(workdir)
-    cfg.project.seed = 7
-    cfg.rollout.backend = "hf"
-    cfg.rollout.batch_size = 8
-    cfg.rollout.max_new_tokens = 10
-    cfg.model.template = "r1_zero"
-    cfg.filter.k = 4
-    cfg.filter.band = (0.0, 1.0)
-    cfg.eval.samples = 2
-    cfg.eval.max_new_tokens = 10
-    cfg.eval.bootstrap = 100
+def _own(cfg: PipelineConfig, stage_process: str, workdir) -> PipelineConfig:
     cfg.train.stage_process = stage_process
+    cfg.project.workdir = str(workdir)
     return cfg
 
 
@@ -134,19 +124,21 @@ def test_filter_and_eval_in_their_own_process_give_the_in_process_results(
     problems = generate_problems("train", 6, seed=5)
     rows = lambda store: [{k: v for k, v in r.items() if k != "created_at"}
                           for r in read_pass_rates(store)]
-    here, ws = _small_cfg("never", tmp_path / "ws1"), tmp_path / "ws2"
-    own = _small_cfg("always", ws)
+    ws = tmp_path / "ws"
+    # test_shards' configs (one shard): sharding and stage processes share the worker path
+    here, own = (_own(test_shards._cfg(1), mode, ws) for mode in ("never", "always"))
+    ev_here, ev_own = (_own(test_shards._eval_cfg(1, ws), mode, ws) for mode in ("never", "always"))
     with Store.open(tmp_path / "one.duckdb") as store:
         one = run_filter(tiny_model_path, problems, here, store=store)
         expected = rows(store)
-        ev_one = evaluate(tiny_model_path, "synthetic", here, store=store, limit=6)
+        ev_one = evaluate(tiny_model_path, "synthetic", ev_here, store=store, limit=6)
     db = tmp_path / "two.duckdb"
     fresh = prefill_sharded(own, tiny_model_path, lambda: problems, lambda: Store.open(db), ws)
     assert len(fresh) == 6
     with Store.open(db) as store:
         two = run_filter(tiny_model_path, problems, own, store=store, fresh=fresh)
         assert rows(store) == expected
-        ev_two = evaluate(tiny_model_path, "synthetic", own, store=store, limit=6,
+        ev_two = evaluate(tiny_model_path, "synthetic", ev_own, store=store, limit=6,
                           scorer=shard_flows.eval_scorer(ws))
     assert two.counts == one.counts and two.estimated == 6
     assert ev_two.per_problem == ev_one.per_problem and ev_two.metrics == ev_one.metrics
