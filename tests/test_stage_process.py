@@ -4,7 +4,8 @@ TRL steps on a tiny random model) runs every stage that holds a model in a proce
 own, started by tasks/launch.py. Each of those processes has exited when the run ends (their
 pids, from <workspace>/logs/stage-processes.jsonl, are gone; exit codes 0), and the pipeline
 process's own RSS after round 2 (system/pipeline_rss_gb on the parent run, step = round) is
-within RSS_MARGIN_GB of its RSS after round 1."""
+within RSS_MARGIN_GB of its RSS after round 1. And where a stage runs changes nothing it
+computes: a filter and an eval in their own process store what the in-process ones store."""
 from __future__ import annotations
 
 import json
