@@ -117,10 +117,23 @@ def gpu_gb() -> float | None:
     return round(torch.cuda.get_device_properties(0).total_memory / 1e9, 1)
 
 
+def missing_services() -> list[str]:
+    """What `grpo run` needs beyond the smoke's own imports: Prefect and MLflow (the lent
+    device image has neither, and they do not fit its 64 MiB carry: infra/device/README.md)."""
+    import importlib.util
+
+    return [m for m in ("prefect", "mlflow") if importlib.util.find_spec(m) is None]
+
+
 def run_pipeline(s: dict, rec: dict, timeout: float = 300) -> None:
     """The part (gpu_smoke.PART_FUNCS["pipeline"]): fills rec, appends failed checks."""
     from grpo_core.modeling.memory_plan import memory_plan
     from grpo_core.train.throughput import PREFIX, format_throughput
+
+    if missing := missing_services():
+        rec.setdefault("failed_checks", []).append(
+            f"`grpo run` needs {' and '.join(missing)}: install the project (make setup)")
+        return
 
     use_vllm, said = vllm_choice()
     print(f"pipeline: {said}", flush=True)
