@@ -5,6 +5,9 @@
 
 Parts, in order, each in its own process (a crash, hang or held GPU memory in one leaves the
 others' numbers; --in-process runs them in this process, as the pipeline does):
+  pipeline   a two-round `grpo run` of a GPU-shaped config on builtin:proxy-qwen2 (bench/
+             gpu_pipeline.py): colocated vLLM where vLLM imports, else the hf backend (said);
+             per round the peak GPU memory vs the memory plan and the throughput figures
   hf         rollout.backend=hf: generation tokens/s, the difficulty filter, eval of the base model
   vllm       (a) rollout.backend=vllm (VLLMBackend): engine start, generation tokens/s on the same
              prompts, the difficulty filter, eval of the base model, a stop-token text check
@@ -19,8 +22,11 @@ grpo_core.modeling.gpu.stage_memory.
 Without vLLM (the lent GPU machine: infra/device/README.md) run `--parts hf,grpo_hf`.
 Prints a summary (GPU, torch/vLLM versions, tokens/s vllm vs hf, GRPO step time, eval time) and
 writes it as JSON to --out, else $OUT/gpu_smoke.json when $OUT is set, else into the workdir;
-the parts' log tails go beside it (gpu_smoke.log). Exit 1 if any part failed.
---dry-run (no GPU needed): checks the imports, builds every part's config, prints the plan.
+the parts' log tails go beside it (gpu_smoke.log). Exit 1 if any part failed. A part the
+deadline leaves no time for is listed as skipped, not failed (the parts run in order: the
+pipeline first).
+--dry-run (no GPU needed): checks the imports, builds every part's config (the pipeline's also
+through `grpo config show`, as `grpo run` will load it), prints the plan.
 """
 from __future__ import annotations
 
@@ -44,12 +50,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_pipeline  # noqa: E402 - bench/ beside this file
 
-PARTS = ("hf", "vllm", "grpo_vllm", "eval_vllm", "grpo_hf")
+PARTS = ("pipeline", "hf", "vllm", "grpo_vllm", "eval_vllm", "grpo_hf")
 LR = 1e-6  # the real presets' GRPO rate: in bf16 master weights its updates would round away
 NEEDS_VLLM = {"vllm", "grpo_vllm", "eval_vllm"}
-BUDGET_S = {"hf": 150, "vllm": 240, "grpo_vllm": 240, "eval_vllm": 180, "grpo_hf": 150}
-DESCRIBE = {"hf": "hf backend: generation tokens/s, filter, base-model eval",
+BUDGET_S = {"pipeline": 330, "hf": 150, "vllm": 240, "grpo_vllm": 240, "eval_vllm": 180, "grpo_hf": 150}
+DESCRIBE = {"pipeline": "two-round `grpo run`, GPU-shaped config on the proxy: peak memory per "
+                        "round vs plan, throughput",
+            "hf": "hf backend: generation tokens/s, filter, base-model eval",
             "vllm": "(a) VLLMBackend: engine start, tokens/s, stop-token check, filter, eval",
             "grpo_vllm": "(b) GRPO steps with TRL's colocated vLLM",
             "eval_vllm": "(c) evaluate() with rollout.backend=vllm on (b)'s model",
@@ -84,6 +94,8 @@ def smoke_config(s: dict, backend: str, use_vllm: bool = False):
 
 
 def part_config(name: str, s: dict):
+    if name == "pipeline":
+        return gpu_pipeline.pipeline_config(s["workdir"], gpu_pipeline.vllm_choice()[0])
     return {"hf": lambda: smoke_config(s, "hf"), "vllm": lambda: smoke_config(s, "vllm"),
             "grpo_vllm": lambda: smoke_config(s, "vllm", use_vllm=True),
             "eval_vllm": lambda: smoke_config(s, "vllm"),
@@ -434,7 +446,8 @@ def part_eval_vllm(s: dict, rec: dict) -> None:
     rec["eval"] = do_eval(backend, tok, cfg, model)
 
 
-PART_FUNCS = {"hf": part_hf, "vllm": part_vllm, "grpo_vllm": part_grpo_vllm,
+PART_FUNCS = {"pipeline": lambda s, rec: gpu_pipeline.run_pipeline(s, rec, BUDGET_S["pipeline"] - 30),
+              "hf": part_hf, "vllm": part_vllm, "grpo_vllm": part_grpo_vllm,
               "eval_vllm": part_eval_vllm, "grpo_hf": part_grpo_hf}
 
 
@@ -634,9 +647,19 @@ def print_summary(report: dict) -> None:
           f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), vLLM {env.get('vllm')}, "
           f"trl {env.get('trl')}, transformers {env.get('transformers')}")
     for name, rec in parts.items():
-        state = "ok" if rec.get("ok") else "FAILED"
+        state = "ok" if rec.get("ok") else "skipped" if rec.get("skipped") else "FAILED"
         err = "" if rec.get("ok") else f"  {str(rec.get('error', ''))[:300]}"
         print(f"  {name:<10} {state:<6} {rec.get('seconds', 0):7.1f} s{err}")
+    pl = parts.get("pipeline") or {}
+    if pl.get("rounds"):
+        from grpo_core.train.throughput import format_throughput
+
+        print(f"pipeline, two rounds ({pl.get('backend_note')}):")
+        for n, r in pl["rounds"].items():
+            print(f"  round {n}: peak GPU memory {r['gpu_peak_gb']} GB vs plan {r['plan_gb']} GB "
+                  f"(plan/peak {r['plan_over_peak']}); {format_throughput(r['throughput'])}")
+    if not set(parts) - {"pipeline"}:
+        return  # the pipeline part alone: its lines above are the summary
     g, st, ev = sm["generation_tokens_per_s"], sm["grpo_step_s"], sm["eval_s"]
     p = report["params"]
     print(f"generation tokens/s ({p['prompts']} prompts x {p['samples']} samples, <= "
@@ -721,6 +744,16 @@ def dry_run(args, parts: list[str]) -> int:
                     line += (f"; TRL: use_vllm={a.use_vllm} per_device_train_batch_size="
                              f"{a.per_device_train_batch_size} num_generations={a.num_generations}"
                              f" max_steps={a.max_steps} bf16={a.bf16} (here, on CPU)")
+                if name == "pipeline":  # both variants, as `grpo run` will load them
+                    for use_vllm in (False, True):
+                        where = Path(tmp) / f"pipeline-vllm-{use_vllm}"
+                        gpu_pipeline.pipeline_config(where, use_vllm)
+                        ok, said = gpu_pipeline.check_with_cli(where / "pipeline.yaml")
+                        if not ok:
+                            raise ValueError(f"grpo config show refused it (use_vllm={use_vllm}): "
+                                             f"{said}")
+                    line += (f"; stage_process={cfg.train.stage_process} rounds={cfg.rounds.count}"
+                             f" grpo config show ok; {gpu_pipeline.vllm_choice()[1]}")
                 print(f"  {name:<10} ok  {line}")
             except Exception as exc:  # noqa: BLE001 - listed, counted, reported
                 bad += 1
@@ -838,8 +871,9 @@ def main() -> int:
             if name in blocked:
                 rec = {"ok": False, "error": f"not run: {blocked[name]}", "seconds": 0.0}
             elif left < 30:
-                rec = {"ok": False, "error": f"not run: {elapsed():.0f} s of the "
-                                             f"{args.deadline:.0f} s deadline spent", "seconds": 0.0}
+                rec = {"ok": False, "skipped": True, "seconds": 0.0,
+                       "error": f"skipped: {elapsed():.0f} s of the {args.deadline:.0f} s "
+                                "deadline spent"}
             elif args.in_process:
                 rec = run_inline(name, s)
             else:
@@ -865,7 +899,9 @@ def main() -> int:
         for name in parts:
             report["parts"].setdefault(name, {"ok": False, "seconds": 0.0,
                                               "error": f"not run: {report['error']}"})
-    report["failed_parts"] = [n for n, r in report["parts"].items() if not r.get("ok")]
+    report["failed_parts"] = [n for n, r in report["parts"].items()
+                              if not r.get("ok") and not r.get("skipped")]
+    report["skipped_parts"] = [n for n, r in report["parts"].items() if r.get("skipped")]
     report["ok"] = not report["failed_parts"] and "error" not in report
     report["summary"] = summarise(report["parts"], env)
     report["seconds"] = round(elapsed(), 1)

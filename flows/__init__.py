@@ -33,7 +33,8 @@ def configure_prefect(workdir: str | os.PathLike | None = None) -> None:
 
 def prefill_sharded(cfg, model: str, problems, open_store, workdir: str | os.PathLike,
                     evidence_run: str | None = None, progress: bool = False) -> list[str]:
-    """With filter.shards > 1, workers estimate the missing pass rates and this process
+    """With filter.shards > 1 (or train.stage_process putting the filter in its own
+    process: one worker), workers estimate the missing pass rates and this process
     stores them (one writer; flows/shards.py prefill_estimates): the ids stored now, for
     the filter's `fresh`. Otherwise nothing to do: []. The one sharded prefill of `grpo
     filter`, the pipeline and retraining.
@@ -42,7 +43,9 @@ def prefill_sharded(cfg, model: str, problems, open_store, workdir: str | os.Pat
     returning them, called only when sharding (the pipeline reads them from the store);
     `open_store`: opens the workspace store, closed while workers run. Raises
     StoreLockedError when another process holds the workspace."""
-    if cfg.filter.shards <= 1:
+    from tasks.launch import own_process
+
+    if cfg.filter.shards <= 1 and not own_process(cfg):
         return []
     from grpo_core.modeling.loading import resolve_model_path
     from grpo_core.workspace import Workspace

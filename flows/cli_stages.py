@@ -270,7 +270,10 @@ def eval_cmd(
     results = []
     ws = Workspace.at(cfg.project.workdir)
     backend = tokenizer = scorer = None
-    if cfg.eval.shards > 1:  # workers load the model and score; this process writes
+    from tasks.launch import own_process
+
+    # Workers (or train.stage_process's one process) load the model and score; this one writes.
+    if cfg.eval.shards > 1 or own_process(cfg):
         scorer = _shard_flows(cfg).eval_scorer(ws.root)
     with _open_store(cfg) as store:
         _building_note(cfg.model.name_or_path)

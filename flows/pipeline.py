@@ -22,6 +22,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.grpo import prompts_per_update
+from grpo_core.train.throughput import PIPELINE_RSS_METRIC, rss_now_gb
 from grpo_core.workspace import Workspace
 from tasks import stages, tracking
 from tasks.launch import require_plan
@@ -120,8 +121,11 @@ def parent_run(cfg: PipelineConfig, ws: Workspace, log, progress: bool, *, confi
 
 def eval_scorer_for(cfg: PipelineConfig, ws: Workspace):
     """stages.evaluate's `scorer`: with eval.shards > 1 workers score the problems and
-    this process aggregates and writes; otherwise None (scored in this process)."""
-    if cfg.eval.shards <= 1:
+    this process aggregates and writes (one worker process under train.stage_process);
+    otherwise None (scored in this process)."""
+    from tasks.launch import own_process
+
+    if cfg.eval.shards <= 1 and not own_process(cfg):
         return None
     from flows.shards import eval_scorer
 
@@ -171,6 +175,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         before = evaluate(model, "eval/sft", primary_bench)
 
     pool = data["problem_ids"]
+    pipeline_rss = []  # this process's RSS after each round (its eval included)
     evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
     for r in range(1, cfg.rounds.count + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
@@ -184,6 +189,8 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         findings += scorer_error_findings(f"eval/round-{r}", after)
         findings += health_gate(r, train, before, after, cfg.eval.primary_metric)
         before = after
+        pipeline_rss.append(rss_now_gb())
+        tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1]}, step=r)
 
     final = evaluate(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)
@@ -191,5 +198,5 @@ def _stages(ctx: stages.Ctx, log) -> dict:
                                       base=base["benchmarks"], wall_s=time.monotonic() - started)
     log.info("final: %s", report.get("summary"))
     return {"parent_run": parent, "model_dir": model, "final": final["benchmarks"],
-            "base": base["benchmarks"],
+            "base": base["benchmarks"], "pipeline_rss_gb": pipeline_rss,
             "findings": findings, "registered": report}

@@ -157,20 +157,43 @@ def _run_parts(flow_fn, cfg: PipelineConfig, parts: dict[int, list[Problem]],
                model_path: str, template: str, out_dir: str | Path,
                **extra: Any) -> list[str]:
     """`flow_fn` over `parts` (shard number -> its problems) on cfg.filter.shard_runner,
-    one worker each; their output paths, in the order of `parts`."""
+    one worker each; their output paths, in the order of `parts`. One shard of an
+    unsharded stage (train.stage_process): in its own process through tasks.launch."""
+    shards_n = cfg.filter.shards if flow_fn is sharded_filter else cfg.eval.shards
+    if shards_n <= 1:
+        return [_own_process_part(flow_fn, cfg, part, i, model_path, template, out_dir,
+                                  extra.get("model_fp")) for i, part in parts.items()]
     kind = cfg.filter.shard_runner
     runner = task_runner(kind, len(parts))
     # Local processes share this machine's cores; a cluster's workers keep their own.
     threads = shards.worker_threads(len(parts)) if runs_locally(kind) else None
     files = [shards.write_problems(part, shard_path(out_dir, i).with_suffix(".jsonl"))
              for i, part in parts.items()]
-    # The secret-free dump: Prefect stores flow parameters (tokens reach workers as HF_TOKEN).
-    dumped = cfg.model_dump(mode="json", exclude={"tracking"})
-    dumped["model"]["hub_token"] = None
     with workers_share_the_api():
         return flow_fn.with_options(task_runner=runner)(
-            model_path=model_path, cfg=dumped, template=template, problem_files=files,
-            threads=threads, indices=list(parts), **extra)
+            model_path=model_path, cfg=_worker_config(cfg), template=template,
+            problem_files=files, threads=threads, indices=list(parts), **extra)
+
+
+def _worker_config(cfg: PipelineConfig) -> dict:
+    """The secret-free dump: Prefect stores flow parameters, the launch path a spec file
+    (tokens reach workers as HF_TOKEN)."""
+    dumped = cfg.model_dump(mode="json", exclude={"tracking"})
+    dumped["model"]["hub_token"] = None
+    return dumped
+
+
+def _own_process_part(flow_fn, cfg: PipelineConfig, part: list[Problem], index: int,
+                      model_path: str, template: str, out_dir: str | Path,
+                      model_fp: str | None) -> str:
+    from grpo_core.workspace import Workspace
+    from tasks.launch import run_shard_process
+
+    problems_file = shards.write_problems(part, shard_path(out_dir, index).with_suffix(".jsonl"))
+    kind = "filter" if flow_fn is sharded_filter else "eval"
+    return run_shard_process(kind, cfg, _worker_config(cfg), model_path, template, problems_file,
+                             str(shard_path(out_dir, index)), model_fp,
+                             str(Workspace.at(cfg.project.workdir).root))
 
 
 @contextlib.contextmanager

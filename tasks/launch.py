@@ -1,4 +1,7 @@
-"""SFT and GRPO stages under `accelerate launch`, when train.num_processes > 1.
+"""Stages in processes of their own: SFT and GRPO under `accelerate launch` when
+train.num_processes > 1, and any stage that holds a model or an engine (filter, eval, SFT,
+a GRPO round) in one process of its own under train.stage_process (`python -m tasks.launch
+SPEC`; the process exits with the stage, so no memory of it crosses a stage or a round).
 
 The pipeline process stays the only DuckDB writer: it writes a JSON spec, starts
 `accelerate launch ... -m tasks.launch SPEC` and waits. Every rank trains; only rank 0
@@ -17,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -25,6 +27,16 @@ from pathlib import Path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
+from grpo_core.modeling.gpu import process_peak_gb, report_child_peak
+
+# Where the machines meet (tasks/rendezvous.py), named here too: the launch path's own parts.
+from tasks.rendezvous import (  # noqa: F401
+    DEFAULT_PORT,
+    RANK_VARS,
+    first_slurm_host,
+    machine_args,
+    rendezvous,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # CPU ranks on gloo (see the file for why it says MULTI_GPU): CI, laptops.
@@ -51,10 +63,19 @@ class LaunchPlan:
 
 
 def launch_plan(device_count: int, num_processes: int, cuda_visible: str | None = None,
-                num_machines: int = 1, server_gpus: int = 0) -> LaunchPlan:
+                num_machines: int = 1, server_gpus: int = 0, own_process: bool = False) -> LaunchPlan:
     """Pure: how a stage runs on this machine. device_count: GPUs torch sees (0 on CPU);
     cuda_visible: $CUDA_VISIBLE_DEVICES as set (names the GPUs; None: 0..device_count-1);
-    server_gpus: GPUs the round's own vLLM server takes first (0: none)."""
+    server_gpus: GPUs the round's own vLLM server takes first (0: none); own_process: a
+    stage that could run in this process gets one of its own (train.stage_process)."""
+    plan = _hardware_plan(device_count, num_processes, cuda_visible, num_machines, server_gpus)
+    if plan.mode == "in-process" and own_process:
+        return LaunchPlan("launch")
+    return plan
+
+
+def _hardware_plan(device_count: int, num_processes: int, cuda_visible: str | None,
+                   num_machines: int, server_gpus: int) -> LaunchPlan:
     if device_count == 0:  # CPU: processes on gloo, no device to pin
         if server_gpus:
             return LaunchPlan("refuse", message="a launched vLLM server (grpo.vllm_mode=server, "
@@ -89,6 +110,16 @@ def launch_plan(device_count: int, num_processes: int, cuda_visible: str | None 
     return LaunchPlan("launch", used if server_gpus else ())
 
 
+def own_process(cfg: PipelineConfig) -> bool:
+    """train.stage_process resolved on this machine: auto = own process when CUDA is in use."""
+    mode = cfg.train.stage_process
+    if mode == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return mode == "always"
+
+
 def stage_plan(cfg: PipelineConfig) -> LaunchPlan:
     """launch_plan for this config on this machine (torch's device count, the environment)."""
     import torch
@@ -98,7 +129,8 @@ def stage_plan(cfg: PipelineConfig) -> LaunchPlan:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     t = cfg.train
     return launch_plan(count, t.num_processes, os.environ.get("CUDA_VISIBLE_DEVICES"),
-                       t.num_machines, t.vllm_server_gpus if launches_server(cfg) else 0)
+                       t.num_machines, t.vllm_server_gpus if launches_server(cfg) else 0,
+                       own_process(cfg))
 
 
 def require_plan(cfg: PipelineConfig) -> LaunchPlan:
@@ -115,79 +147,12 @@ def launched(cfg: PipelineConfig) -> bool:
 # --- end of the stage-start decision ------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-DEFAULT_PORT = 29500  # torchrun's: every machine must agree on it without talking first
-# Where a machine's rank comes from, first found wins: torchrun's convention, a Kubernetes
-# indexed Job's pod index, Slurm's node index within the job.
-RANK_VARS = ("NODE_RANK", "JOB_COMPLETION_INDEX", "SLURM_NODEID")
-
-
-def first_slurm_host(nodelist: str) -> str:
-    """The first host of a Slurm node list: "gpu[003-005,9],cpu1" -> "gpu003"."""
-    head, depth, i = "", 0, 0
-    for i, ch in enumerate(nodelist):  # the first entry: up to a comma outside brackets
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            break
-        head += ch
-    while "[" in head:  # each bracket group -> its first index (zero padding kept)
-        pre, rest = head.split("[", 1)
-        inner, post = rest.split("]", 1)
-        head = pre + inner.split(",")[0].split("-")[0] + post
-    return head
-
-
-def rendezvous(num_machines: int, port: int | None, env: Mapping[str, str]) -> tuple[int, str, int]:
-    """(machine_rank, main_process_ip, main_process_port) of this machine, for
-    num_machines > 1, from the scheduler's environment: the rank from NODE_RANK, else
-    JOB_COMPLETION_INDEX (Kubernetes indexed Job), else SLURM_NODEID; the first machine's
-    address from MASTER_ADDR, else the first host of SLURM_JOB_NODELIST; the port from
-    MASTER_PORT, else train.main_process_port, else 29500 (never a random one: each machine
-    would pick its own). Raises ValueError naming what is missing."""
-    rank_var = next((v for v in RANK_VARS if env.get(v, "").strip()), None)
-    if rank_var is None:
-        raise ValueError(f"train.num_machines={num_machines} needs this machine's rank: set "
-                         f"{' or '.join(RANK_VARS)} (torchrun's NODE_RANK, a Kubernetes "
-                         "indexed Job's JOB_COMPLETION_INDEX, Slurm's SLURM_NODEID)")
-    try:
-        rank = int(env[rank_var])
-    except ValueError:
-        raise ValueError(f"{rank_var}={env[rank_var]!r} is not a machine rank") from None
-    if not 0 <= rank < num_machines:
-        raise ValueError(f"{rank_var}={rank}: machine ranks run 0..{num_machines - 1} "
-                         f"for train.num_machines={num_machines}")
-    addr = env.get("MASTER_ADDR", "").strip()
-    if not addr and env.get("SLURM_JOB_NODELIST", "").strip():
-        addr = first_slurm_host(env["SLURM_JOB_NODELIST"].strip())
-    if not addr:
-        raise ValueError(f"train.num_machines={num_machines} needs the first machine's address: "
-                         "set MASTER_ADDR (under Slurm, SLURM_JOB_NODELIST is used when it is unset)")
-    raw_port = env.get("MASTER_PORT", "").strip()
-    try:
-        main_port = int(raw_port) if raw_port else (port or DEFAULT_PORT)
-    except ValueError:
-        raise ValueError(f"MASTER_PORT={raw_port!r} is not a port") from None
-    return rank, addr, main_port
-
-
-def machine_args(num_machines: int, port: int | None, env: Mapping[str, str]) -> list[str]:
-    """`accelerate launch`'s rendezvous arguments: on one machine a free port unless one is
-    set; on more, `rendezvous` from the environment."""
-    if num_machines == 1:
-        return ["--main_process_port", str(port or _free_port())]
-    rank, addr, main_port = rendezvous(num_machines, port, env)
-    return ["--machine_rank", str(rank), "--main_process_ip", addr,
-            "--main_process_port", str(main_port)]
-
-
 def launch_command(cfg: PipelineConfig, spec_path: Path, on_gpu: bool,
                    env: Mapping[str, str] | None = None) -> list[str]:
     t = cfg.train
+    if t.num_processes == 1 and t.num_machines == 1 and not t.accelerate_config:
+        # One process, nothing to distribute: the stage's own process without a launcher.
+        return [sys.executable, "-m", "tasks.launch", str(spec_path)]
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     config = t.accelerate_config or (None if on_gpu else CPU_CONFIG)
     if config:
@@ -230,9 +195,8 @@ def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: lis
                  resume_step: int | None = None, extra_env: dict | None = None,
                  round_no: int = 1) -> dict:
     """Run `stage` ("grpo" or "sft") on train.num_processes ranks; the rank-0 result
-    (RoundResult / SFTResult fields, plus "rollouts_file" for GRPO)."""
-    import torch
-
+    (RoundResult / SFTResult fields, plus "rollouts_file" for GRPO, "process" as
+    run_stage_process records it)."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rollouts = out / "rollouts.jsonl"
@@ -241,26 +205,65 @@ def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: lis
     spec = {"stage": stage, "config": cfg.model_dump(mode="json"), "model_path": model_path,
             "problems": [p.to_row() for p in problems], "output_dir": str(out),
             "template": template, "mlflow_run": mlflow_run, "tracking_uri": tracking_uri,
-            "workspace": workspace, "rollouts_file": str(rollouts),
-            "result_file": str(out / f"{stage}-result.json"), "round_no": round_no}
-    spec_path = out / f"{stage}-spec.json"
+            "workspace": workspace, "rollouts_file": str(rollouts), "round_no": round_no}
+    result = run_stage_process(spec, cfg, out, extra_env)
+    result["rollouts_file"] = str(rollouts)
+    return result
+
+
+def run_shard_process(kind: str, cfg: PipelineConfig, cfg_dump: dict, model_path: str,
+                      template: str, problems_file: str, out_path: str,
+                      model_fp: str | None = None, workspace: str | None = None) -> str:
+    """One shard of the filter (kind "filter": pass-rate estimates) or of an evaluation
+    ("eval": per-problem records) in a process of its own (train.stage_process): the
+    Parquet file it wrote (flows/shards.py ingests it, in this process, the one writer)."""
+    out = Path(out_path).parent
+    spec = {"stage": kind, "config": cfg_dump, "model_path": model_path, "template": template,
+            "problems_file": problems_file, "out_path": out_path, "model_fp": model_fp,
+            "workspace": workspace, "name": f"{kind}-{Path(out_path).stem}"}
+    # Sees what this process sees: a vLLM engine with tensor parallelism takes several GPUs.
+    return run_stage_process(spec, cfg, out)["path"]
+
+
+PROCESS_LOG = "stage-processes.jsonl"  # under the workspace: one line per stage process
+
+
+def run_stage_process(spec: dict, cfg: PipelineConfig, out: Path,
+                      extra_env: dict | None = None) -> dict:
+    """The one way a stage starts outside this process: write `spec` beside the stage's
+    files, run launch_command on it (accelerate launch, or one plain process), wait. Returns
+    rank 0's result with "process": {launcher_pid, rank0_pid, exit_code} (also appended to
+    <workspace>/logs/stage-processes.jsonl), or raises RuntimeError with the log's tail."""
+    import torch
+
+    name = spec.get("name") or spec["stage"]
+    spec = {**spec, "result_file": str(out / f"{name}-result.json")}
+    spec_path = out / f"{name}-spec.json"
     spec_path.write_text(json.dumps(spec))
     Path(spec["result_file"]).unlink(missing_ok=True)
     env = {**os.environ, **(extra_env or {})}
     cores = os.cpu_count() or 1
     env.setdefault("GRPO_TORCH_THREADS", str(max(1, cores // cfg.train.num_processes)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    log = out / f"{stage}-launch.log"
+    log = out / f"{name}-launch.log"
     with log.open("a") as fh:
-        proc = subprocess.run(launch_command(cfg, spec_path, torch.cuda.is_available()),
-                              env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0 or not Path(spec["result_file"]).is_file():
+        proc = subprocess.Popen(launch_command(cfg, spec_path, torch.cuda.is_available()),
+                                env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        code = proc.wait()
+    done = Path(spec["result_file"]).is_file()
+    result = json.loads(Path(spec["result_file"]).read_text()) if done else {}
+    record = {"stage": spec["stage"], "name": name, "launcher_pid": proc.pid,
+              "rank0_pid": result.get("pid"), "exit_code": code}
+    if spec.get("workspace"):
+        path = Path(spec["workspace"]) / "logs" / PROCESS_LOG
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps({**record, "output_dir": str(out)}) + "\n")
+    report_child_peak(result.get("gpu_peak_gb"))  # the stage's peak, in this stage's record
+    if code != 0 or not done:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"accelerate launch of the {stage} stage failed (exit "
-                           f"{proc.returncode}); log {log}:\n{tail}")
-    result = json.loads(Path(spec["result_file"]).read_text())
-    result["rollouts_file"] = str(rollouts)
-    return result
+        raise RuntimeError(f"the {name} stage's process failed (exit {code}); log {log}:\n{tail}")
+    return {**result, "process": record}
 
 
 class _JsonlSink:
@@ -282,8 +285,27 @@ class _JsonlSink:
         self.fh.close()
 
 
+def _shard_main(spec: dict) -> None:
+    """A filter or eval shard (run_shard_process): grpo_core.eval.shards does the work."""
+    from grpo_core.eval import shards
+
+    problems = shards.read_problems(spec["problems_file"])
+    if spec["stage"] == "filter":
+        priors = shards.read_priors(shards.priors_path(spec["problems_file"]))
+        path = shards.estimate_shard(spec["model_path"], spec["config"], spec["template"],
+                                     spec["model_fp"], problems, spec["out_path"], None, priors)
+    else:
+        path = shards.score_shard(spec["model_path"], spec["config"], spec["template"],
+                                  problems, spec["out_path"], None)
+    Path(spec["result_file"]).write_text(json.dumps({"path": str(path), "pid": os.getpid(),
+                                                     "gpu_peak_gb": process_peak_gb()}))
+
+
 def _rank_main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
+    if spec["stage"] in ("filter", "eval"):
+        _shard_main(spec)
+        return
     cfg = PipelineConfig.model_validate(spec["config"])
     problems = [Problem(**row) for row in spec["problems"]]
     rank0 = int(os.environ.get("RANK", "0")) == 0
@@ -319,6 +341,8 @@ def _rank_main(spec_path: str) -> None:
         note = logger.finding() if logger else None
         out["findings"] = [*out.get("findings", []), *([note] if note else [])]
         out["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
+        out["pid"] = os.getpid()
+        out["gpu_peak_gb"] = process_peak_gb()  # rank 0's; the pipeline's stage record keeps it
         Path(spec["result_file"]).write_text(json.dumps(out, default=str))
 
 

@@ -29,7 +29,8 @@ def _peft(cfg: PipelineConfig) -> dict:
 
 
 def _train_setup(cfg: PipelineConfig) -> dict:
-    return cfg.train.model_dump(mode="json", exclude={"main_process_port", "peak_tflops"})
+    return cfg.train.model_dump(mode="json", exclude={"main_process_port", "peak_tflops",
+                                                   "stage_process"})
 
 
 def problems_fingerprint(problems: list[Problem]) -> str:

@@ -59,12 +59,32 @@ def test_fetched_wheels_fit_the_carry_limit(tmp_path):
 
 
 def test_gpu_smoke_dry_run_passes_on_cpu():
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_smoke.py"), "--dry-run",
-                        "--parts", "hf,grpo_hf"], check=False, capture_output=True, text=True, timeout=300,
-                       cwd=ROOT)
+    """Through infra/gpu_smoke.sh (what the GPU machine runs), the same script and configs:
+    the pipeline part's config both ways (vLLM on and off) through `grpo config show`."""
+    env = {**os.environ, "GRPO_SMOKE_PYTHON": sys.executable, "GRPO_SMOKE_INSTALL": "0"}
+    r = subprocess.run(["bash", str(ROOT / "infra" / "gpu_smoke.sh"), "--dry-run",
+                        "--parts", "pipeline,hf,grpo_hf"], check=False, capture_output=True,
+                       text=True, timeout=600, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "dry run: ok" in r.stdout
     assert "grpo_hf" in r.stdout and "FAILED" not in r.stdout
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("pipeline   ok"))
+    assert "grpo config show ok" in line and "rounds=2" in line and "stage_process=auto" in line
+    assert "the hf backend" in line  # no vLLM here: said
+
+
+def test_gpu_smoke_dry_run_fails_on_a_config_grpo_refuses(monkeypatch, tmp_path):
+    """The dry run's pipeline check is `grpo config show`'s verdict: a tree it refuses fails."""
+    _smoke_module()  # puts bench/ on the path, as the script itself does
+    import gpu_pipeline
+    tree = gpu_pipeline.config_tree(tmp_path, False)
+    tree["train"] = {"stage_process": "sometimes"}
+    path = gpu_pipeline.write_config(tree, tmp_path / "bad.yaml")
+    ok, said = gpu_pipeline.check_with_cli(path)
+    assert not ok and "train.stage_process" in said
+    ok, _ = gpu_pipeline.check_with_cli(
+        gpu_pipeline.write_config(gpu_pipeline.config_tree(tmp_path, True), tmp_path / "ok.yaml"))
+    assert ok
 
 
 def _smoke_module():

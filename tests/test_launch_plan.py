@@ -113,7 +113,9 @@ def test_stage_plan_reads_torch_and_the_environment(monkeypatch):
     two = config_from_dict({}, ["train.num_processes=2"])
     assert stage_plan(two) == LaunchPlan("launch")
     _gpus(monkeypatch, 1)
-    assert not launched(every_preset)
+    # one GPU: train.stage_process auto gives the stage its own process on CUDA; never keeps it here
+    assert launched(every_preset) and stage_plan(every_preset) == LaunchPlan("launch")
+    assert not launched(config_from_dict({}, ["train.stage_process=never"]))
     with pytest.raises(RuntimeError, match="set train.num_processes: 1"):
         launched(two)
     _gpus(monkeypatch, 0)

@@ -38,5 +38,7 @@ def test_server_mode_config_reaches_the_command_and_trl(tmp_path, monkeypatch):
     assert (args.use_vllm, args.vllm_mode, args.vllm_server_port) == (True, "server", 8123)
     assert launched(cfg)  # the trainer runs in a process that does not see the server's GPUs
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU, one process:
-    assert not launched(config_from_dict({}, ["grpo.use_vllm=true"]))  # colocate: in-process
-    assert not launched(config_from_dict({}, [*SERVER, "train.vllm_server_launch=false"]))
+    here = "train.stage_process=never"  # (auto: its own process on CUDA, whatever the mode)
+    assert not launched(config_from_dict({}, ["grpo.use_vllm=true", here]))  # colocate: in-process
+    assert not launched(config_from_dict({}, [*SERVER, "train.vllm_server_launch=false", here]))
+    assert launched(config_from_dict({}, ["grpo.use_vllm=true"]))

@@ -271,9 +271,15 @@ class EvalConfig(Section):
 
 
 class TrainConfig(Section):
-    """How the SFT and GRPO stages run: in the pipeline's process, or through
-    `accelerate launch` when more than one process is asked for."""
+    """How the stages run: in the pipeline's process, in a process of their own
+    (stage_process), or through `accelerate launch` when more than one process is asked for."""
 
+    stage_process: Literal["auto", "always", "never"] = "auto"
+    """Where a stage that holds a model or an engine (filter, eval, SFT, a GRPO round) runs:
+    always: in its own process through tasks/launch.py, which exits when the stage ends (all
+    its memory, GPU or not, goes back); never: in the pipeline's process when the hardware
+    allows (engines shut down, CUDA cache emptied at the stage's end); auto: always when
+    CUDA is in use, never on CPU. Several processes or pinned GPUs always launch."""
     num_processes: int = Field(default=1, ge=1)
     """Processes in all (GPUs, or CPU processes on gloo). >1: the stage is launched with
     `accelerate launch`; each runs grpo.per_device_train_batch_size completions per pass."""

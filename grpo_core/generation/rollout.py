@@ -254,23 +254,29 @@ class VLLMBackend:
         """Stop the engine and free its GPU memory (grpo_core.modeling.gpu.stage_memory calls this at a
         stage's end). Idempotent; the backend cannot sample afterwards."""
         llm, self.llm = getattr(self, "llm", None), None
-        if llm is None:
-            return
-        stop = getattr(llm, "shutdown", None)  # LLM.shutdown() in recent vLLM
-        if stop is None:  # older V1: the engine core client
-            stop = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None),
-                           "shutdown", None)
-        if callable(stop):
-            stop()
-        del llm
-        import gc
+        if llm is not None:
+            stop_vllm_engine(llm)
 
-        gc.collect()
-        try:  # model-parallel groups, the process group, then the CUDA cache
-            from vllm.distributed import cleanup_dist_env_and_memory
-        except ImportError:
-            return
-        cleanup_dist_env_and_memory()
+
+def stop_vllm_engine(llm) -> None:
+    """Stop a vLLM `LLM` (ours, or TRL's colocated one) and free what it held: its engine,
+    vLLM's model-parallel groups and process group, the CUDA cache. The caller drops its
+    own references first (only `llm` may still point at the engine)."""
+    stop = getattr(llm, "shutdown", None)  # LLM.shutdown() in recent vLLM
+    if stop is None:  # older V1: the engine core client
+        stop = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None),
+                       "shutdown", None)
+    if callable(stop):
+        stop()
+    del llm
+    import gc
+
+    gc.collect()
+    try:  # model-parallel groups, the process group, then the CUDA cache
+        from vllm.distributed import cleanup_dist_env_and_memory
+    except ImportError:
+        return
+    cleanup_dist_env_and_memory()
 
 
 def vllm_available() -> bool:

@@ -46,6 +46,7 @@ class StageMemory:
     env_restored: list[str] = field(default_factory=list)  # variables put back or removed
     _engines: list = field(default_factory=list, repr=False)  # weak references
     _inner_peak: float = field(default=0.0, repr=False)  # bytes, from nested blocks' resets
+    _child_peak: float = field(default=0.0, repr=False)  # bytes, stage processes that ended
 
 
 _ACTIVE: contextvars.ContextVar[tuple[StageMemory, ...]] = contextvars.ContextVar(
@@ -116,13 +117,37 @@ def _restore_env(saved: dict[str, str]) -> list[str]:
     return sorted(changed)
 
 
-def _record_peak(rec) -> None:
-    """rec.peak_gb: the block's peak, its nested blocks' included; handed on to the blocks
-    around it (this block's reset hid its peak from theirs)."""
+def report_child_peak(peak_gb: float | None) -> None:
+    """A stage's own process (tasks/launch.py) ended having peaked at `peak_gb` GB of CUDA
+    memory: it counts in the peak of every open stage_memory block (this process may never
+    have touched CUDA itself)."""
+    if peak_gb:
+        for rec in _ACTIVE.get():
+            rec._child_peak = max(rec._child_peak, peak_gb * 1e9)
+
+
+def process_peak_gb() -> float | None:
+    """This process's peak CUDA memory since it started (GB), None without CUDA in use:
+    what a stage's own process reports back (report_child_peak)."""
     cuda = _torch_cuda()
     if cuda is None:
+        return None
+    peaks = [0]
+    for d in _devices(cuda):
+        with contextlib.suppress(Exception):
+            peaks.append(cuda.max_memory_allocated(d))
+    return round(max(peaks) / 1e9, 3)
+
+
+def _record_peak(rec) -> None:
+    """rec.peak_gb: the block's peak, its nested blocks' and its stage processes' included;
+    handed on to the blocks around it (this block's reset hid its peak from theirs)."""
+    cuda = _torch_cuda()
+    if cuda is None:
+        if rec._child_peak:
+            rec.peak_gb = round(rec._child_peak / 1e9, 3)
         return
-    peaks = [rec._inner_peak]
+    peaks = [rec._inner_peak, rec._child_peak]
     for d in _devices(cuda):
         with contextlib.suppress(Exception):
             peaks.append(cuda.max_memory_allocated(d))

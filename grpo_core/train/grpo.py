@@ -128,6 +128,7 @@ def run_grpo_round(
     from grpo_core.train.callbacks import bind, round_callbacks
     from grpo_core.train.dynamic_sampling import dynamic_sampler
     from grpo_core.train.trainer import quiet_trainer, stop_at_text
+    from grpo_core.train.vllm_engine import release_engine, seeded_engines
 
     configure_threads()
     held_out: list[Problem] = []
@@ -152,15 +153,16 @@ def run_grpo_round(
     funcs = _watch_finite(funcs, result.nonfinite_rewards)
     callbacks = round_callbacks(cfg, result, round_no) + list(extra_callbacks or [])
     tracker = _in_round_eval(cfg, held_out, template, out, ckpt, save_dtype, result, callbacks)
-    trainer = algo.trainer(
-        model=model,
-        reward_funcs=funcs + [f for f, _ in extra_rewards],
-        args=args,
-        train_dataset=grpo_dataset(problems, template, tokenizer),
-        processing_class=tokenizer,
-        callbacks=callbacks,
-        **lora.trainer_kwargs(cfg),  # model.peft: TRL wraps the model in LoRA adapters
-    )
+    with seeded_engines(cfg.project.seed):  # TRL's colocated vLLM engine, if it builds one
+        trainer = algo.trainer(
+            model=model,
+            reward_funcs=funcs + [f for f, _ in extra_rewards],
+            args=args,
+            train_dataset=grpo_dataset(problems, template, tokenizer),
+            processing_class=tokenizer,
+            callbacks=callbacks,
+            **lora.trainer_kwargs(cfg),  # model.peft: TRL wraps the model in LoRA adapters
+        )
     bind(callbacks, trainer)
     quiet_trainer(trainer)
     trainer.rollout_sink = rollout_sink
@@ -170,6 +172,17 @@ def run_grpo_round(
     algo.prepare(trainer, cfg)  # its models and refusals, before any step
     if trainer_hook is not None:
         trainer_hook(trainer)
+    try:
+        _train(trainer, ckpt, result, problems, cfg, tracker, out, model_path, save_dtype,
+               tokenizer)
+    finally:  # the colocated engine would outlive the round in this process otherwise
+        release_engine(trainer)
+    return result
+
+
+def _train(trainer, ckpt: str | None, result: RoundResult, problems: list[Problem],
+           cfg: PipelineConfig, tracker: BestTracker | None, out: Path, model_path: str,
+           save_dtype, tokenizer) -> None:
     train_out = trainer.train(resume_from_checkpoint=ckpt)
     result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
     result.steps = trainer.state.global_step
@@ -179,7 +192,6 @@ def run_grpo_round(
         result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward below "
                                f"{cfg.rounds.skip_update_below}")
     _hand_on(trainer, result, tracker, out, model_path, save_dtype, tokenizer)
-    return result
 
 
 def _in_round_eval(cfg: PipelineConfig, held_out: list[Problem], template: str, out: Path,

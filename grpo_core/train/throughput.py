@@ -38,6 +38,9 @@ GEN_TOK_S = PREFIX + "gen_tokens_per_s"
 TRAIN_TOK_S = PREFIX + "train_tokens_per_s"
 MFU = PREFIX + "mfu"
 RSS_PEAK_METRIC = "system/rss_peak_gb"
+# The pipeline process's own resident memory after each round (step = round): flat from
+# round to round when no stage leaves memory behind in it (train.stage_process).
+PIPELINE_RSS_METRIC = "system/pipeline_rss_gb"
 
 # bf16 dense peak TFLOP/s (no sparsity), by a substring of torch.cuda.get_device_name();
 # the first match wins, so the more specific names come first.
@@ -183,6 +186,17 @@ def _hwm_bytes() -> int | None:
 def _maxrss_bytes(who) -> int:
     kb = resource.getrusage(who).ru_maxrss
     return kb if sys.platform == "darwin" else kb * 1024  # bytes on macOS, KiB elsewhere
+
+
+def rss_now_gb() -> float | None:
+    """This process's resident memory now (GB, 1e9 bytes; Linux VmRSS), None elsewhere."""
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) * 1024 / 1e9, 4)
+    except OSError:
+        pass
+    return None
 
 
 @dataclass

@@ -57,9 +57,11 @@ def pipeline_set(cfg: PipelineConfig, output_dir: str, report_to: list[str] | No
     return {
         "output_dir": output_dir,
         # TRL seeds its sampler and the policy's generate from `seed`. TRL 1.16 has no field
-        # for the vLLM engine's seed (colocate: process_index // tp; server: vLLM's default),
-        # and a `seed` in generation_kwargs would seed every request alike: colocate samples
-        # each prompt's G copies with n=1, so the whole group would be one completion.
+        # for the vLLM engine's seed, and a `seed` in generation_kwargs would seed every
+        # request alike (colocate samples each prompt's G copies with n=1: the whole group
+        # would be one completion). The colocated engine gets project.seed through
+        # grpo_core/train/vllm_engine.py; a `trl vllm-serve` server takes no seed (vLLM's
+        # default: README, "First GPU run").
         "seed": cfg.project.seed,
         "data_seed": cfg.project.seed,
         **precision_flags(cfg),
