@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from grpo_core.config import PipelineConfig
+from grpo_core.train.batch_patterns import SHARE_METRICS
 
 SEVERITIES = ("info", "warn", "stop")
 
@@ -42,8 +43,10 @@ ACTIONS = {
     "format_dropping": "raise the format reward's weight (rewards.weights)",
     "kl_rising": "the policy drifts from the reference: lower grpo.learning_rate, raise grpo.beta "
                  "(or a rounds.kl_schedule), or set rounds.kl_ceiling",
-    "reward_hacking_suspect": "a shaping reward rises while accuracy falls: lower its weight or "
-                              "drop it, and read the completions",
+    "reward_hacking_suspect": "a reward pays something other than the task (a shaping reward rises "
+                              "while accuracy falls, or one wrong completion repeats across the "
+                              "batch's prompts): lower that reward's weight or drop it, and read the "
+                              "completions (the rollouts table)",
     "nonfinite": "the round stopped at the last good checkpoint: lower grpo.learning_rate, set "
                  "grpo.max_grad_norm, check the reward functions",
     "kl_ceiling": "the round stopped at the last good checkpoint: lower grpo.learning_rate or "
@@ -423,8 +426,31 @@ def _reward_hacking(rd: _Round) -> list[Finding]:
     return out
 
 
+def _repeated_pattern(rd: _Round) -> list[Finding]:
+    """One wrong completion pattern under most prompts of the batches
+    (grpo_core/train/batch_patterns.py): windows of `window` logged steps (all of them in a
+    shorter round) whose mean share is above diagnosis.repeated_pattern_share."""
+    d, out = rd.d, []
+    for kind, key in SHARE_METRICS.items():
+        shares = _series(rd.rows, key)
+        if not shares:
+            continue
+        n = min(d.window, len(shares))
+        flagged = _windows(shares, n, lambda m: m > d.repeated_pattern_share)
+        steps = [s for s, x in shares if s in flagged and x > d.repeated_pattern_share]
+        if not steps:
+            continue
+        top = max(x for s, x in shares if s in steps)
+        out.append(Finding("reward_hacking_suspect", "warn", steps,
+                           {"pattern": kind, "share": _r(top), "threshold": d.repeated_pattern_share,
+                            "window": n},
+                           f"one wrong completion {kind} under {top:.0%} of a batch's prompts "
+                           f"(> {d.repeated_pattern_share:.0%} over {n} steps)"))
+    return out
+
+
 RULES = (_nonfinite, _kl_ceiling, _collapse, _reward_fn_constant, _length, _truncation,
-         _format_dropping, _kl_rising, _reward_hacking)
+         _format_dropping, _kl_rising, _reward_hacking, _repeated_pattern)
 
 
 def diagnose(history: Iterable[Mapping], cfg: PipelineConfig | None = None) -> list[Finding]:
