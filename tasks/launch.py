@@ -200,7 +200,7 @@ def launch_command(cfg: PipelineConfig, spec_path: Path, on_gpu: bool,
     return [*cmd, "-m", "tasks.launch", str(spec_path)]
 
 
-def _keep_rows_through(path: Path, step: int) -> None:
+def keep_rows_through(path: Path, step: int) -> None:
     """Keep the rows of steps up to `step` (from 1, as checkpoints count)."""
     if path.is_file():
         steps = ((line, _step(line)) for line in path.read_text(encoding="utf-8").splitlines())
@@ -238,7 +238,7 @@ def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: lis
     out.mkdir(parents=True, exist_ok=True)
     rollouts = out / "rollouts.jsonl"
     if stage == "grpo":  # rows past the checkpoint we resume from are generated again
-        _keep_rows_through(rollouts, resume_step or 0)
+        keep_rows_through(rollouts, resume_step or 0)
     spec = {"stage": stage, "config": cfg.model_dump(mode="json"), "model_path": model_path,
             "problems": [p.to_row() for p in problems], "output_dir": str(out),
             "template": template, "mlflow_run": mlflow_run, "tracking_uri": tracking_uri,
