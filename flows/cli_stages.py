@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows.cli_common import LEVELS, parse_levels
+
 console = Console(highlight=False, soft_wrap=True)
 
 MODEL = Annotated[str | None, typer.Option(
@@ -116,6 +118,7 @@ def filter_cmd(
     as_json: JSON_OUT = False,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="Also write the pass-rate histogram as a PNG here.")] = None,
+    levels: LEVELS = None,
 ) -> None:
     """Estimate each prompt's pass rate under the model and keep the in-band ones."""
     from flows import prefill_sharded
@@ -130,8 +133,13 @@ def filter_cmd(
         "model.name_or_path": model, "filter.k": k, "filter.band": _parse_band(band),
         "project.workdir": str(workdir) if workdir else None,
         "data.data_dir": str(data_dir) if data_dir else None, "model.template": template})
-    sources = [(s, None, None) for s in source] if source else \
-        [(d.source, d.split, d.levels) for d in cfg.data.train]
+    sources = ([(s, None, next((d.levels for d in cfg.data.train if d.source == s), None))
+                for s in source] if source else
+               [(d.source, d.split, d.levels) for d in cfg.data.train])
+    chosen = parse_levels(levels, [s for s, _, _ in sources])
+    if chosen is not None:  # --levels: every synthetic source filtered
+        sources = [(s, split, chosen if s.startswith("synthetic:") else lv)
+                   for s, split, lv in sources]
     progress = _progress(as_json)
     with _open_store(cfg) as store:
         problems: list = []
