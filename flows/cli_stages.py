@@ -69,12 +69,12 @@ def _parse_band(band: str | None) -> list[float] | None:
     return [lo, hi]
 
 
-def _open_store(cfg):
+def _open_store(cfg, timeout: float = 5.0):
     from grpo_core.data.store import Store, StoreError
     from grpo_core.workspace import Workspace
 
     try:
-        return Store.open(Workspace.at(cfg.project.workdir).db_path, timeout=5.0)
+        return Store.open(Workspace.at(cfg.project.workdir).db_path, timeout=timeout)
     except StoreError as exc:
         _fail(str(exc), 1)
 
@@ -275,24 +275,27 @@ def eval_cmd(
     backend = tokenizer = scorer = None
     if cfg.eval.shards > 1:  # workers load the model and score; this process writes
         scorer = _shard_flows(cfg).eval_scorer(ws.root)
-    with _open_store(cfg) as store:
-        _building_note(cfg.model.name_or_path)
+    # Fail fast on a store another process holds, then let it go: generation takes minutes
+    # to hours, and DuckDB has one writer; evaluate opens the store to read the problems
+    # and again to write the results, each briefly (waiting data.store_lock_timeout).
+    _open_store(cfg).close()
+    _building_note(cfg.model.name_or_path)
+    try:
+        path = resolve_model_path(cfg.model.name_or_path, ws.models, progress)
+        if scorer is None:
+            backend, tokenizer = build_backend(path, cfg, progress=progress)
+    except OSError as exc:
+        _fail(f"cannot load model {cfg.model.name_or_path}: "
+              f"{str(exc).strip().splitlines()[0]}", 1)
+    for bench in benchmark or cfg.eval.benchmarks:
         try:
-            path = resolve_model_path(cfg.model.name_or_path, ws.models, progress)
-            if scorer is None:
-                backend, tokenizer = build_backend(path, cfg, progress=progress)
-        except OSError as exc:
-            _fail(f"cannot load model {cfg.model.name_or_path}: "
-                  f"{str(exc).strip().splitlines()[0]}", 1)
-        for bench in benchmark or cfg.eval.benchmarks:
-            try:
-                results.append(evaluate(cfg.model.name_or_path, bench, cfg, store=store,
-                                        backend=backend, tokenizer=tokenizer,
-                                        progress=progress, scorer=scorer))
-            except SourceError as exc:
-                _fail(str(exc), 2)
-            except SourceUnreadable as exc:
-                _fail(str(exc), 1)
+            results.append(evaluate(cfg.model.name_or_path, bench, cfg, backend=backend,
+                                    tokenizer=tokenizer, progress=progress, scorer=scorer,
+                                    open_store=lambda: _open_store(cfg, cfg.data.store_lock_timeout)))
+        except SourceError as exc:
+            _fail(str(exc), 2)
+        except SourceUnreadable as exc:
+            _fail(str(exc), 1)
     if as_json:
         out = [r.to_json() for r in results]
         typer.echo(json.dumps(out[0] if len(out) == 1 else out, indent=2))
