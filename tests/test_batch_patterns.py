@@ -89,8 +89,11 @@ def test_the_rule_fires_on_repeated_patterns_and_stays_quiet_on_diverse_batches(
 
 
 def test_a_real_round_logs_the_shares_of_its_batches(tiny_model_path, tmp_path) -> None:
-    """A real TRL round: each step's logged share is the share of the batch its rollout
-    sink received for that step (the same step numbers)."""
+    """A real TRL round writing its rollouts to a real DuckDB store (the stage's buffering
+    sink, flushed through the pattern watch): each step's logged share is the share of
+    the batch stored under that step (the same step numbers)."""
+    from grpo_core.data.records import read_rollouts, rollout_sink
+    from grpo_core.data.store import Store
     from grpo_core.data.synthetic import generate_problems
     from grpo_core.train.grpo import run_grpo_round
 
@@ -98,10 +101,12 @@ def test_a_real_round_logs_the_shares_of_its_batches(tiny_model_path, tmp_path) 
         "grpo": {"max_steps": 2, "save_steps": 10, "max_completion_length": 6,
                  "per_device_train_batch_size": 12, "num_generations": 4},
         "rewards": {"funcs": ["accuracy", "tag_count"], "weights": [1.0, 0.5]}})
-    batches: dict[int, list[dict]] = {}
-    result = run_grpo_round(tiny_model_path, generate_problems("train", 6, levels=[1]), cfg,
-                            tmp_path / "round", "r1_zero",
-                            rollout_sink=lambda step, rows: batches.setdefault(step, []).extend(rows))
+    with Store.open(tmp_path / "store.duckdb") as store:
+        result = run_grpo_round(tiny_model_path, generate_problems("train", 6, levels=[1]), cfg,
+                                tmp_path / "round", "r1_zero", rollout_sink=rollout_sink(store, "run"))
+        batches: dict[int, list[dict]] = {}
+        for row in read_rollouts(store, "run"):
+            batches.setdefault(row["step"], []).append(row)
     logged = {h["step"]: {k: h[k] for k in SHARE_METRICS.values()} for h in result.history}
     assert sorted(batches) == sorted(logged) == [1, 2]
     for step, rows in batches.items():

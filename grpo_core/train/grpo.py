@@ -110,6 +110,8 @@ def _watch_patterns(trainer, sink: RolloutSink | None, cfg: PipelineConfig,
         if sink is not None:
             sink(step, rows)
 
+    if hasattr(sink, "flush"):  # a buffering sink (records.RolloutBuffer): FlushRollouts calls it
+        watched.flush = sink.flush
     return watched
 
 
