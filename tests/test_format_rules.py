@@ -107,7 +107,7 @@ def test_chat_completion_with_think_tags_uses_the_tagged_shape() -> None:
     good = "<think>2 plus 3 is 5</think><answer>5</answer>"
     assert tag_count([good], prompts=[CHAT_PROMPT]) == [1.0]
     assert format([good], prompts=[CHAT_PROMPT]) == [0.5]
-    assert tag_count(["<think>here</think><answer>here</answer>"], prompts=[CHAT_PROMPT]) == [0.25]
+    assert tag_count(["<think>here</think><answer>here</answer>"], prompts=[CHAT_PROMPT]) == [0.0]
 
 
 def test_boxed_end_is_found_with_a_later_brace() -> None:
@@ -130,3 +130,18 @@ def test_strict_extraction_reads_the_first_block_as_the_readme_says() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     bullet = readme[readme.index("**Two extractions, both reported.**"):][:300]
     assert "*first*" in bullet and "last\n  `<answer>" not in bullet and "(the last" not in bullet
+
+
+def test_no_registry_reward_pays_the_templates_own_example() -> None:
+    """The templates' example completions, copied: no shaping reward of the registry pays
+    them more than it pays nothing at all (accuracy: wrong; format and tags: template
+    text; keywords: the examples hold none)."""
+    from grpo_core.prompts import CHAT_SYSTEM_PROMPT
+    from grpo_core.verify.rewards import REWARDS
+
+    r1_copy = R1_ZERO_TEMPLATE[R1_ZERO_TEMPLATE.index("i.e., ") + 6:R1_ZERO_TEMPLATE.index(". User:")]
+    chat_copy = CHAT_SYSTEM_PROMPT[CHAT_SYSTEM_PROMPT.index("e.g. ") + 5:].rstrip(".")
+    for copy, prompt in ((r1_copy, "plain"), (chat_copy, CHAT_PROMPT)):
+        for name in ("accuracy", "format", "tag_count", "reasoning_keywords", "repetition"):
+            paid, nothing = REWARDS[name]([copy, ""], answer=["7", "7"], prompts=[prompt] * 2)
+            assert paid <= nothing, (name, copy, paid, nothing)

@@ -5,8 +5,9 @@ Two shapes of a well-formatted completion, chosen per completion:
 - **Tagged** (the R1 format): `<think> reasoning </think> <answer> answer </answer>`. Used
   when the prompt opened `<think>` (the r1_zero template ends inside the block) or when
   the completion writes a think tag itself. Four checks, 0.25 each in `tag_score`: the
-  block opened (by the prompt or at the completion's start), `</think>` once after real
-  reasoning, `<answer>` once after it, `</answer>` once closing a real answer at the end.
+  block opened (by the prompt, or at the completion's start), `</think>` once closing it,
+  `<answer>` once after it, `</answer>` once closing a real answer at the end; the think
+  tags count only around reasoning that is not the templates' placeholder words.
 - **Chat** (an instruct model under the chat template, which answers in plain text: the
   chat template never puts `<think>` in the prompt, and a small instruct model seldom
   writes the tags): reasoning in plain text, then the final answer *marked*, as an
@@ -81,11 +82,13 @@ def uses_tags(text: str, prompt_ends_with_think: bool) -> bool:
 def _tag_checks(text: str, prompt_ends_with_think: bool) -> list[bool]:
     count = {t: text.count(t) for t in (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)}
     pos = {t: text.find(t) for t in count}
-    opened = (text.lstrip().startswith(THINK_OPEN) if count[THINK_OPEN] == 1
-              else (count[THINK_OPEN] == 0 and prompt_ends_with_think))
     think_from = pos[THINK_OPEN] + len(THINK_OPEN) if count[THINK_OPEN] == 1 else 0
-    closed = (count[THINK_CLOSE] == 1 and pos[THINK_CLOSE] > pos[THINK_OPEN]
-              and not is_placeholder_reasoning(text[think_from:pos[THINK_CLOSE]]))
+    think_to = pos[THINK_CLOSE] if count[THINK_CLOSE] == 1 else len(text)
+    # the think tags around the template's placeholder words earn nothing
+    reasoning = not is_placeholder_reasoning(text[think_from:think_to])
+    opened = (text.lstrip().startswith(THINK_OPEN) and reasoning if count[THINK_OPEN] == 1
+              else (count[THINK_OPEN] == 0 and prompt_ends_with_think))
+    closed = count[THINK_CLOSE] == 1 and pos[THINK_CLOSE] > pos[THINK_OPEN] and reasoning
     answer_ok = (count[ANSWER_OPEN] == 1 and count[ANSWER_CLOSE] == 1
                  and pos[ANSWER_CLOSE] > pos[ANSWER_OPEN]
                  and not is_template_text(text[pos[ANSWER_OPEN] + len(ANSWER_OPEN):pos[ANSWER_CLOSE]]))
