@@ -91,14 +91,16 @@ def test_the_rule_fires_on_repeated_patterns_and_stays_quiet_on_diverse_batches(
 def test_a_real_round_logs_the_shares_of_its_batches(tiny_model_path, tmp_path) -> None:
     """A real TRL round writing its rollouts to a real DuckDB store (the stage's buffering
     sink, flushed through the pattern watch): each step's logged share is the share of
-    the batch stored under that step (the same step numbers)."""
+    the batch stored under that step (the same step numbers). The policy, a random tiny
+    model sampled near-greedily, writes one degenerate text whatever the problem: the
+    round's findings name it and the rule fires on the round's own history."""
     from grpo_core.data.records import read_rollouts, rollout_sink
     from grpo_core.data.store import Store
     from grpo_core.data.synthetic import generate_problems
     from grpo_core.train.grpo import run_grpo_round
 
     cfg = config_from_dict({
-        "grpo": {"max_steps": 2, "save_steps": 10, "max_completion_length": 6,
+        "grpo": {"max_steps": 2, "save_steps": 10, "max_completion_length": 6, "temperature": 0.05,
                  "per_device_train_batch_size": 12, "num_generations": 4},
         "rewards": {"funcs": ["accuracy", "tag_count"], "weights": [1.0, 0.5]}})
     with Store.open(tmp_path / "store.duckdb") as store:
@@ -112,3 +114,6 @@ def test_a_real_round_logs_the_shares_of_its_batches(tiny_model_path, tmp_path) 
     for step, rows in batches.items():
         assert len({r["problem_id"] for r in rows}) == 3
         assert logged[step] == share_metrics(repeated_patterns(rows))
+    assert [f for f in result.findings if f.startswith("repeated text ") and "under 100% of the 3 prompts" in f]
+    found = [f for f in diagnose(result.history, cfg) if f.code == "reward_hacking_suspect"]
+    assert [f.evidence["pattern"] for f in found] == ["text"] and found[0].steps == [1, 2]
