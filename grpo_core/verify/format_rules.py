@@ -43,7 +43,9 @@ from grpo_core.verify.extraction import BOX_COMMAND, MAX_BOXED_SCAN, extract_box
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
 TEMPLATES = (R1_ZERO_TEMPLATE, CHAT_SYSTEM_PROMPT)
 _TAG_BLOCK = re.compile(r"<(think|answer)>([^<]*)</\1>")
-_WORD = re.compile(r"[a-z0-9]+")
+# Case-blind, so that a megabyte completion is never lowered whole (str.lower of non-ASCII
+# text allocates 12 bytes a character before it shrinks): each word is lowered alone.
+_WORD = re.compile(r"[a-z0-9]+", re.IGNORECASE)
 # What may follow a boxed final answer and still end the completion: closing math
 # delimiters, markdown emphasis, a full stop.
 _AFTER_BOX = " \t\r\n.$*)]\\"
@@ -62,7 +64,7 @@ PLACEHOLDER_WORDS = template_placeholders()
 def is_template_text(text: str) -> bool:
     """True when `text` holds nothing but the templates' placeholder words (case and
     punctuation aside), or nothing at all: what copying the template produces."""
-    return all(m.group() in PLACEHOLDER_WORDS for m in _WORD.finditer(text.lower()))
+    return all(m.group().lower() in PLACEHOLDER_WORDS for m in _WORD.finditer(text))
 
 
 def is_placeholder_reasoning(text: str) -> bool:
