@@ -181,8 +181,9 @@ def test_rollouts_are_written_before_each_checkpoint(tiny_random_model, tmp_path
                    out, "r1_zero", rollout_sink=sink)
     # Each step's rows are stored before the checkpoint that covers them exists: a kill
     # right after a checkpoint can never lose rows the resumed round will not regenerate.
-    assert sink.flushes[0] == ([0], None)
-    assert sink.flushes[1][0] == [1] and sink.flushes[1][1].endswith("checkpoint-1")
+    # (Step N's rows, numbered from 1 as the logs are, before checkpoint-N.)
+    assert sink.flushes[0] == ([1], None)
+    assert sink.flushes[1][0] == [2] and sink.flushes[1][1].endswith("checkpoint-1")
 
 
 def test_kl_above_ceiling_stops_round(tiny_random_model, tmp_path):
