@@ -15,6 +15,9 @@ SET = Annotated[list[str] | None, typer.Option(
     "--set", help="Override a field: --set grpo.beta=0.02 (repeatable).")]
 WORKDIR = Annotated[Path | None, typer.Option(
     "--workdir", help="Workspace folder [default: $GRPO_WORKDIR or ./.grpo].")]
+LEVELS = Annotated[str | None, typer.Option(
+    "--levels", help="synthetic:arith only: difficulty levels 1-5, comma-separated, e.g. 1,2,3 "
+    "[default: all; `grpo filter`: the config's data.train levels of that source].")]
 
 
 def command_group(help: str, **kw) -> typer.Typer:
@@ -59,6 +62,24 @@ def quiet_libraries() -> None:
 def fail(message: str, code: int) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def parse_levels(text: str | None, sources: list[str]) -> list[int] | None:
+    """--levels as a list (None when not given); one line and exit 2 when it is not levels
+    1-5 or no source it applies to (synthetic:arith) is named."""
+    if text is None:
+        return None
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(not 1 <= lv <= 5 for lv in levels):
+        fail(f"config error: levels: --levels takes synthetic levels 1-5, comma-separated "
+             f"(e.g. 1,2,3), got {text!r}", 2)
+    if not any(s.startswith("synthetic:") for s in sources):
+        fail(f"config error: levels: --levels applies to synthetic:arith only, not to "
+             f"{', '.join(sources)}", 2)
+    return levels
 
 
 def require_supported_trl() -> None:

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows.cli_common import command_group
+from flows.cli_common import LEVELS, command_group, parse_levels
 from grpo_core.data import decontam
 from grpo_core.data.adapters import PRESETS, SourceError, SourceUnreadable, resolve_source
 from grpo_core.data.store import MAX_PROBLEM_CHARS, IngestReport, Store, StoreError
@@ -95,11 +95,13 @@ def ingest(
     lock_timeout: Annotated[float, typer.Option(
         "--lock-timeout", min=0, help="Seconds to wait for a store held by another process.")
     ] = 0.0,
+    levels: LEVELS = None,
 ) -> None:
     """Validate SOURCE and add it to the store; print counts."""
+    chosen = parse_levels(levels, [source])
     try:
         adapter = resolve_source(source, split=split, data_dir=data_dir, columns=columns,
-                                 limit=limit, name=name)
+                                 limit=limit, name=name, levels=chosen)
     except SourceError as exc:
         _fail(str(exc), 2)
     except SourceUnreadable as exc:

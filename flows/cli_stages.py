@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows.cli_common import require_fetched_or_exit
+from flows.cli_common import LEVELS, parse_levels, require_fetched_or_exit
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -72,12 +72,12 @@ def _parse_band(band: str | None) -> list[float] | None:
     return [lo, hi]
 
 
-def _open_store(cfg):
+def _open_store(cfg, timeout: float = 5.0):
     from grpo_core.data.store import Store, StoreError
     from grpo_core.workspace import Workspace
 
     try:
-        return Store.open(Workspace.at(cfg.project.workdir).db_path, timeout=5.0)
+        return Store.open(Workspace.at(cfg.project.workdir).db_path, timeout=timeout)
     except StoreError as exc:
         _fail(str(exc), 1)
 
@@ -121,6 +121,7 @@ def filter_cmd(
     as_json: JSON_OUT = False,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="Also write the pass-rate histogram as a PNG here.")] = None,
+    levels: LEVELS = None,
 ) -> None:
     """Estimate each prompt's pass rate under the model and keep the in-band ones."""
     from flows import prefill_sharded
@@ -135,8 +136,13 @@ def filter_cmd(
         "model.name_or_path": model, "filter.k": k, "filter.band": _parse_band(band),
         "project.workdir": str(workdir) if workdir else None,
         "data.data_dir": str(data_dir) if data_dir else None, "model.template": template})
-    sources = [(s, None, None) for s in source] if source else \
-        [(d.source, d.split, d.levels) for d in cfg.data.train]
+    sources = ([(s, None, next((d.levels for d in cfg.data.train if d.source == s), None))
+                for s in source] if source else
+               [(d.source, d.split, d.levels) for d in cfg.data.train])
+    chosen = parse_levels(levels, [s for s, _, _ in sources])
+    if chosen is not None:  # --levels: every synthetic source filtered
+        sources = [(s, split, chosen if s.startswith("synthetic:") else lv)
+                   for s, split, lv in sources]
     progress = _progress(as_json)
     with _open_store(cfg) as store:
         problems: list = []
@@ -275,24 +281,27 @@ def eval_cmd(
     # Workers (or train.stage_process's one process) load the model and score; this one writes.
     if cfg.eval.shards > 1 or own_process(cfg):
         scorer = _shard_flows(cfg).eval_scorer(ws.root)
-    with _open_store(cfg) as store:
-        _building_note(cfg.model.name_or_path)
+    # Fail fast on a store another process holds, then let it go: generation takes minutes
+    # to hours, and DuckDB has one writer; evaluate opens the store to read the problems
+    # and again to write the results, each briefly (waiting data.store_lock_timeout).
+    _open_store(cfg).close()
+    _building_note(cfg.model.name_or_path)
+    try:
+        path = resolve_model_path(cfg.model.name_or_path, ws.models, progress)
+        if scorer is None:
+            backend, tokenizer = build_backend(path, cfg, progress=progress)
+    except OSError as exc:
+        _fail(f"cannot load model {cfg.model.name_or_path}: "
+              f"{str(exc).strip().splitlines()[0]}", 1)
+    for bench in benchmark or cfg.eval.benchmarks:
         try:
-            path = resolve_model_path(cfg.model.name_or_path, ws.models, progress)
-            if scorer is None:
-                backend, tokenizer = build_backend(path, cfg, progress=progress)
-        except OSError as exc:
-            _fail(f"cannot load model {cfg.model.name_or_path}: "
-                  f"{str(exc).strip().splitlines()[0]}", 1)
-        for bench in benchmark or cfg.eval.benchmarks:
-            try:
-                results.append(evaluate(cfg.model.name_or_path, bench, cfg, store=store,
-                                        backend=backend, tokenizer=tokenizer,
-                                        progress=progress, scorer=scorer))
-            except SourceError as exc:
-                _fail(str(exc), 2)
-            except SourceUnreadable as exc:
-                _fail(str(exc), 1)
+            results.append(evaluate(cfg.model.name_or_path, bench, cfg, backend=backend,
+                                    tokenizer=tokenizer, progress=progress, scorer=scorer,
+                                    open_store=lambda: _open_store(cfg, cfg.data.store_lock_timeout)))
+        except SourceError as exc:
+            _fail(str(exc), 2)
+        except SourceUnreadable as exc:
+            _fail(str(exc), 1)
     if as_json:
         out = [r.to_json() for r in results]
         typer.echo(json.dumps(out[0] if len(out) == 1 else out, indent=2))

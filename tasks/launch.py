@@ -165,10 +165,11 @@ def launch_command(cfg: PipelineConfig, spec_path: Path, on_gpu: bool,
     return [*cmd, "-m", "tasks.launch", str(spec_path)]
 
 
-def _keep_rows_before(path: Path, step: int) -> None:
+def keep_rows_through(path: Path, step: int) -> None:
+    """Keep the rows of steps up to `step` (from 1, as checkpoints count)."""
     if path.is_file():
         steps = ((line, _step(line)) for line in path.read_text(encoding="utf-8").splitlines())
-        rows = [line for line, k in steps if k is not None and k < step]
+        rows = [line for line, k in steps if k is not None and k <= step]
         path.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
 
 
@@ -201,7 +202,7 @@ def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: lis
     out.mkdir(parents=True, exist_ok=True)
     rollouts = out / "rollouts.jsonl"
     if stage == "grpo":  # rows past the checkpoint we resume from are generated again
-        _keep_rows_before(rollouts, resume_step or 0)
+        keep_rows_through(rollouts, resume_step or 0)
     spec = {"stage": stage, "config": cfg.model_dump(mode="json"), "model_path": model_path,
             "problems": [p.to_row() for p in problems], "output_dir": str(out),
             "template": template, "mlflow_run": mlflow_run, "tracking_uri": tracking_uri,

@@ -247,7 +247,7 @@ def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
 
 @task(name="grpo-round")
 def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int) -> dict:
-    from grpo_core.data.records import drop_rollouts_from, rollout_sink
+    from grpo_core.data.records import drop_rollouts_after, rollout_sink
     from grpo_core.prompts import resolve_template
     from grpo_core.train.grpo import last_checkpoint, run_grpo_round
     from grpo_core.train.throughput import round_summary
@@ -264,7 +264,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int)
             # killed process recorded past that checkpoint is generated again.
             ckpt = last_checkpoint(out)
             resume_step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
-            drop_rollouts_from(store, run, resume_step)
+            drop_rollouts_after(store, run, resume_step)
             sink = rollout_sink(store, run_id=run, round=round_no)
             plan = require_plan(ctx.cfg)
             if plan.mode != "in-process":
@@ -334,14 +334,14 @@ def launched_round(cfg: PipelineConfig, workspace: str, run_id: str, mlflow_run:
     """The round in its own processes (tasks.launch, under `plan`'s CUDA_VISIBLE_DEVICES,
     beside the round's vLLM server if it launches one); then its rollouts, all of them from
     the rank-0 file, into DuckDB under `run_id` (re-written whole: idempotent on a re-run)."""
-    from grpo_core.data.records import drop_rollouts_from
+    from grpo_core.data.records import drop_rollouts_after
     from grpo_core.train.grpo import RoundResult
 
     with vllm_server(cfg, model_path, Path(out) / "vllm-server.log") as gpu_env:
         res = run_launched("grpo", cfg, model_path, problems, out, template, mlflow_run,
                            tracking.current_uri() if mlflow_run else None, workspace,
                            resume_step, {**gpu_env, **plan.env}, round_no)
-    drop_rollouts_from(store, run_id, 0)
+    drop_rollouts_after(store, run_id, 0)
     for step, rows in sorted(read_rollouts_file(Path(res["rollouts_file"])).items()):
         sink(step, rows)
     sink.flush()

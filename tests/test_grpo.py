@@ -104,11 +104,17 @@ def test_mask_truncated_completions_is_a_grpo_field(tmp_path):
 
 def test_round_records_completions_and_resumes(tiny_random_model, tmp_path):
     problems = generate_problems("train", 8, levels=[1])
-    rows = []
+    rows, steps = [], []
+
+    def sink(step, batch):
+        steps.append(step)
+        rows.extend(batch)
+
     out = tmp_path / "round"
     cfg = _cfg(max_steps=2)
-    result = run_grpo_round(tiny_random_model, problems, cfg, out, "r1_zero",
-                            rollout_sink=lambda step, batch: rows.extend(batch))
+    result = run_grpo_round(tiny_random_model, problems, cfg, out, "r1_zero", rollout_sink=sink)
+    # one step numbering: the rollouts' steps are the logs' and the checkpoints' (from 1)
+    assert steps == [h["step"] for h in result.history] == [1, 2]
     assert result.steps == 2 and (out / "final" / "config.json").is_file()
     assert len(rows) == 2 * 2 * 4  # steps x prompts x G
     row = rows[0]
@@ -120,11 +126,12 @@ def test_round_records_completions_and_resumes(tiny_random_model, tmp_path):
 
     # A longer round over the same folder resumes at step 2 and runs only steps 3-4.
     rows.clear()
+    steps.clear()
     more = run_grpo_round(tiny_random_model, problems, _cfg(max_steps=4), out, "r1_zero",
-                          rollout_sink=lambda step, batch: rows.extend(batch), resume=True)
+                          rollout_sink=sink, resume=True)
     assert more.steps == 4
     assert len(rows) == 2 * 2 * 4
-    assert min(h["step"] for h in more.history) == 3
+    assert steps == [h["step"] for h in more.history] == [3, 4]
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
@@ -174,8 +181,9 @@ def test_rollouts_are_written_before_each_checkpoint(tiny_random_model, tmp_path
                    out, "r1_zero", rollout_sink=sink)
     # Each step's rows are stored before the checkpoint that covers them exists: a kill
     # right after a checkpoint can never lose rows the resumed round will not regenerate.
-    assert sink.flushes[0] == ([0], None)
-    assert sink.flushes[1][0] == [1] and sink.flushes[1][1].endswith("checkpoint-1")
+    # (Step N's rows, numbered from 1 as the logs are, before checkpoint-N.)
+    assert sink.flushes[0] == ([1], None)
+    assert sink.flushes[1][0] == [2] and sink.flushes[1][1].endswith("checkpoint-1")
 
 
 def test_kl_above_ceiling_stops_round(tiny_random_model, tmp_path):

@@ -119,6 +119,14 @@ class DiagnosisConfig(Section):
     kl_high: float = Field(default=1.0, gt=0)
     """kl_rising also fires, rising or not, when the last `window` steps' mean KL is above
     this (nats/token): the policy has left the reference even if the beta term now holds it."""
+    repeated_pattern_share: float = Field(default=0.5, gt=0, le=1)
+    """reward_hacking_suspect also fires when one wrong completion pattern (its normalised
+    text, or its final answer) appears under more than this fraction of a batch's prompts,
+    averaged over `window` logged steps (grpo_core/train/batch_patterns.py). 0.5: "most of
+    a batch"; different problems' wrong answers rarely agree, a template's placeholder does."""
+    repeated_pattern_min_prompts: int = Field(default=3, ge=2)
+    """Batches with fewer prompts are not measured: one problem's completions agreeing is
+    a diversity question (no_diversity), not a pattern across problems."""
 
     @model_validator(mode="after")
     def _ordered(self) -> DiagnosisConfig:

@@ -2,7 +2,7 @@
 filter, rewards, eval, train, tracking. Each field is documented where it is declared."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -55,6 +55,10 @@ class ModelConfig(Section):
     """LoRA (off by default)."""
 
 
+# Levels of the synthetic arithmetic task (grpo_core/data/synthetic.py has levels 1-5).
+SyntheticLevels = list[Annotated[int, Field(ge=1, le=5)]] | None
+
+
 class DataSource(Section):
     source: str
     """Preset (gsm8k, math, math500, aime24, aime25, amc23), synthetic:arith, file path or hub id."""
@@ -64,8 +68,9 @@ class DataSource(Section):
     """Keep at most this many problems (after shuffling with the seed)."""
     columns: dict[str, str] | None = None
     """Column mapping for generic files: {problem: col, answer: col, solution: col, ...}."""
-    levels: list[int] | None = None
-    """Synthetic task: difficulty levels to generate (1-5)."""
+    levels: SyntheticLevels = None
+    """Synthetic task: difficulty levels to generate (1-5); default all. Honoured by the
+    pipeline's ingest, `grpo filter` (for this source) and `grpo data ingest --levels`."""
 
 
 class DataConfig(Section):
@@ -251,6 +256,9 @@ class EvalConfig(Section):
     """Metric that decides champion promotion and the comparison: greedy_accuracy,
     avg@<samples>, maj@k or pass@k, scored with strict extraction (the template's own
     answer format); prefix `flexible/` to score with the standard evaluators' chain."""
+    synthetic_levels: SyntheticLevels = None
+    """Levels of the `synthetic` benchmark (1-5); default all five. Its problems, and so
+    the protocol hash, change with them: numbers under other levels are not compared."""
     shards: int = Field(default=1, ge=1)
     """Score each benchmark's problems in this many worker processes (the sharded-eval
     flow, flows/shards.py; where they run: filter.shard_runner); 1 = in-process. The

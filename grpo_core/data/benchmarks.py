@@ -78,7 +78,8 @@ def benchmark_problems(benchmark: str, cfg, store=None, limit: int | None = None
     if benchmark in SYNTHETIC_NAMES:
         from grpo_core.data.synthetic import generate_problems
 
-        return generate_problems("eval", n=limit or SYNTHETIC_EVAL_N, seed=SYNTHETIC_EVAL_SEED)
+        return generate_problems("eval", n=limit or SYNTHETIC_EVAL_N, seed=SYNTHETIC_EVAL_SEED,
+                                 levels=cfg.eval.synthetic_levels)
     if store is not None:
         rows = stored_eval_rows(benchmark, store, limit)
         if rows:

@@ -241,11 +241,12 @@ def stage_problems(source: str, split: str | None = None, *, store: Any = None,
     return out
 
 
-def drop_rollouts_from(con_or_store: Any, run_id: str, step: int) -> int:
-    """Forget a run's rollouts at global step >= `step`: a round resumed from the
-    checkpoint at `step` generates them again, and they must not be stored twice."""
+def drop_rollouts_after(con_or_store: Any, run_id: str, step: int) -> int:
+    """Forget a run's rollouts of steps after `step` (steps count from 1, as the trainer's
+    logs and checkpoints: 0 forgets them all): a round resumed from the checkpoint at
+    `step` generates them again, and they must not be stored twice."""
     con = ensure_tables(con_or_store)
-    n = con.execute("SELECT count(*) FROM rollouts WHERE run_id = ? AND step >= ?",
+    n = con.execute("SELECT count(*) FROM rollouts WHERE run_id = ? AND step > ?",
                     [run_id, step]).fetchone()[0]
-    con.execute("DELETE FROM rollouts WHERE run_id = ? AND step >= ?", [run_id, step])
+    con.execute("DELETE FROM rollouts WHERE run_id = ? AND step > ?", [run_id, step])
     return n

@@ -99,7 +99,9 @@ class Store:
                     raise StoreLockedError(
                         f"store {path} is locked by another process"
                         f"{' ' + holder.group() if holder else ''}: DuckDB allows one writer at"
-                        " a time; wait for it to finish or use another --db") from None
+                        " a time; wait for it to finish, or work in another workspace"
+                        " (--workdir DIR or GRPO_WORKDIR; `grpo data` commands also take"
+                        " --db FILE)") from None
                 time.sleep(0.2)
         if not read_only:
             con.execute(STORE_SQL)

@@ -29,7 +29,8 @@ import inspect
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,10 +242,27 @@ def score_problems(backend, tokenizer, problems: list[Problem], cfg, template: s
             for p, g, s, pr in zip(problems, greedy, samples, prompts)]
 
 
+@contextmanager
+def _briefly(store, open_store: Callable[[], Any] | None) -> Iterator[Any]:
+    """The store for one short use: `store` as given (its holder keeps it open), or one
+    opened by `open_store` now and closed (its write lock released) right after."""
+    if open_store is None:
+        yield store
+        return
+    with open_store() as opened:
+        yield opened
+
+
 def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None = None,
              backend=None, tokenizer=None, progress: bool = False,
-             scorer: Callable[..., list[dict]] | None = None) -> EvalResult:
+             scorer: Callable[..., list[dict]] | None = None,
+             open_store: Callable[[], Any] | None = None) -> EvalResult:
     """Evaluate one model on one benchmark under cfg.eval; write rows when `store` is given.
+
+    `open_store` (instead of `store`): a function opening the store, for a caller that
+    must not hold DuckDB's one write lock while it generates (`grpo eval`, minutes to
+    hours): the store is opened to read the problems and closed, then opened again to
+    write the results in one short transaction at the end.
 
     `model_path` may be `builtin:tiny-arith` (built into the workspace cache on first use).
     Pass `backend` and `tokenizer` to reuse a loaded model across benchmarks.
@@ -257,7 +275,8 @@ def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None
 
     t0 = time.perf_counter()
     limit = limit or cfg.eval.limit
-    problems = benchmark_problems(benchmark, cfg, store, limit)
+    with _briefly(store, open_store) as s:
+        problems = benchmark_problems(benchmark, cfg, s, limit)
     if not problems:
         raise SourceError(f"benchmark {benchmark!r} has no problems")
     path = resolve_model_path(model_path, Workspace.at(cfg.project.workdir).models, progress)
@@ -281,10 +300,12 @@ def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None
                         per_problem=records, run_id=uuid.uuid4().hex[:12], benchmark=benchmark,
                         model=model_path, model_fingerprint=model_fingerprint(path),
                         seconds=time.perf_counter() - t0)
-    if store is not None:
-        write_eval(store, {"run_id": result.run_id, "protocol_hash": phash,
-                           "benchmark": benchmark, "model": model_path,
-                           "model_fingerprint": result.model_fingerprint,
-                           "seed": cfg.project.seed, "protocol": protocol, "metrics": metrics,
-                           "seconds": result.seconds}, records)
+    if store is None and open_store is None:
+        return result
+    with _briefly(store, open_store) as s:
+        write_eval(s, {"run_id": result.run_id, "protocol_hash": phash,
+                       "benchmark": benchmark, "model": model_path,
+                       "model_fingerprint": result.model_fingerprint,
+                       "seed": cfg.project.seed, "protocol": protocol, "metrics": metrics,
+                       "seconds": result.seconds}, records)
     return result

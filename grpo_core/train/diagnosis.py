@@ -23,6 +23,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from grpo_core.config import PipelineConfig
+from grpo_core.train.batch_patterns import SHARE_METRICS
+from grpo_core.train.metric_series import (
+    fit_change,
+    mean_of,
+    number_or_none,
+    round4,
+    runs_where,
+    series_of,
+    windows_where,
+)
 
 SEVERITIES = ("info", "warn", "stop")
 
@@ -42,8 +52,10 @@ ACTIONS = {
     "format_dropping": "raise the format reward's weight (rewards.weights)",
     "kl_rising": "the policy drifts from the reference: lower grpo.learning_rate, raise grpo.beta "
                  "(or a rounds.kl_schedule), or set rounds.kl_ceiling",
-    "reward_hacking_suspect": "a shaping reward rises while accuracy falls: lower its weight or "
-                              "drop it, and read the completions",
+    "reward_hacking_suspect": "a reward pays something other than the task (a shaping reward rises "
+                              "while accuracy falls, or one wrong completion repeats across the "
+                              "batch's prompts): lower that reward's weight or drop it, and read the "
+                              "completions (the rollouts table)",
     "nonfinite": "the round stopped at the last good checkpoint: lower grpo.learning_rate, set "
                  "grpo.max_grad_norm, check the reward functions",
     "kl_ceiling": "the round stopped at the last good checkpoint: lower grpo.learning_rate or "
@@ -148,81 +160,31 @@ class RoundMonitor:
 
 # ------------------------------------------------------------------------ after the round
 
-def _num(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v)
-
-
-def _finite(v) -> float | None:
-    x = _num(v)
-    return x if x is not None and math.isfinite(x) else None
-
-
-def _series(rows: list[tuple[int, Mapping]], key: str) -> list[tuple[int, float]]:
-    """(step, value) of the steps where `key` is a finite number."""
-    return [(s, x) for s, r in rows if (x := _finite(r.get(key))) is not None]
-
-
-def _fit_change(points: Sequence[tuple[int, float]]) -> float:
-    """The change across the points' steps of their least-squares line (0 for < 2 steps)."""
-    n = len(points)
-    if n < 2:
-        return 0.0
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return 0.0
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return slope * (xs[-1] - xs[0])
-
-
-def _mean(values: Iterable[float]) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0
-
-
-def _runs(points: Sequence[tuple[int, float]], pred) -> list[list[tuple[int, float]]]:
-    """Maximal runs of consecutive logged points satisfying pred(value)."""
-    runs: list[list[tuple[int, float]]] = [[]]
-    for p in points:
-        if pred(p[1]):
-            runs[-1].append(p)
-        elif runs[-1]:
-            runs.append([])
-    return [r for r in runs if r]
-
-
-def _r(x: float) -> float:
-    return round(x, 4)
-
-
 class _Round:
     """One round's rows and the accuracy measure the rules share."""
 
     def __init__(self, history: Iterable[Mapping], cfg: PipelineConfig):
         self.g, self.d = cfg.rounds, cfg.diagnosis
-        self.rows = [(int(_num(r.get("step")) or i), r) for i, r in enumerate(history, 1)]
+        self.rows = [(int(number_or_none(r.get("step")) or i), r) for i, r in enumerate(history, 1)]
         self.fns = sorted({k.split("/")[1] for _, r in self.rows for k in r
                            if k.startswith("rewards/") and k.count("/") == 2})
         if any(ACCURACY in r for _, r in self.rows):
             self.acc_key, self.acc_lo, self.acc_hi = ACCURACY, 0.0, 1.0
         else:
             self.acc_key, (self.acc_lo, self.acc_hi) = "reward", self.d.reward_range
-        self.acc = _series(self.rows, self.acc_key)
+        self.acc = series_of(self.rows, self.acc_key)
 
     def level(self, value: float) -> float:
         """An accuracy (or reward) as a fraction of its range: 0 at the floor, 1 at the ceiling."""
         return (value - self.acc_lo) / (self.acc_hi - self.acc_lo)
 
     def acc_change(self) -> float:
-        return _fit_change(self.acc) / (self.acc_hi - self.acc_lo)
+        return fit_change(self.acc) / (self.acc_hi - self.acc_lo)
 
 
 def _nonfinite(rd: _Round) -> list[Finding]:
     keys = FINITE_KEYS + ("kl",) + tuple(f"rewards/{f}/mean" for f in rd.fns)
-    bad = {s: [k for k in keys if (x := _num(r.get(k))) is not None and not math.isfinite(x)]
+    bad = {s: [k for k in keys if (x := number_or_none(r.get(k))) is not None and not math.isfinite(x)]
            for s, r in rd.rows}
     bad = {s: ks for s, ks in bad.items() if ks}
     if not bad:
@@ -234,18 +196,12 @@ def _nonfinite(rd: _Round) -> list[Finding]:
 
 def _kl_ceiling(rd: _Round) -> list[Finding]:
     ceiling = rd.g.kl_ceiling
-    over = [(s, x) for s, x in _series(rd.rows, "kl") if ceiling is not None and x > ceiling]
+    over = [(s, x) for s, x in series_of(rd.rows, "kl") if ceiling is not None and x > ceiling]
     if not over:
         return []
     top = max(x for _, x in over)
-    return [Finding("kl_ceiling", "stop", [s for s, _ in over], {"kl": _r(top), "kl_ceiling": ceiling},
+    return [Finding("kl_ceiling", "stop", [s for s, _ in over], {"kl": round4(top), "kl_ceiling": ceiling},
                     f"kl {top:.4g} > rounds.kl_ceiling {ceiling}")]
-
-
-def _windows(points: Sequence[tuple[int, float]], n: int, pred) -> set[int]:
-    """Steps of every window of n consecutive logged points whose mean satisfies pred."""
-    return {s for i in range(len(points) - n + 1) if pred(_mean(x for _, x in points[i:i + n]))
-            for s, _ in points[i:i + n]}
 
 
 def _collapse(rd: _Round) -> list[Finding]:
@@ -262,38 +218,38 @@ def _collapse(rd: _Round) -> list[Finding]:
     percent, are how R1-Zero starts learning. A run starts and ends at a step collapsed on
     its own, not at a window's milder edge."""
     d, margin, n = rd.d, rd.d.level_margin, rd.d.collapse_patience
-    frac_pts = _series(rd.rows, "frac_reward_zero_std")
-    frac, acc_std = dict(frac_pts), dict(_series(rd.rows, ACCURACY_STD))
+    frac_pts = series_of(rd.rows, "frac_reward_zero_std")
+    frac, acc_std = dict(frac_pts), dict(series_of(rd.rows, ACCURACY_STD))
     acc = dict(rd.acc) if rd.acc_key == ACCURACY else {}
-    constant = {s for run in _runs(list(acc_std.items()), lambda v: abs(v) <= d.constant_std)
+    constant = {s for run in runs_where(list(acc_std.items()), lambda v: abs(v) <= d.constant_std)
                 if len(run) >= n for s, _ in run}
-    flagged = (_windows(frac_pts, n, lambda m: m > d.collapse_threshold) | constant
-               | _windows(list(acc.items()), n, lambda m: rd.level(m) >= 1 - margin))
+    flagged = (windows_where(frac_pts, n, lambda m: m > d.collapse_threshold) | constant
+               | windows_where(list(acc.items()), n, lambda m: rd.level(m) >= 1 - margin))
 
     def alone(s: int) -> bool:
         return (frac.get(s, 0.0) > d.collapse_threshold or s in constant
                 or (s in acc and rd.level(acc[s]) >= 1 - margin))
 
     out = []
-    for run in _runs([(s, s in flagged) for s, _ in rd.rows], bool):
+    for run in runs_where([(s, s in flagged) for s, _ in rd.rows], bool):
         ends = [i for i, (s, _) in enumerate(run) if alone(s)]
         steps = [s for s, _ in run[ends[0]:ends[-1] + 1]] if ends else []
         accs = [x for s, x in rd.acc if s in set(steps)]
         if len(steps) < n or not accs:
             continue
-        mean_acc = _mean(accs)
+        mean_acc = mean_of(accs)
         level = rd.level(mean_acc)
         code = ("reward_collapse_zero" if level <= margin else
                 "reward_collapse_one" if level >= 1 - margin else "no_diversity")
-        mean_frac = _mean(frac[s] for s in steps if s in frac)
+        mean_frac = mean_of(frac[s] for s in steps if s in frac)
         name = rd.acc_key.removeprefix("rewards/").removesuffix("/mean")
         why = (f"frac_reward_zero_std {mean_frac:.2f} > {d.collapse_threshold}"
                if mean_frac > d.collapse_threshold else
                f"{name} the same for every completion" if set(steps) <= constant else
                f"{name} within {margin:.0%} of its ceiling (frac_reward_zero_std {mean_frac:.2f})")
         out.append(Finding(code, "warn", steps,
-                           {"frac_reward_zero_std": _r(mean_frac), "threshold": d.collapse_threshold,
-                            rd.acc_key: _r(mean_acc), "steps": len(steps)},
+                           {"frac_reward_zero_std": round4(mean_frac), "threshold": d.collapse_threshold,
+                            rd.acc_key: round4(mean_acc), "steps": len(steps)},
                            f"{why} for {len(steps)} steps, {name} {mean_acc:.3g}"))
     return out
 
@@ -307,23 +263,23 @@ def _reward_fn_constant(rd: _Round) -> list[Finding]:
     constant too) a warn."""
     d, out = rd.d, []
     collapsed = {s for f in _collapse(rd) for s in f.steps}
-    acc_std = dict(_series(rd.rows, ACCURACY_STD))
+    acc_std = dict(series_of(rd.rows, ACCURACY_STD))
     for fn in rd.fns:
-        stds = _series(rd.rows, f"rewards/{fn}/std")
-        runs = [r for r in _runs(stds, lambda v: abs(v) <= d.constant_std) if len(r) >= d.constant_patience]
+        stds = series_of(rd.rows, f"rewards/{fn}/std")
+        runs = [r for r in runs_where(stds, lambda v: abs(v) <= d.constant_std) if len(r) >= d.constant_patience]
         if not runs:
             continue
         run = max(runs, key=len)
         steps = [s for s, _ in run]
         if set(steps) <= collapsed:
             continue
-        means = [x for s, x in _series(rd.rows, f"rewards/{fn}/mean") if s in set(steps)]
-        value = _mean(means) if means else None
+        means = [x for s, x in series_of(rd.rows, f"rewards/{fn}/mean") if s in set(steps)]
+        value = mean_of(means) if means else None
         learning = sum(acc_std.get(s, 0.0) > d.constant_std and s not in collapsed
                        for s in steps) > len(steps) / 2
         out.append(Finding("reward_fn_constant", "info" if learning else "warn", steps,
-                           {"reward": fn, "std_max": _r(max(abs(v) for _, v in run)),
-                            "mean": None if value is None else _r(value), "steps": len(steps)},
+                           {"reward": fn, "std_max": round4(max(abs(v) for _, v in run)),
+                            "mean": None if value is None else round4(value), "steps": len(steps)},
                            f"rewards/{fn}/std <= {d.constant_std} for {len(steps)} steps"
                            + ("" if value is None else f" (mean {value:.3g})")))
     return out
@@ -331,19 +287,19 @@ def _reward_fn_constant(rd: _Round) -> list[Finding]:
 
 def _length(rd: _Round) -> list[Finding]:
     d = rd.d
-    lengths = _series(rd.rows, "completions/mean_length")
-    level = _mean(x for _, x in lengths)
+    lengths = series_of(rd.rows, "completions/mean_length")
+    level = mean_of(x for _, x in lengths)
     if len(lengths) < d.window or level <= 0:
         return []
-    rel = _fit_change(lengths) / level
+    rel = fit_change(lengths) / level
     acc = rd.acc_change()
     if acc > d.min_change or abs(rel) < d.length_trend:
         return []
     code = "length_shrinking" if rel < 0 else "length_exploding"
     return [Finding(code, "warn", [s for s, _ in lengths],
-                    {"length_change": _r(rel), "threshold": d.length_trend,
-                     "length_first": _r(lengths[0][1]), "length_last": _r(lengths[-1][1]),
-                     "accuracy_change": _r(acc)},
+                    {"length_change": round4(rel), "threshold": d.length_trend,
+                     "length_first": round4(lengths[0][1]), "length_last": round4(lengths[-1][1]),
+                     "accuracy_change": round4(acc)},
                     f"mean length {rel:+.0%} over the round (|change| >= {d.length_trend:.0%}) "
                     f"while {rd.acc_key} changed {acc:+.3f}")]
 
@@ -353,28 +309,28 @@ def _truncation(rd: _Round) -> list[Finding]:
     model's first steps truncate often (28-41% at step 1 of the shipped R1-Zero recipe's
     healthy rounds, ~6% by step 20), so a shorter round cannot tell a fault from a start."""
     d = rd.d
-    clipped = _series(rd.rows, "completions/clipped_ratio")
+    clipped = series_of(rd.rows, "completions/clipped_ratio")
     tail = clipped[-d.window:]
-    ratio = _mean(x for _, x in tail)
+    ratio = mean_of(x for _, x in tail)
     if len(clipped) < d.window or ratio <= d.truncation_ratio:
         return []
     steps = [s for s, x in clipped if x > d.truncation_ratio]
     return [Finding("truncation", "warn", steps,
-                    {"clipped_ratio": _r(ratio), "threshold": d.truncation_ratio, "window": len(tail)},
+                    {"clipped_ratio": round4(ratio), "threshold": d.truncation_ratio, "window": len(tail)},
                     f"clipped_ratio {ratio:.2f} > {d.truncation_ratio} (mean of the last {len(tail)} steps)")]
 
 
 def _format_dropping(rd: _Round) -> list[Finding]:
     d = rd.d
-    fmt = _series(rd.rows, "rewards/format/mean")
+    fmt = series_of(rd.rows, "rewards/format/mean")
     if len(fmt) < d.window:
         return []
-    change = _fit_change(fmt)
+    change = fit_change(fmt)
     if change > -d.format_drop:
         return []
     return [Finding("format_dropping", "warn", [s for s, _ in fmt],
-                    {"format_change": _r(change), "threshold": d.format_drop,
-                     "format_first": _r(fmt[0][1]), "format_last": _r(fmt[-1][1])},
+                    {"format_change": round4(change), "threshold": d.format_drop,
+                     "format_first": round4(fmt[0][1]), "format_last": round4(fmt[-1][1])},
                     f"rewards/format/mean fell {change:+.3f} over the round (threshold -{d.format_drop})")]
 
 
@@ -383,17 +339,17 @@ def _kl_rising(rd: _Round) -> list[Finding]:
     not, above diagnosis.kl_high at the end (a policy pushed far off the reference in a few
     steps, then held there by the beta term, has a falling tail but has diverged)."""
     d = rd.d
-    kl = _series(rd.rows, "kl")
+    kl = series_of(rd.rows, "kl")
     tail = kl[-d.window:]
     if len(kl) < d.window:
         return []
-    end = _mean(x for _, x in tail)
-    rise, tail_rise = _fit_change(kl), _fit_change(tail)
+    end = mean_of(x for _, x in tail)
+    rise, tail_rise = fit_change(kl), fit_change(tail)
     rising = rise > 0 and tail_rise > 0 and end > d.kl_floor
     if not (rising or end > d.kl_high):
         return []
-    evidence = {"kl_end": _r(end), "kl_floor": d.kl_floor, "kl_high": d.kl_high,
-                "kl_change": _r(rise), "kl_change_last_window": _r(tail_rise)}
+    evidence = {"kl_end": round4(end), "kl_floor": d.kl_floor, "kl_high": d.kl_high,
+                "kl_change": round4(rise), "kl_change_last_window": round4(tail_rise)}
     if rising:
         return [Finding("kl_rising", "warn", [s for s, _ in kl], evidence,
                         f"kl rising {rise:+.3g} over the round and still rising, at {end:.3g} > {d.kl_floor}")]
@@ -413,18 +369,41 @@ def _reward_hacking(rd: _Round) -> list[Finding]:
     for fn in rd.fns:
         if fn == "accuracy":
             continue
-        means = _series(rd.rows, f"rewards/{fn}/mean")
-        rise = _fit_change(means)
+        means = series_of(rd.rows, f"rewards/{fn}/mean")
+        rise = fit_change(means)
         if len(means) >= d.window and rise > d.min_change:
             out.append(Finding("reward_hacking_suspect", "warn", [s for s, _ in means],
-                               {"reward": fn, "reward_change": _r(rise), "accuracy_change": _r(acc),
+                               {"reward": fn, "reward_change": round4(rise), "accuracy_change": round4(acc),
                                 "threshold": d.min_change},
                                f"rewards/{fn}/mean {rise:+.3f} while accuracy {acc:+.3f} over the round"))
     return out
 
 
+def _repeated_pattern(rd: _Round) -> list[Finding]:
+    """One wrong completion pattern under most prompts of the batches
+    (grpo_core/train/batch_patterns.py): windows of `window` logged steps (all of them in a
+    shorter round) whose mean share is above diagnosis.repeated_pattern_share."""
+    d, out = rd.d, []
+    for kind, key in SHARE_METRICS.items():
+        shares = series_of(rd.rows, key)
+        if not shares:
+            continue
+        n = min(d.window, len(shares))
+        flagged = windows_where(shares, n, lambda m: m > d.repeated_pattern_share)
+        steps = [s for s, x in shares if s in flagged and x > d.repeated_pattern_share]
+        if not steps:
+            continue
+        top = max(x for s, x in shares if s in steps)
+        out.append(Finding("reward_hacking_suspect", "warn", steps,
+                           {"pattern": kind, "share": round4(top), "threshold": d.repeated_pattern_share,
+                            "window": n},
+                           f"one wrong completion {kind} under {top:.0%} of a batch's prompts "
+                           f"(> {d.repeated_pattern_share:.0%} over {n} steps)"))
+    return out
+
+
 RULES = (_nonfinite, _kl_ceiling, _collapse, _reward_fn_constant, _length, _truncation,
-         _format_dropping, _kl_rising, _reward_hacking)
+         _format_dropping, _kl_rising, _reward_hacking, _repeated_pattern)
 
 
 def diagnose(history: Iterable[Mapping], cfg: PipelineConfig | None = None) -> list[Finding]:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo_core.train.trainer import (
+    batch_step,
     generate_and_score,
     log_metric,
     reward_std,
@@ -232,7 +233,7 @@ class DynamicSampler:
                                         informative / n_groups, len(passes))):
             log_metric(trainer, key, value, "train")
         if sink is not None:
-            sink(step, _mark_trained(rows, [len(p.informative) for p in passes], picks, G,
+            sink(batch_step(trainer), _mark_trained(rows, [len(p.informative) for p in passes], picks, G,
                                      out["advantages"].tolist()))
         return out
 

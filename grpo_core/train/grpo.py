@@ -16,6 +16,7 @@ from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt, stop_strings
 from grpo_core.train import lora
+from grpo_core.train.batch_patterns import repeated_patterns, share_metrics
 from grpo_core.train.in_round_eval import (
     BEST_DIR,
     BestTracker,
@@ -84,6 +85,34 @@ def _watch_finite(funcs: list, seen: list) -> list:
         watched.__name__ = fn.__name__  # TRL logs rewards/<__name__>
         return watched
     return [wrap(f) for f in funcs]
+
+
+def _watch_patterns(trainer, sink: RolloutSink | None, cfg: PipelineConfig,
+                    result: RoundResult) -> RolloutSink:
+    """Each batch's repeated-pattern shares into the step's metrics (the diagnosis rule's
+    evidence, grpo_core/train/batch_patterns.py), then the rows on to `sink`. The first
+    pattern over diagnosis.repeated_pattern_share is named in the round's findings: the
+    metric holds a share, the finding says what repeats."""
+    from grpo_core.train.trainer import log_metric
+
+    d = cfg.diagnosis
+    named: set[str] = set()
+
+    def watched(step: int, rows: list[dict]) -> None:
+        found = repeated_patterns(rows, d.repeated_pattern_min_prompts)
+        for name, value in share_metrics(found).items():
+            log_metric(trainer, name, value)
+        for kind, p in (found or {}).items():
+            if p.share > d.repeated_pattern_share and kind not in named:
+                named.add(kind)
+                result.findings.append(f"repeated {kind} {p.pattern[:80]!r} under {p.share:.0%} of "
+                                       f"the {p.prompts} prompts of step {step}'s batch")
+        if sink is not None:
+            sink(step, rows)
+
+    if hasattr(sink, "flush"):  # a buffering sink (records.RolloutBuffer): FlushRollouts calls it
+        watched.flush = sink.flush
+    return watched
 
 
 def grpo_dataset(problems: list[Problem], template: str, tokenizer):
@@ -165,7 +194,7 @@ def run_grpo_round(
         )
     bind(callbacks, trainer)
     quiet_trainer(trainer)
-    trainer.rollout_sink = rollout_sink
+    trainer.rollout_sink = _watch_patterns(trainer, rollout_sink, cfg, result)
     trainer.stop_strings = stops
     trainer.skip_update_below = cfg.rounds.skip_update_below
     trainer.dynamic_sampling = dynamic_sampler(cfg, trainer)  # None when off

@@ -17,7 +17,8 @@ pins each name below against the installed versions and scans the project for ot
   `model.generate` (`stop_at_text`), a single-completion GRPOConfig
   (`one_completion_per_prompt`), TRL's NaN-ignoring std (`reward_std`), the weighted
   reward total (`weighted_rewards`), no log printing (`quiet_trainer`), and the step's
-  throughput counts and TRL's step time (`take_step_counts`, `step_time`).
+  throughput counts and TRL's step time (`take_step_counts`, `step_time`), the step a
+  batch generated now trains (`batch_step`, from 1 as the logs count).
 
 PRIVATE lists every private member used here, with the owner it is read from."""
 from __future__ import annotations
@@ -113,6 +114,13 @@ def take_step_counts(trainer) -> StepCounts:
 
 def _mode(trainer) -> str:
     return "train" if trainer.model.training else "eval"
+
+
+def batch_step(trainer) -> int:
+    """The step number a batch generated now trains: the optimizer step about to run,
+    counted from 1 as the Trainer's logs and checkpoints count (global_step counts the
+    steps done). The `rollouts` table records it, so its steps are the logs' steps."""
+    return trainer.state.global_step + 1
 
 
 def tokenizer_of(trainer):
@@ -335,7 +343,7 @@ class RecordsRollouts:
             return
         prompts = list(self._logs["prompt"])[-n:]
         completions = list(self._logs["completion"])[-n:]
-        self.rollout_sink(self.state.global_step, [{
+        self.rollout_sink(batch_step(self), [{
             "prompt": prompts[i],
             "completion": c if isinstance(c := completions[i], str) else c[-1]["content"],
             "problem_id": meta[i][0] if i < len(meta) else None,

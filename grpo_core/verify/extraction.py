@@ -7,7 +7,10 @@ Two extraction modes (`EXTRACTIONS`):
   else the last `\\boxed{...}`. Training rewards use it: it is what the prompt asks for.
   The *first* block, because generation stops at the first `</answer>` (prompts.stop_strings:
   filter, eval and GRPO rollouts alike); in a text that ran on (another engine, an old
-  completion), what follows it is a turn the model invented, never its answer.
+  completion), what follows it is a turn the model invented, never its answer. A model
+  that echoes the template's example (`<answer> answer here </answer>`) and then answers
+  is scored on the echo: reading the last block would let it try again after a first
+  block, and no stop rule would keep that text. The README says the same.
 - `flexible`: the chain the standard evaluators use (lm-evaluation-harness gsm8k
   flexible-extract, the Qwen2.5-Math and Minerva evaluators): the last `\\boxed{}`, else the
   first `<answer>` block, else the text after the last "the answer is" / "#### " / "A: " /
