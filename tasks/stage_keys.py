@@ -47,6 +47,7 @@ def data_files(cfg: PipelineConfig, digests: Path | None = None) -> dict[str, st
     1 GB file is not read again at every lookup, and a file deleted after its ingest keeps
     the digest it was ingested with (the store holds its rows: the run goes on)."""
     from grpo_core.data.adapters import PRESETS
+    from grpo_core.data.readers import shard_files
     from grpo_core.workspace import resolve_data_dir
 
     root = resolve_data_dir(cfg.data.data_dir)
@@ -55,11 +56,13 @@ def data_files(cfg: PipelineConfig, digests: Path | None = None) -> dict[str, st
     for name in [s.source for s in cfg.data.train] + list(cfg.eval.benchmarks):
         if name in PRESETS and root is not None:
             files += [root / f for f in PRESETS[name].files.values()]
-        elif not name.startswith("synthetic:"):
-            path = Path(name).expanduser()
-            if path.is_file() or str(path) in (memo or {}):
-                files.append(path)
-    out = {str(f): _file_sha(f, memo) for f in files}
+        elif name not in PRESETS and not name.startswith("synthetic:"):  # file, shard folder or glob
+            shards = [str(f) for f in shard_files(name)]
+            if memo is not None:
+                shards = shards or memo["sources"].get(name, [])
+                memo["sources"][name] = shards
+            files += [Path(f) for f in shards]
+    out = {str(f): _file_sha(f, memo and memo["files"]) for f in files}
     if digests is not None:
         _write_memo(digests, memo)
     return out
@@ -87,16 +90,17 @@ def _read_memo(path: Path | None) -> dict | None:
     if path is None:
         return None
     try:
-        return json.loads(Path(path).read_text())
+        memo = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return {}
+        memo = {}
+    return {"files": memo.get("files") or {}, "sources": memo.get("sources") or {}}
 
 
-def _write_memo(path: Path, memo: dict | None) -> None:
+def _write_memo(path: Path, memo: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(memo or {}, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
     os.replace(tmp, path)
 
 

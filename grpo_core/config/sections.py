@@ -66,6 +66,8 @@ class DataSource(Section):
     """Column mapping for generic files: {problem: col, answer: col, solution: col, ...}."""
     levels: list[int] | None = None
     """Synthetic task: difficulty levels to generate (1-5)."""
+    config: str | None = None
+    """Hub dataset: which of its configs (name); list a source per config to read several."""
 
 
 class DataConfig(Section):

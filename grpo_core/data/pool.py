@@ -43,6 +43,7 @@ def _adapter(cfg: PipelineConfig, src: DataSource):
     # shuffling the whole ingested set, so every run of a config trains on the same rows.
     return resolve_source(src.source, split=src.split, data_dir=resolve_data_dir(cfg.data.data_dir),
                           columns=src.columns, levels=src.levels, seed=cfg.project.seed,
+                          config=src.config,
                           limit=src.limit if src.source.startswith("synthetic:") else None)
 
 

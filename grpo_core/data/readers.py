@@ -113,10 +113,40 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        batches = pq.ParquetFile(path).iter_batches(batch_size=8192)
+        index = 0
+        # batch by batch: a file of several GB is never one table in memory
+        for batch in batches:
+            for row in batch.to_pylist():
+                yield index, row
+                index += 1
     except Exception as exc:  # noqa: BLE001 - any pyarrow failure means unreadable
         raise SourceUnreadable(f"{path}: not a readable Parquet file: {exc}") from None
-    yield from enumerate(table.to_pylist())
+
+
+def shard_files(source: str | Path) -> list[Path]:
+    """The files one source reads: the file itself; every file of a folder; or the matches
+    of a glob (`data/train-*.parquet`), the way hub datasets are published in shards.
+    Sorted by name; one format for all. [] when nothing matches."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        found = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FORMATS]
+    elif any(c in str(source) for c in "*?["):
+        found = [p for p in path.parent.glob(path.name) if p.is_file()]
+    else:
+        return []
+    return sorted(found, key=lambda p: p.name)
+
+
+def read_shards(files: list[Path], fmt: str) -> Iterator[tuple[int, Any]]:
+    """The rows of every shard in order, numbered across shards."""
+    index = 0
+    for f in files:
+        for _, row in READERS[fmt](f):
+            yield index, row
+            index += 1
 
 
 READERS = {"jsonl": _read_jsonl, "json": _read_json, "csv": _read_csv, "parquet": _read_parquet}
