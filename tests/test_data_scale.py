@@ -125,10 +125,10 @@ def _gsm8k_eval_rows():
     return [json.loads(line) for line in path.read_text().splitlines()[:300]]
 
 
-@pytest.mark.slow
 def test_decontamination_flags_planted_rows_at_100k(tmp_path):
     """100k synthetic training rows with 25 GSM8K test problems planted verbatim and 25
-    inside longer text: exactly the 50 planted rows are flagged and left out of the pool."""
+    inside longer text: exactly the 50 planted rows are flagged and left out of the pool.
+    (~8 s of CPU.)"""
     evals = _gsm8k_eval_rows()
     rows = [{"question": f"A shop sells {i} apples on day {i % 31} and {i % 7} pears. "
                          f"How many fruits in total, counting item {i}?",
