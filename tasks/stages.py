@@ -138,7 +138,7 @@ def ingest(ctx: Ctx) -> dict:
     def compute(run):
         with ctx.store() as store:
             eval_reports = ingest_eval_sets(ctx.cfg, store)
-            reports = ingest_sources(ctx.cfg, store)
+            reports = ingest_sources(ctx.cfg, store, progress=ctx.progress)
             pool = build_pool(ctx.cfg, store, training_sets(ctx.cfg, reports))
             # The (source, split) of each training source, as ingested (no second read).
             contamination = contamination_by_benchmark(ctx.cfg, store,

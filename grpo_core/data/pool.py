@@ -79,12 +79,13 @@ def contamination_by_benchmark(cfg: PipelineConfig, store: Store,
     return out
 
 
-def ingest_sources(cfg: PipelineConfig, store: Store) -> list[IngestReport]:
+def ingest_sources(cfg: PipelineConfig, store: Store, progress: bool = False
+                   ) -> list[IngestReport]:
     reports = []
     for src in cfg.data.train:
         adapter = _adapter(cfg, src)
         reports.append(store.ingest(adapter, max_problem_chars=cfg.data.max_problem_chars,
-                                    ngram=cfg.data.decontam_ngram))
+                                    ngram=cfg.data.decontam_ngram, progress=progress))
     return reports
 
 

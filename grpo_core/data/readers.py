@@ -59,10 +59,24 @@ def _decode(path: Path) -> str:
     return data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
 
 
+def _lines(path: Path) -> Iterator[str]:
+    """The file's lines, streamed (a file of several GB is never read whole), decoded as
+    `_decode` does. Split on "\n" only, not splitlines(): U+2028 or NEL may sit raw inside
+    a JSON string."""
+    with path.open("rb") as fh:
+        head = fh.read(2)
+        if head in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16: rare and small, decoded whole
+            yield from _decode(path).split("\n")
+            return
+        fh.seek(0)
+        for n, raw in enumerate(fh):
+            line = raw.decode("utf-8", errors="surrogateescape").removesuffix("\n")
+            yield line.removeprefix("\ufeff") if n == 0 else line
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     index = 0
-    # split("\n"), not splitlines(): U+2028 or NEL may sit raw inside a JSON string.
-    for lineno, line in enumerate(_decode(path).split("\n"), start=1):
+    for lineno, line in enumerate(_lines(path), start=1):
         if not line.strip():
             continue
         try:
