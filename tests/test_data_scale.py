@@ -153,3 +153,31 @@ def test_decontamination_flags_planted_rows_at_100k(tmp_path):
     assert flagged == set(planted), sorted(flagged ^ set(planted))[:5]
     assert report.contaminated == 50 and report.ingested == 100_000
     assert ref.size == 100_000 - 50 and not pool_ids & flagged
+
+
+def test_ingest_key_keeps_a_deleted_files_digest_and_sees_edits(tmp_path):
+    """With the digest memo (the pipeline's), a source deleted after ingest keeps its key
+    (the store holds its rows) and an edited one gets a new key; a shard folder's key
+    covers every shard."""
+    from tasks.stage_keys import ingest_key
+
+    memo = tmp_path / "cache" / "file-digests.json"
+    src = tmp_path / "mine.jsonl"
+    _write_rows(src, [{"question": "1+1?", "answer": "2"}])
+    cfg = _cfg(str(src))
+    k0 = ingest_key(cfg, digests=memo)
+    assert ingest_key(cfg, digests=memo) == k0
+    _write_rows(src, [{"question": "1+1?", "answer": "3"}])
+    k1 = ingest_key(cfg, digests=memo)
+    assert k1 != k0
+    src.unlink()
+    assert ingest_key(cfg, digests=memo) == k1
+    assert ingest_key(cfg) != k1  # without the memo a missing file is no file at all
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in range(2):
+        _write_rows(shards / f"train-{k}.jsonl", [{"question": f"{k}+1?", "answer": str(k + 1)}])
+    folder = _cfg(str(shards))
+    f0 = ingest_key(folder, digests=memo)
+    _write_rows(shards / "train-1.jsonl", [{"question": "1+1?", "answer": "5"}])
+    assert ingest_key(folder, digests=memo) != f0
