@@ -156,9 +156,15 @@ def pool_problems(store: Store, selection: PoolRef | list[str],
     cols = ", ".join(f"p.{c}" for c in _PROBLEM_FIELDS)
     if isinstance(selection, PoolRef):
         n = selection.size if limit is None else min(limit, selection.size)
-        rows = store.con.execute(
-            f"SELECT {cols} FROM pool_rows r JOIN problems p USING (source, split, fingerprint) "
-            "WHERE r.pool = ? AND r.pos < ? ORDER BY r.pos", [selection.pool, n]).fetchall()
+        keys = store.con.execute(
+            "SELECT source, split, fingerprint FROM pool_rows WHERE pool = ? AND pos < ? "
+            "ORDER BY pos", [selection.pool, n]).fetchall()
+        # The fingerprints as an IN filter: DuckDB scans one column of `problems` for them
+        # (half the time of a join on three at a million rows), then reads the few rows.
+        found = {tuple(r[1:3]) + (r[-1],): r for r in store.con.execute(
+            f"SELECT {cols} FROM problems p WHERE fingerprint IN (SELECT unnest(?::VARCHAR[]))",
+            [[k[2] for k in keys]]).fetchall()}
+        rows = [found[k] for k in keys if k in found]
     else:
         ids = list(selection)[:limit] if limit is not None else list(selection)
         want = pa.table({"ord": pa.array(range(len(ids)), pa.int64()),
