@@ -6,6 +6,7 @@ locked); 2 usage (missing path, unknown preset, bad column mapping).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -109,7 +110,7 @@ def ingest(
     with _open(db, workdir, read_only=False, timeout=lock_timeout) as store:
         try:
             report = store.ingest(adapter, max_problem_chars=max_problem_chars, ngram=ngram,
-                                  min_coverage=min_coverage)
+                                  min_coverage=min_coverage, progress=sys.stderr.isatty())
         except SourceUnreadable as exc:
             _fail(str(exc), 1)
     if report.total_rows == 0:

@@ -30,8 +30,7 @@ def _setup(config, overrides, workdir, model):
     path = resolve_model_path(model or cfg.model.name_or_path, ws.models, progress=True)
     try:
         with Store.open(ws.db_path, timeout=30) as store:
-            ingest_sources(cfg, store)
-            pool = training_pool(cfg, store)
+            pool = training_pool(cfg, store, ingest_sources(cfg, store))
     except StoreError as exc:
         fail(str(exc), 1)
     template = resolve_template(cfg.model.template, load_tokenizer(path))

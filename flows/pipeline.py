@@ -20,6 +20,7 @@ from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
+from grpo_core.data.pool import PoolRef
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.grpo import prompts_per_update
 from grpo_core.train.throughput import PIPELINE_RSS_METRIC, rss_now_gb
@@ -62,7 +63,8 @@ def scorer_error_findings(label: str, evaluated: dict) -> list[str]:
             if (n := (res.get("metrics") or {}).get("scorer_errors"))]
 
 
-def training_prompts(kept: dict, pool: list[str], need: int) -> tuple[list[str], str | None]:
+def training_prompts(kept: dict, pool: PoolRef | list[str], need: int
+                     ) -> tuple[PoolRef | list[str], str | None]:
     """The in-band problems when there are enough for one optimizer step (`need` prompts:
     grpo_core.train.grpo.prompts_per_update); else every problem the policy sometimes solves
     (each still has reward variance); else the whole pool. A band that keeps too few
@@ -132,14 +134,14 @@ def eval_scorer_for(cfg: PipelineConfig, ws: Workspace):
     return eval_scorer(ws.root)
 
 
-def filter_round(ctx: stages.Ctx, model: str, problem_ids: list[str], round_no: int,
+def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolRef | list[str], round_no: int,
                  log, evidence_run: str | None = None) -> tuple[list[str], str | None]:
     """Round `round_no`'s difficulty filter of `problem_ids` under `model` (estimates
     prefilled by shards when filter.shards > 1), then its training prompts: the
     `training_prompts` choice, and the finding it notes (None when the band was enough).
     `evidence_run`: the previous round's GRPO run, whose rollouts count as weighted
     evidence (filter.rollout_evidence_weight; grpo_core.eval.evidence)."""
-    fresh = prefill_sharded(ctx.cfg, model, lambda: stages.pool_problems(ctx, problem_ids),
+    fresh = prefill_sharded(ctx.cfg, model, lambda: stages.filter_candidates(ctx, problem_ids),
                             ctx.store, ctx.ws.root, evidence_run)
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
                      ctx, model, problem_ids, round_no, fresh, evidence_run)
@@ -169,17 +171,17 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     before = base
 
     if cfg.sft_stage.enabled:
-        sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, data["problem_ids"])
+        sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, stages.pool_of(data))
         model = sft["model_dir"]
         findings += [f"sft: {f}" for f in sft.get("findings", [])]
         before = evaluate(model, "eval/sft", primary_bench)
 
-    pool = data["problem_ids"]
+    pool = stages.pool_of(data)  # the stored pool: stages read what they need of it
     pipeline_rss = []  # this process's RSS after each round (its eval included)
     evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
     for r in range(1, cfg.rounds.count + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
-            pool, note = filter_round(ctx, model, data["problem_ids"], r, log, evidence_run)
+            pool, note = filter_round(ctx, model, stages.pool_of(data), r, log, evidence_run)
             if note:
                 findings.append(note)
         train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, model, pool, r)

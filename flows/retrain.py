@@ -64,9 +64,9 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     cfg, ws = ctx.cfg, ctx.ws
     scorer = eval_scorer_for(cfg, ws)
     data = named(stages.ingest, "data")(ctx)
-    pool, findings = data["problem_ids"], []
+    pool, findings = stages.pool_of(data), []
     if cfg.filter.enabled:
-        pool, note = filter_round(ctx, champion_dir, data["problem_ids"], 1, log)
+        pool, note = filter_round(ctx, champion_dir, pool, 1, log)
         findings += [note] if note else []
     train = named(stages.grpo_round, "grpo/round-1")(ctx, champion_dir, pool, 1)
     before = named(stages.evaluate, "eval/champion")(ctx, champion_dir, "eval/champion",

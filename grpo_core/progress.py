@@ -3,9 +3,10 @@ from __future__ import annotations
 
 
 class Bar:
-    def __init__(self, total: int, label: str, enabled: bool = True):
+    def __init__(self, total: int | None, label: str, enabled: bool = True):
+        """`total` None: unknown (a count, no end: rows streamed from a source); 0: no bar."""
         self._p = None
-        if enabled and total:
+        if enabled and total != 0:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,

@@ -91,6 +91,10 @@ class StageCache:
                 return None
         return value
 
+    def drop(self, key: str) -> None:
+        """Forget `key` (its stage runs again), e.g. when what it points at is gone."""
+        (self.root / f"{key}.json").unlink(missing_ok=True)
+
     def put(self, key: str, value: dict, paths: list[str] | None = None) -> dict:
         self.root.mkdir(parents=True, exist_ok=True)
         doc = {**value, "_paths": list(paths or [])}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
@@ -40,37 +41,78 @@ def problems_fingerprint(problems: list[Problem]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def data_files(cfg: PipelineConfig) -> dict[str, str | None]:
+def data_files(cfg: PipelineConfig, digests: Path | None = None) -> dict[str, str | None]:
     """Content digest of each local file the training sources and the benchmarks read
-    (preset copies under the data dir, file sources). Hub datasets are keyed by name."""
+    (preset copies under the data dir, file sources). Hub datasets are keyed by name.
+    `digests`: a JSON file remembering each file's digest by (size, mtime), so an unchanged
+    1 GB file is not read again at every lookup, and a file deleted after its ingest keeps
+    the digest it was ingested with (the store holds its rows: the run goes on)."""
     from grpo_core.data.adapters import PRESETS
+    from grpo_core.data.readers import shard_files
     from grpo_core.workspace import resolve_data_dir
 
     root = resolve_data_dir(cfg.data.data_dir)
+    memo = _read_memo(digests)
     files: list[Path] = []
     for name in [s.source for s in cfg.data.train] + list(cfg.eval.benchmarks):
         if name in PRESETS and root is not None:
             files += [root / f for f in PRESETS[name].files.values()]
-        elif not name.startswith("synthetic:") and Path(name).expanduser().is_file():
-            files.append(Path(name).expanduser())
-    return {str(f): _file_sha(f) for f in files}
+        elif name not in PRESETS and not name.startswith("synthetic:"):  # file, shard folder or glob
+            shards = [str(f) for f in shard_files(name)]
+            if memo is not None:
+                shards = shards or memo["sources"].get(name, [])
+                memo["sources"][name] = shards
+            files += [Path(f) for f in shards]
+    out = {str(f): _file_sha(f, memo and memo["files"]) for f in files}
+    if digests is not None:
+        _write_memo(digests, memo)
+    return out
 
 
-def _file_sha(path: Path) -> str | None:
+def _file_sha(path: Path, memo: dict | None = None) -> str | None:
+    try:
+        st = path.stat()
+    except OSError:  # missing: the digest it was ingested with, else the ingest says so
+        return (memo or {}).get(str(path), {}).get("sha")
+    seen = (memo or {}).get(str(path))
+    if seen and seen["size"] == st.st_size and seen["mtime_ns"] == st.st_mtime_ns:
+        return seen["sha"]
     try:
         with path.open("rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()[:16]
+            sha = hashlib.file_digest(fh, "sha256").hexdigest()[:16]
     except OSError:
-        return None  # missing: the ingest itself says so
+        return None
+    if memo is not None:
+        memo[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha": sha}
+    return sha
 
 
-def ingest_key(cfg: PipelineConfig) -> str:
+def _read_memo(path: Path | None) -> dict | None:
+    if path is None:
+        return None
+    try:
+        memo = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        memo = {}
+    return {"files": memo.get("files") or {}, "sources": memo.get("sources") or {}}
+
+
+def _write_memo(path: Path, memo: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def ingest_key(cfg: PipelineConfig, digests: Path | None = None) -> str:
+    """`digests`: see data_files (the pipeline keeps it in the workspace's cache folder)."""
     from grpo_core.workspace import resolve_data_dir
 
     data = cfg.data.model_dump(mode="json", exclude={"store_lock_timeout", "data_dir"})
     root = resolve_data_dir(cfg.data.data_dir)
     return stage_key("data", data=data, data_dir=str(root) if root else None,
-                     files=data_files(cfg), benchmarks=cfg.eval.benchmarks,
+                     files=data_files(cfg, digests), benchmarks=cfg.eval.benchmarks,
                      seed=cfg.project.seed)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from prefect import task
 
 from grpo_core.config import PipelineConfig
+from grpo_core.data.pool import PoolRef
 from grpo_core.data.problems import Problem
 from grpo_core.data.store import Store
 from grpo_core.modeling.fetch import provenance_tags
@@ -116,34 +117,48 @@ def _memory_metrics(value: dict) -> dict:
 @task(name="ingest", retries=2, retry_delay_seconds=2)
 def ingest(ctx: Ctx) -> dict:
     """The evaluation sets, then the training sources (flagged against them), then the
-    pool; the data run gets the contamination counts per benchmark."""
+    pool, stored once in the store (grpo_core.data.pool.build_pool); the data run gets the
+    contamination counts per benchmark. Later stages read the pool from the store by its
+    fingerprint (`pool`), never the sources: a source file may be gone by then."""
     from grpo_core.data.pool import (
+        build_pool,
         contamination_by_benchmark,
         ingest_eval_sets,
         ingest_sources,
-        training_pool,
+        stored_pool,
+        training_sets,
     )
 
-    key = ingest_key(ctx.cfg)
+    key = ingest_key(ctx.cfg, digests=ctx.ws.root / "cache" / "file-digests.json")
+    hit = ctx.cache.get(key)
+    if hit is not None and hit.get("pool"):
+        with ctx.store() as store:
+            if stored_pool(store, hit["pool"]) is None:  # a new store under an old cache
+                ctx.cache.drop(key)
 
     def compute(run):
         with ctx.store() as store:
             eval_reports = ingest_eval_sets(ctx.cfg, store)
-            reports = ingest_sources(ctx.cfg, store)
-            pool = training_pool(ctx.cfg, store)
+            reports = ingest_sources(ctx.cfg, store, progress=ctx.progress)
+            pool = build_pool(ctx.cfg, store, training_sets(ctx.cfg, reports))
             # The (source, split) of each training source, as ingested (no second read).
             contamination = contamination_by_benchmark(ctx.cfg, store,
                                                        {(r.source, r.split) for r in reports})
-        summary = {"pool_size": len(pool), "ingested": sum(r.ingested for r in reports),
+        summary = {"pool_size": pool.size, "ingested": sum(r.ingested for r in reports),
                    "quarantined": sum(sum(r.quarantined.values()) for r in reports),
                    "duplicates": sum(r.duplicates for r in reports),
                    "contaminated": sum(c["flagged"] for c in contamination.values())}
         tracking.log_json(run, [r.__dict__ for r in eval_reports + reports],
                           "data/ingest_reports.json")
         tracking.log_json(run, contamination, "data/contamination.json")
-        return {**summary, "contamination": contamination, "problem_ids": [p.id for p in pool]}
+        return {**summary, "contamination": contamination, "pool": pool.pool}
 
     return _cached(ctx, key, "data", compute, metrics=_data_metrics)
+
+
+def pool_of(data: dict) -> PoolRef:
+    """The training pool the data stage stored (its result's `pool` and `pool_size`)."""
+    return PoolRef(data["pool"], data["pool_size"])
 
 
 def _data_metrics(v: dict) -> dict:
@@ -154,12 +169,22 @@ def _data_metrics(v: dict) -> dict:
     return out
 
 
-def pool_problems(ctx: Ctx, ids: list[str]) -> list[Problem]:
-    from grpo_core.data.pool import training_pool
+def pool_problems(ctx: Ctx, selection: PoolRef | list[str],
+                  limit: int | None = None) -> list[Problem]:
+    """The problems of `selection` (a stored pool's first `limit`, or these ids), read
+    from the store by query (grpo_core.data.pool.pool_problems)."""
+    from grpo_core.data.pool import pool_problems as read
 
     with ctx.store() as store:
-        by_id = {p.id: p for p in training_pool(ctx.cfg, store)}
-    return [by_id[i] for i in ids if i in by_id]
+        return read(store, selection, limit)
+
+
+def filter_candidates(ctx: Ctx, selection: PoolRef | list[str]) -> list[Problem]:
+    """What the filter considers: of a whole pool, its first filter.max_problems rows (a
+    seeded sample stratified by source and level); a list of ids whole (run_filter
+    subsamples it)."""
+    limit = ctx.cfg.filter.max_problems if isinstance(selection, PoolRef) else None
+    return pool_problems(ctx, selection, limit)
 
 
 @task(name="base-model", retries=1)
@@ -174,7 +199,7 @@ def base_model(ctx: Ctx) -> str:
 
 
 @task(name="filter")
-def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int,
+def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str], round_no: int,
                       fresh: list[str] | None = None, evidence_run: str | None = None) -> dict:
     """`fresh`: ids whose estimates sharded workers stored just now (flows/shards.py);
     they count as estimated, not reused. `evidence_run`: the previous GRPO round's run,
@@ -183,7 +208,7 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
     from grpo_core.eval.difficulty import run_filter
     from grpo_core.eval.evidence import evidence_fingerprint, rollout_priors
 
-    problems = pool_problems(ctx, problem_ids)
+    problems = filter_candidates(ctx, problem_ids)
     priors = {}
     if evidence_run and ctx.cfg.filter.rollout_evidence_weight > 0:
         with ctx.store() as store:
@@ -214,7 +239,7 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: list[str], round_n
 
 
 @task(name="sft")
-def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
+def sft(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str]) -> dict:
     from grpo_core.prompts import resolve_template
     from grpo_core.train.sft import SFTResult, run_sft
 
@@ -246,13 +271,16 @@ def sft(ctx: Ctx, model_path: str, problem_ids: list[str]) -> dict:
 
 
 @task(name="grpo-round")
-def grpo_round(ctx: Ctx, model_path: str, problem_ids: list[str], round_no: int) -> dict:
+def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
+               round_no: int) -> dict:
     from grpo_core.data.records import drop_rollouts_after, rollout_sink
     from grpo_core.prompts import resolve_template
-    from grpo_core.train.grpo import last_checkpoint, run_grpo_round
+    from grpo_core.train.grpo import last_checkpoint, round_problem_budget, run_grpo_round
     from grpo_core.train.throughput import round_summary
 
-    problems = pool_problems(ctx, problem_ids)
+    # A whole pool: the round reads as many as its steps can draw, not the pool.
+    problems = pool_problems(ctx, problem_ids, round_problem_budget(ctx.cfg)
+                             if isinstance(problem_ids, PoolRef) else None)
     key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems),
                    round_no)
 

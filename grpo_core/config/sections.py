@@ -71,6 +71,8 @@ class DataSource(Section):
     levels: SyntheticLevels = None
     """Synthetic task: difficulty levels to generate (1-5); default all. Honoured by the
     pipeline's ingest, `grpo filter` (for this source) and `grpo data ingest --levels`."""
+    config: str | None = None
+    """Hub dataset: which of its configs (name); list a source per config to read several."""
 
 
 class DataConfig(Section):

@@ -33,6 +33,8 @@ from grpo_core.data.readers import (  # noqa: F401 - BadRow, SourceUnreadable: r
     Rejection,
     SourceUnreadable,
     file_digest,
+    read_shards,
+    shard_files,
 )
 
 FIELDS = ("problem", "answer", "solution", "id", "level", "subject")
@@ -145,6 +147,8 @@ class Adapter:
                 rule = "gsm8k"
             elif answer:
                 rule = "answer"
+            elif solution and "####" in solution and "\\boxed" not in solution:
+                answer, rule = solution, "gsm8k"  # a GSM8K-style solution, no answer column
             else:
                 rule = "boxed"
         if rule == "gsm8k":
@@ -248,27 +252,45 @@ def _fp(*parts: Any) -> str:
 def file_adapter(path: str | Path, *, split: str | None = None, name: str | None = None,
                  columns: str | dict[str, str] | None = None, limit: int | None = None,
                  preset: Preset | None = None) -> Adapter:
+    """A file, a folder of shards or a glob of shards (readers.shard_files): named after
+    the file's stem (or its folder when the stem is a split), the folder, or the glob's
+    folder (its parent when that is a hub layout's `data/`)."""
     path = Path(path).expanduser()
-    if not path.exists():
+    shards = shard_files(path)
+    if not shards:
+        if path.is_dir():
+            raise SourceError(f"{path}: is a directory with no {'/'.join(FORMATS)} files; name "
+                              "a file, a folder of shards, or a preset with --data-dir")
         raise SourceError(f"{path}: no such file")
-    if path.is_dir():
-        raise SourceError(f"{path}: is a directory; name a file, or a preset with --data-dir")
-    fmt = FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise SourceError(f"{path}: unsupported format {path.suffix!r}; use "
-                          f"{', '.join(FORMATS)}")
+    fmts = {FORMATS.get(f.suffix.lower()) for f in shards}
+    if None in fmts or len(fmts) > 1:
+        bad = sorted({f.suffix for f in shards})
+        raise SourceError(f"{path}: unsupported format {bad[0] if len(bad) == 1 else bad!r}; "
+                          f"use {', '.join(FORMATS)} (one format per folder)")
+    fmt = fmts.pop()
+    if path.is_file():
+        stem_is_split = path.stem.lower() in SPLIT_NAMES
+        named = path.parent.name if stem_is_split else path.stem
+        split = split or (path.stem.lower() if stem_is_split else "train")
+    else:  # a folder or glob of shards: train-00000-of-00002.parquet is split train
+        folder = path if path.is_dir() else path.parent
+        named = (folder.parent if folder.name == "data" else folder).name
+        first = shards[0].stem.split("-")[0].lower()
+        split = split or (first if first in SPLIT_NAMES else "train")
+    source = name or preset and preset.name or named
+    # Columns are read from the first rows; every row is read (streamed) only at ingest.
+    head = list(itertools.islice(read_shards(shards, fmt), min(limit or 1000, 1000)))
+    present = {k for _, r in head if isinstance(r, dict) for k in r} or None
     explicit = parse_columns(columns)
-    stem_is_split = path.stem.lower() in SPLIT_NAMES
-    source = name or preset and preset.name or (path.parent.name if stem_is_split else path.stem)
-    split = split or (path.stem.lower() if stem_is_split else "train")
-    rows = list(itertools.islice(READERS[fmt](path), limit))
-    present = {k for _, r in rows if isinstance(r, dict) for k in r} or None
     base = preset.columns if preset and not explicit else AUTO_COLUMNS
     cols = _mapping(str(path), present, explicit, base)
     gold = preset.gold if preset and not explicit else "auto"
+    digest = [file_digest(f) for f in shards]
     return Adapter(source=source, split=split, origin=str(path),
-                   fingerprint=_fp(file_digest(path), split, cols, gold, limit),
-                   read=lambda: rows, columns=cols, gold=gold)
+                   fingerprint=_fp(digest[0] if len(digest) == 1 else digest, split, cols,
+                                   gold, limit),
+                   read=lambda: itertools.islice(read_shards(shards, fmt), limit),
+                   columns=cols, gold=gold)
 
 
 def preset_adapter(name: str, *, split: str | None = None, data_dir: str | Path | None = None,
@@ -360,8 +382,9 @@ def resolve_source(source: str, *, split: str | None = None,
                    data_dir: str | Path | None = None,
                    columns: str | dict[str, str] | None = None, limit: int | None = None,
                    name: str | None = None, levels: list[int] | None = None,
-                   seed: int = 0) -> Adapter:
-    """Preset, synthetic task, file path or hub id -> Adapter (raises SourceError)."""
+                   seed: int = 0, config: str | None = None) -> Adapter:
+    """Preset, synthetic task, file path (a file, a folder or glob of shards) or hub id
+    (`config`: which of its configs) -> Adapter (raises SourceError)."""
     if limit is not None and limit < 1:
         raise SourceError(f"--limit must be >= 1, got {limit}")
     if source.startswith("synthetic:"):
@@ -377,10 +400,12 @@ def resolve_source(source: str, *, split: str | None = None,
             split = split or next(s for s, f in preset.files.items() if Path(f).name == path.name)
         return file_adapter(path, split=split, name=name, columns=columns, limit=limit,
                             preset=preset)
+    if any(c in source for c in "*?["):  # a glob of shards: data/train-*.parquet
+        return file_adapter(source, split=split, name=name, columns=columns, limit=limit)
     looks_like_path = path.suffix.lower() in FORMATS or source.startswith((".", "/", "~"))
     if looks_like_path:
         raise SourceError(f"{source}: no such file")
     if "/" in source.strip("/"):
-        return hub_adapter(source, split=split, columns=columns, limit=limit)
+        return hub_adapter(source, split=split, config=config, columns=columns, limit=limit)
     raise SourceError(f"unknown source {source!r}: not a preset ({', '.join(PRESETS)}), "
                       "synthetic:arith, an existing file or a hub id (owner/name)")

@@ -3,6 +3,7 @@
 One file holds two groups of tables:
 
     problem store (grpo_core.data.store)   problems, quarantine, ingest_log
+    training pools (grpo_core.data.pool)   pools, pool_rows
     stage results (grpo_core.data.records) pass_rates, rollouts, eval_results, eval_runs
 
 `STORE_SQL` / `RESULTS_SQL` create them (idempotent); the Arrow schemas type the bulk
@@ -38,7 +39,14 @@ CREATE TABLE IF NOT EXISTS ingest_log (
     source_fingerprint VARCHAR, total_rows BIGINT, ingested BIGINT, quarantined BIGINT,
     duplicates BIGINT, contaminated BIGINT, repaired BIGINT, started_at TIMESTAMP,
     finished_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS pools (
+    pool VARCHAR PRIMARY KEY, size BIGINT, created_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS pool_rows (
+    pool VARCHAR NOT NULL, pos BIGINT NOT NULL, source VARCHAR NOT NULL,
+    split VARCHAR NOT NULL, fingerprint VARCHAR NOT NULL, id VARCHAR);
 """
+# pools: a training pool by its content fingerprint (grpo_core.data.pool); pool_rows: its
+# members in stratified order (any prefix is a seeded sample stratified by source and level)
 STORE_TABLES = ("problems", "quarantine", "ingest_log")
 PROBLEM_SCHEMA = pa.schema([
     ("source", pa.string()), ("split", pa.string()), ("fingerprint", pa.string()),

@@ -1,11 +1,16 @@
 """The training pool of a config: its `data.train` sources ingested (idempotently) into
-the store, read back without contaminated rows, shuffled and limited with the seed.
+the store, then selected once, in SQL, without contaminated rows, shuffled and limited with
+the seed, and stored as a table under its content fingerprint (build_pool). After ingest
+the store is the pool: stages read the prefix or the ids they need (pool_problems) and
+never resolve a source again, so no stage but ingest costs more as the pool grows.
 
 Every evaluation set of `eval.benchmarks` is ingested first (role eval), so each run's
 training rows are checked against all the sets it will report, before any training."""
 from __future__ import annotations
 
-import random
+from dataclasses import dataclass
+
+import pyarrow as pa
 
 from grpo_core.config import DataSource, PipelineConfig
 from grpo_core.data.adapters import resolve_source
@@ -15,9 +20,22 @@ from grpo_core.data.benchmarks import (
     eval_split,
     stored_eval_rows,
 )
+from grpo_core.data.db import now, transaction
 from grpo_core.data.problems import Problem
 from grpo_core.data.store import IngestReport, Store
 from grpo_core.workspace import resolve_data_dir
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """A training pool stored by build_pool: its content fingerprint and row count. What
+    the flows hand from stage to stage instead of the pool's ids."""
+
+    pool: str
+    size: int
+
+    def __len__(self) -> int:
+        return self.size
 
 
 def _adapter(cfg: PipelineConfig, src: DataSource):
@@ -25,6 +43,7 @@ def _adapter(cfg: PipelineConfig, src: DataSource):
     # shuffling the whole ingested set, so every run of a config trains on the same rows.
     return resolve_source(src.source, split=src.split, data_dir=resolve_data_dir(cfg.data.data_dir),
                           columns=src.columns, levels=src.levels, seed=cfg.project.seed,
+                          config=src.config,
                           limit=src.limit if src.source.startswith("synthetic:") else None)
 
 
@@ -60,22 +79,108 @@ def contamination_by_benchmark(cfg: PipelineConfig, store: Store,
     return out
 
 
-def ingest_sources(cfg: PipelineConfig, store: Store) -> list[IngestReport]:
+def ingest_sources(cfg: PipelineConfig, store: Store, progress: bool = False
+                   ) -> list[IngestReport]:
     reports = []
     for src in cfg.data.train:
         adapter = _adapter(cfg, src)
         reports.append(store.ingest(adapter, max_problem_chars=cfg.data.max_problem_chars,
-                                    ngram=cfg.data.decontam_ngram))
+                                    ngram=cfg.data.decontam_ngram, progress=progress))
     return reports
 
 
-def training_pool(cfg: PipelineConfig, store: Store) -> list[Problem]:
-    """Problems to train on, in a seed-fixed order (one list per config, every run)."""
-    pool: list[Problem] = []
-    for src in cfg.data.train:
-        adapter = _adapter(cfg, src)
-        rows = store.problems(source=adapter.source, split=adapter.split,
-                              exclude_contaminated=cfg.data.decontaminate)
-        random.Random(f"{cfg.project.seed}/{adapter.source}").shuffle(rows)
-        pool += rows[: src.limit] if src.limit else rows
-    return pool
+def training_sets(cfg: PipelineConfig, reports: list[IngestReport]
+                  ) -> list[tuple[str, str, int | None]]:
+    """(source, split, limit) of each `data.train` source, as its ingest named it (the
+    reports of ingest_sources, in config order): what build_pool selects from."""
+    return [(r.source, r.split, src.limit) for src, r in zip(cfg.data.train, reports)]
+
+
+def build_pool(cfg: PipelineConfig, store: Store,
+               sets: list[tuple[str, str, int | None]]) -> PoolRef:
+    """The training pool of `sets`, built in SQL and stored once under its content
+    fingerprint: per source, the stored rows (contaminated ones left out when
+    data.decontaminate) in a seeded order, cut at the source's limit; then ordered so
+    that every prefix is a sample stratified by (source, split, level) in proportion.
+    Stages read prefixes of it (pool_problems) and never re-read the sources."""
+    con = store.con
+    want = pa.table({"source": [s for s, _, _ in sets], "split": [sp for _, sp, _ in sets],
+                     "lim": pa.array([lim for _, _, lim in sets], pa.int64())})
+    seed = str(cfg.project.seed)
+    with transaction(con, _want_sets=want):
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _pool_new AS "
+            "WITH drawn AS (SELECT p.source, p.split, p.fingerprint, p.id, p.level, w.lim, "
+            "  md5(? || '/' || p.source || '/' || p.fingerprint) AS draw "
+            "  FROM problems p JOIN _want_sets w USING (source, split) "
+            "  WHERE NOT (? AND p.contaminated)), "
+            "cut AS (SELECT * FROM drawn QUALIFY lim IS NULL OR "
+            "  row_number() OVER (PARTITION BY source, split ORDER BY draw) <= lim), "
+            # (rank - 1/2) / stratum size: each stratum's rows spread evenly over [0, 1]
+            "spread AS (SELECT *, (row_number() OVER (PARTITION BY source, split, level "
+            "  ORDER BY draw) - 0.5) / count(*) OVER (PARTITION BY source, split, level) AS q "
+            "  FROM cut) "
+            "SELECT row_number() OVER (ORDER BY q, draw) - 1 AS pos, source, split, "
+            "  fingerprint, id FROM spread", [seed, cfg.data.decontaminate])
+        size, digest = con.execute(
+            "SELECT count(*), coalesce(md5(string_agg(md5(concat_ws(chr(31), p.id, p.source, "
+            "p.split, p.problem, p.answer, coalesce(p.solution, ''), coalesce(p.level::VARCHAR, "
+            "''), coalesce(p.subject, ''))), '' ORDER BY n.pos)), '') FROM _pool_new n "
+            "JOIN problems p USING (source, split, fingerprint)").fetchone()
+        ref = PoolRef(pool=digest[:16] or "empty", size=size)
+        if not con.execute("SELECT count(*) FROM pools WHERE pool = ?", [ref.pool]).fetchone()[0]:
+            con.execute("INSERT INTO pool_rows SELECT ?, * FROM _pool_new ORDER BY pos",
+                        [ref.pool])
+            con.execute("INSERT INTO pools VALUES (?, ?, ?)", [ref.pool, ref.size, now()])
+        con.execute("DROP TABLE _pool_new")
+    return ref
+
+
+def stored_pool(store: Store, pool: str) -> PoolRef | None:
+    """The stored pool `pool`, or None when this store does not hold it."""
+    row = store.con.execute("SELECT pool, size FROM pools WHERE pool = ?", [pool]).fetchone()
+    return PoolRef(*row) if row else None
+
+
+_PROBLEM_FIELDS = ("id", "source", "split", "problem", "answer", "solution", "level",
+                   "subject", "fingerprint")
+
+
+def pool_problems(store: Store, selection: PoolRef | list[str],
+                  limit: int | None = None) -> list[Problem]:
+    """The problems of `selection`, read from the store: a pool's first `limit` rows in its
+    stratified order (a seeded sample, all of them when limit is None), or the problems
+    with the given ids, in that order (unknown ids dropped; an id re-ingested with edited
+    content means its latest row). Reads only the rows asked for: the cost is the
+    selection's, not the pool's."""
+    cols = ", ".join(f"p.{c}" for c in _PROBLEM_FIELDS)
+    if isinstance(selection, PoolRef):
+        n = selection.size if limit is None else min(limit, selection.size)
+        keys = store.con.execute(
+            "SELECT source, split, fingerprint FROM pool_rows WHERE pool = ? AND pos < ? "
+            "ORDER BY pos", [selection.pool, n]).fetchall()
+        # The fingerprints as an IN filter: DuckDB scans one column of `problems` for them
+        # (half the time of a join on three at a million rows), then reads the few rows.
+        found = {tuple(r[1:3]) + (r[-1],): r for r in store.con.execute(
+            f"SELECT {cols} FROM problems p WHERE fingerprint IN (SELECT unnest(?::VARCHAR[]))",
+            [[k[2] for k in keys]]).fetchall()}
+        rows = [found[k] for k in keys if k in found]
+    else:
+        ids = list(selection)[:limit] if limit is not None else list(selection)
+        want = pa.table({"ord": pa.array(range(len(ids)), pa.int64()),
+                         "id": pa.array(ids, pa.string())})
+        store.con.register("_want_ids", want)
+        try:
+            rows = store.con.execute(
+                f"SELECT {cols} FROM _want_ids w JOIN problems p ON p.id = w.id QUALIFY "
+                "row_number() OVER (PARTITION BY w.ord ORDER BY p.ingested_at DESC) = 1 "
+                "ORDER BY w.ord").fetchall()
+        finally:
+            store.con.unregister("_want_ids")
+    return [Problem(**dict(zip(_PROBLEM_FIELDS, r))) for r in rows]
+
+
+def training_pool(cfg: PipelineConfig, store: Store,
+                  reports: list[IngestReport]) -> list[Problem]:
+    """The whole pool of the ingested `reports` as problems (`grpo train`/`grpo sft`)."""
+    return pool_problems(store, build_pool(cfg, store, training_sets(cfg, reports)))

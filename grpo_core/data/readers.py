@@ -59,10 +59,24 @@ def _decode(path: Path) -> str:
     return data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
 
 
+def _lines(path: Path) -> Iterator[str]:
+    """The file's lines, streamed (a file of several GB is never read whole), decoded as
+    `_decode` does. Split on "\n" only, not splitlines(): U+2028 or NEL may sit raw inside
+    a JSON string."""
+    with path.open("rb") as fh:
+        head = fh.read(2)
+        if head in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16: rare and small, decoded whole
+            yield from _decode(path).split("\n")
+            return
+        fh.seek(0)
+        for n, raw in enumerate(fh):
+            line = raw.decode("utf-8", errors="surrogateescape").removesuffix("\n")
+            yield line.removeprefix("\ufeff") if n == 0 else line
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     index = 0
-    # split("\n"), not splitlines(): U+2028 or NEL may sit raw inside a JSON string.
-    for lineno, line in enumerate(_decode(path).split("\n"), start=1):
+    for lineno, line in enumerate(_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -113,10 +127,40 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        batches = pq.ParquetFile(path).iter_batches(batch_size=8192)
+        index = 0
+        # batch by batch: a file of several GB is never one table in memory
+        for batch in batches:
+            for row in batch.to_pylist():
+                yield index, row
+                index += 1
     except Exception as exc:  # noqa: BLE001 - any pyarrow failure means unreadable
         raise SourceUnreadable(f"{path}: not a readable Parquet file: {exc}") from None
-    yield from enumerate(table.to_pylist())
+
+
+def shard_files(source: str | Path) -> list[Path]:
+    """The files one source reads: the file itself; every file of a folder; or the matches
+    of a glob (`data/train-*.parquet`), the way hub datasets are published in shards.
+    Sorted by name; one format for all. [] when nothing matches."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        found = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FORMATS]
+    elif any(c in str(source) for c in "*?["):
+        found = [p for p in path.parent.glob(path.name) if p.is_file()]
+    else:
+        return []
+    return sorted(found, key=lambda p: p.name)
+
+
+def read_shards(files: list[Path], fmt: str) -> Iterator[tuple[int, Any]]:
+    """The rows of every shard in order, numbered across shards."""
+    index = 0
+    for f in files:
+        for _, row in READERS[fmt](f):
+            yield index, row
+            index += 1
 
 
 READERS = {"jsonl": _read_jsonl, "json": _read_json, "csv": _read_csv, "parquet": _read_parquet}

@@ -19,6 +19,7 @@ import re
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -50,6 +51,7 @@ from grpo_core.data.validation import (  # noqa: F401 - re-exported: callers imp
 )
 
 MAX_RAW_CHARS = 65536  # raw rows kept in quarantine are cut here
+INGEST_BATCH = 20_000  # rows checked and written at a time: an ingest's memory bound
 
 
 class StoreError(RuntimeError):
@@ -120,8 +122,13 @@ class Store:
 
     def ingest(self, adapter: Adapter, *, max_problem_chars: int = MAX_PROBLEM_CHARS,
                ngram: int = decontam.DEFAULT_N,
-               min_coverage: float = decontam.DEFAULT_MIN_COVERAGE) -> IngestReport:
-        """Validate every row of `adapter` and add it in one transaction."""
+               min_coverage: float = decontam.DEFAULT_MIN_COVERAGE,
+               progress: bool = False, batch_rows: int = INGEST_BATCH) -> IngestReport:
+        """Validate every row of `adapter` and add it in one transaction, streamed: rows
+        are checked and written `batch_rows` at a time (memory does not hold the source),
+        with a progress bar when `progress`."""
+        from grpo_core.progress import Bar
+
         t0 = time.perf_counter()
         report = IngestReport(adapter.source, adapter.split, adapter.origin)
         src, split = adapter.source, adapter.split
@@ -130,30 +137,49 @@ class Store:
             [src, split]).fetchall()}
         accepted: list[tuple[int, Problem]] = []
         rejected: list[tuple[int, Rejection, Any]] = []
-        with patient_gold_parsing():
-            check_rows(adapter, report, stored, accepted, rejected, max_problem_chars)
-        report.ingested = len(accepted)
-        if report.total_rows:
-            self._write(adapter, report, accepted, rejected, ngram, min_coverage)
+        ingest_id, started = uuid.uuid4().hex[:12], now()
+        bar = Bar(None, f"ingest {src}/{split}", enabled=progress)
+
+        def flush() -> None:
+            self._insert(adapter, ingest_id, started, accepted, rejected)
+            report.ingested += len(accepted)
+            bar.advance(len(accepted) + len(rejected))
+            accepted.clear()
+            rejected.clear()
+
+        try:
+            with transaction(self.con), patient_gold_parsing():
+                check_rows(adapter, report, stored, accepted, rejected, max_problem_chars,
+                           flush=flush, every=batch_rows)
+                flush()
+                if report.total_rows:
+                    self._decontaminate_new(report, ingest_id, ngram, min_coverage)
+                    self.con.execute(
+                        "INSERT INTO ingest_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [ingest_id, src, split, adapter.origin, adapter.fingerprint,
+                         report.total_rows, report.ingested, report.quarantined_total,
+                         report.duplicates, report.contaminated, report.repaired, started, now()])
+        finally:
+            bar.close()
         report.seconds = time.perf_counter() - t0
         assert report.total_rows == report.ingested + report.quarantined_total + \
             report.duplicates, "ingest lost rows"
         return report
 
-    def _write(self, adapter: Adapter, report: IngestReport, accepted, rejected,
-               ngram: int, min_coverage: float) -> None:
-        started = now()
-        ingest_id = uuid.uuid4().hex[:12]
+    def _insert(self, adapter: Adapter, ingest_id: str, started, accepted, rejected) -> None:
+        """One batch of an ingest's rows and quarantined rows (inside its transaction)."""
         src, split = adapter.source, adapter.split
-        rows = [(src, split, p.fingerprint, p.id, p.problem, p.answer, p.solution, p.level,
-                 p.subject, i) for i, p in accepted]
         problems = pa.Table.from_pylist(
-            [dict(zip(PROBLEM_SCHEMA.names, r)) for r in rows], schema=PROBLEM_SCHEMA)
+            [dict(zip(PROBLEM_SCHEMA.names, (src, split, p.fingerprint, p.id, p.problem,
+                                              p.answer, p.solution, p.level, p.subject, i)))
+             for i, p in accepted], schema=PROBLEM_SCHEMA)
         bad = pa.Table.from_pylist(
             [dict(zip(QUARANTINE_SCHEMA.names, (src, split, i, w.code, str(w), _raw_json(raw))))
              for i, w, raw in rejected], schema=QUARANTINE_SCHEMA)
         con = self.con
-        with transaction(con, _new_problems=problems, _new_quarantine=bad):
+        con.register("_new_problems", problems)
+        con.register("_new_quarantine", bad)
+        try:
             con.execute(
                 "INSERT INTO problems (source, split, fingerprint, id, problem, answer, solution,"
                 " level, subject, row_index, ingest_id, ingested_at) SELECT n.*, ?, ? FROM "
@@ -164,12 +190,9 @@ class Store:
                 "EXISTS (SELECT 1 FROM quarantine o WHERE o.source = q.source AND o.split = "
                 "q.split AND o.row_index = q.row_index AND o.source_fingerprint = ?)",
                 [adapter.fingerprint, ingest_id, started, adapter.fingerprint])
-            self._decontaminate_new(report, ingest_id, ngram, min_coverage)
-            con.execute(
-                "INSERT INTO ingest_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [ingest_id, src, split, adapter.origin, adapter.fingerprint, report.total_rows,
-                 report.ingested, report.quarantined_total, report.duplicates,
-                 report.contaminated, report.repaired, started, now()])
+        finally:
+            con.unregister("_new_problems")
+            con.unregister("_new_quarantine")
 
     def _decontaminate_new(self, report: IngestReport, ingest_id: str, n: int,
                            min_coverage: float) -> None:
@@ -190,11 +213,14 @@ class Store:
                 report.contaminated += 1
                 report.contaminated_with[label] = report.contaminated_with.get(label, 0) + 1
 
-    def _texts(self, where: str, params: list) -> list[tuple[tuple, str]]:
-        rows = self.con.execute(
-            f"SELECT source, split, fingerprint, problem FROM problems WHERE {where}",
-            params).fetchall()
-        return [((s, sp, fp), text) for s, sp, fp, text in rows]
+    def _texts(self, where: str, params: list) -> Iterator[tuple[tuple, str]]:
+        """((source, split, fingerprint), problem) of the rows matching `where`, fetched
+        in batches when iterated (a million training texts are never all in memory)."""
+        cur = self.con.execute(
+            f"SELECT source, split, fingerprint, problem FROM problems WHERE {where}", params)
+        while rows := cur.fetchmany(10_000):
+            for s, sp, fp, text in rows:
+                yield (s, sp, fp), text
 
     def _flag(self, flags: dict[tuple, str]) -> None:
         if not flags:

@@ -150,10 +150,13 @@ class IngestReport:
 
 
 def check_rows(adapter: Adapter, report: IngestReport, stored: set[str], accepted: list,
-               rejected: list, max_chars: int) -> None:
-    """Sort every row into accepted, rejected or duplicate (counted in `report`)."""
+               rejected: list, max_chars: int, flush=None, every: int = 0) -> None:
+    """Sort every row into accepted, rejected or duplicate (counted in `report`).
+    `flush()`: called (to write and empty both lists) whenever they hold `every` rows."""
     seen: set[str] = set()
     for index, raw in adapter.rows():
+        if flush is not None and len(accepted) + len(rejected) >= every:
+            flush()
         report.total_rows += 1
         checked = _validate(adapter, index, raw, max_chars)
         if not isinstance(checked, Rejection):

@@ -50,6 +50,15 @@ def prompts_per_update(cfg: PipelineConfig) -> int:
     return generation_batch(cfg) // cfg.grpo.num_generations
 
 
+def round_problem_budget(cfg: PipelineConfig) -> int:
+    """The most distinct prompts a round can draw: one generation batch per optimizer step
+    (an upper bound), times the regenerations dynamic sampling may ask for, plus the
+    in-round eval's held-out problems. A round handed a whole pool reads this many of it."""
+    draws = 1 + (cfg.dynamic_sampling.max_regenerations if cfg.dynamic_sampling.enabled else 0)
+    held = cfg.in_round_eval.problems if cfg.in_round_eval.every else 0
+    return cfg.grpo.max_steps * prompts_per_update(cfg) * draws + held
+
+
 def check_round_size(n_problems: int, cfg: PipelineConfig) -> None:
     """Refuse a round that cannot fill one optimizer step: it would train 0 steps."""
     need = prompts_per_update(cfg)

@@ -1,0 +1,183 @@
+"""Data at scale (issue 25): after ingest the store is the pool, and no stage but ingest
+costs more as the pool grows. Real DuckDB files and real files written here; the
+end-to-end run (a source file deleted after ingest) is tests/test_data_scale_run.py."""
+import json
+import tracemalloc
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from grpo_core.config import PipelineConfig
+from grpo_core.data.adapters import resolve_source
+from grpo_core.data.pool import build_pool, pool_problems, training_sets
+from grpo_core.data.store import Store
+from tasks.stage_keys import problems_fingerprint
+
+
+def _cfg(*sources, seed=0, **data):
+    return PipelineConfig.model_validate({
+        "project": {"seed": seed}, "eval": {"benchmarks": ["synthetic"]},
+        "data": {"train": [{"source": s} for s in sources], **data}})
+
+
+def _fill(store: Store, source: str, n: int, levels: int = 5) -> None:
+    """n distinct problems of `source` straight into the problems table (what ingest
+    stores), so a large pool is built in a second."""
+    store.con.execute(
+        "INSERT INTO problems (source, split, fingerprint, id, problem, answer, solution, level,"
+        " subject, row_index) SELECT ?, 'train', md5(? || i::VARCHAR)[:16], ? || '/train/' || i,"
+        " 'What is ' || i || ' plus ' || (i % 97) || '? Think about it step by step.', "
+        "(i + i % 97)::VARCHAR, '', (i % ?) + 1, NULL, i FROM range(?) t(i)",
+        [source, source, source, levels, n])
+
+
+def test_pool_is_stored_once_seeded_and_stratified(tmp_path):
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _fill(store, "a", 3000)
+        _fill(store, "b", 1000)
+        cfg = _cfg("a", "b")
+        sets = [("a", "train", None), ("b", "train", 500)]
+        ref = build_pool(cfg, store, sets)
+        assert ref.size == 3500 and build_pool(cfg, store, sets) == ref  # same content, same id
+        assert store.con.execute("SELECT count(*) FROM pool_rows").fetchone()[0] == 3500
+        head = pool_problems(store, ref, 70)
+        # a prefix is stratified: sources 3000:500 -> 60:10, each level of a equally
+        assert Counter(p.source for p in head) == {"a": 60, "b": 10}
+        assert set(Counter(p.level for p in head if p.source == "a").values()) == {12}
+        assert [p.id for p in pool_problems(store, ref, 70)] == [p.id for p in head]
+        other = build_pool(_cfg("a", "b", seed=1), store, sets)
+        assert other.pool != ref.pool and other.size == ref.size  # the seed draws other rows
+        ids = [p.id for p in head[::-1]][:5] + ["nope/train/1"]
+        assert [p.id for p in pool_problems(store, ids)] == ids[:5]
+
+
+def test_stage_reads_are_bounded_by_the_stage_not_the_pool(tmp_path):
+    """What a filter stage does with the pool (read its max_problems, fingerprint them for
+    the key): Python memory at 50k rows within 1.5x (+64 KiB) of 500 rows'. Reading the
+    pool whole, as stages did, takes ~100x at 50k."""
+    peaks = {}
+    for n in (500, 50_000):
+        with Store.open(tmp_path / f"{n}.duckdb") as store:
+            _fill(store, "big", n)
+            ref = build_pool(_cfg("big"), store, [("big", "train", None)])
+            pool_problems(store, ref, 64)  # warm: DuckDB's own caches, imports
+            tracemalloc.start()
+            problems = pool_problems(store, ref, 64)
+            problems_fingerprint(problems)
+            peaks[n] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert len(problems) == 64
+            if n == 50_000:  # the check can fail: the whole pool costs far more
+                tracemalloc.start()
+                pool_problems(store, ref)
+                whole = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+    print(f"stage read peak: 500 rows {peaks[500] / 1024:.0f} KiB, 50k rows "
+          f"{peaks[50_000] / 1024:.0f} KiB, whole 50k pool {whole / 1024:.0f} KiB")
+    assert peaks[50_000] <= 1.5 * peaks[500] + 64 * 1024
+    assert whole > 20 * peaks[50_000]
+
+
+def _write_rows(path, rows):
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_sharded_parquet_folder_and_solution_extraction(tmp_path):
+    """A hub-style folder of Parquet shards (data/train-0000x-of-00003.parquet), read as
+    one source, as a folder and as a glob; answers taken from a solution column
+    (\\boxed{} and ####), with --columns naming the columns."""
+    data = tmp_path / "numina-like" / "data"
+    data.mkdir(parents=True)
+    rows = [{"query": f"Compute {i} + 1.", "worked": f"We add: $\\boxed{{{i + 1}}}$"
+             if i % 2 else f"{i} plus one is {i + 1}.\n#### {i + 1}", "source": "synthetic"}
+            for i in range(30)]
+    for k in range(3):
+        _write_rows(data / f"train-0000{k}-of-00003.parquet", rows[k * 10:(k + 1) * 10])
+    (data / "README.md").write_text("not a shard")
+    mapping = "problem=query,solution=worked"
+    for source in (str(data), str(data / "train-*.parquet")):
+        adapter = resolve_source(source, columns=mapping)
+        assert (adapter.source, adapter.split) == ("numina-like", "train")
+        with Store.open(tmp_path / "s.duckdb") as store:
+            report = store.ingest(adapter)
+            got = {p.problem: p.answer for p in store.problems("numina-like", "train")}
+        assert report.total_rows == 30 and not report.quarantined, report
+        assert got == {f"Compute {i} + 1.": str(i + 1) for i in range(30)}
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    _write_rows(mixed / "a.parquet", rows[:2])
+    _write_rows(mixed / "b.jsonl", rows[2:4])
+    with pytest.raises(ValueError, match="one format per folder"):
+        resolve_source(str(mixed), columns=mapping)
+
+
+def _gsm8k_eval_rows():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
+    if not path.is_file():
+        pytest.skip("no ../shared/data/gsm8k/test.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()[:300]]
+
+
+def test_decontamination_flags_planted_rows_at_100k(tmp_path):
+    """100k synthetic training rows with 25 GSM8K test problems planted verbatim and 25
+    inside longer text: exactly the 50 planted rows are flagged and left out of the pool.
+    (~8 s of CPU.)"""
+    evals = _gsm8k_eval_rows()
+    rows = [{"question": f"A shop sells {i} apples on day {i % 31} and {i % 7} pears. "
+                         f"How many fruits in total, counting item {i}?",
+             "answer": f"#### {i + i % 7}"} for i in range(100_000)]
+    planted = {}
+    for j, ev in enumerate(evals[:50]):
+        text = ev["question"] if j < 25 else f"Read carefully. {ev['question']} Show work."
+        row = 1000 * j + 7
+        rows[row] = {"question": text, "answer": ev["answer"]}
+        planted[f"big/train/{row}"] = text
+    train = tmp_path / "big.jsonl"
+    _write_rows(train, rows)
+    test = tmp_path / "gsm8k-test.jsonl"
+    _write_rows(test, evals)
+    with Store.open(tmp_path / "s.duckdb") as store:
+        store.ingest(resolve_source(str(test), split="test", name="gsm8k"))
+        report = store.ingest(resolve_source(str(train)))
+        flagged = {r[0] for r in store.con.execute(
+            "SELECT id FROM problems WHERE contaminated").fetchall()}
+        ref = build_pool(_cfg(str(train)), store, training_sets(_cfg(str(train)), [report]))
+        pool_ids = {p.id for p in pool_problems(store, ref)}
+    assert flagged == set(planted), sorted(flagged ^ set(planted))[:5]
+    assert report.contaminated == 50 and report.ingested == 100_000
+    assert ref.size == 100_000 - 50 and not pool_ids & flagged
+
+
+def test_ingest_key_keeps_a_deleted_files_digest_and_sees_edits(tmp_path):
+    """With the digest memo (the pipeline's), a source deleted after ingest keeps its key
+    (the store holds its rows) and an edited one gets a new key; a shard folder's key
+    covers every shard."""
+    from tasks.stage_keys import ingest_key
+
+    memo = tmp_path / "cache" / "file-digests.json"
+    src = tmp_path / "mine.jsonl"
+    _write_rows(src, [{"question": "1+1?", "answer": "2"}])
+    cfg = _cfg(str(src))
+    k0 = ingest_key(cfg, digests=memo)
+    assert ingest_key(cfg, digests=memo) == k0
+    _write_rows(src, [{"question": "1+1?", "answer": "3"}])
+    k1 = ingest_key(cfg, digests=memo)
+    assert k1 != k0
+    src.unlink()
+    assert ingest_key(cfg, digests=memo) == k1
+    assert ingest_key(cfg) != k1  # without the memo a missing file is no file at all
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in range(2):
+        _write_rows(shards / f"train-{k}.jsonl", [{"question": f"{k}+1?", "answer": str(k + 1)}])
+    folder = _cfg(str(shards))
+    f0 = ingest_key(folder, digests=memo)
+    _write_rows(shards / "train-1.jsonl", [{"question": "1+1?", "answer": "5"}])
+    assert ingest_key(folder, digests=memo) != f0
