@@ -182,7 +182,8 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
                     client: MlflowClient | None = None, *,
                     champion_records: Sequence[Mapping] | None = None,
                     base: Mapping[str, Any] | None = None, base_model: str | None = None,
-                    wall_s: float | None = None) -> dict:
+                    wall_s: float | None = None,
+                    stages: Sequence[tuple[str, Mapping, str | None]] = ()) -> dict:
     """Close a pipeline run: final metrics on the parent (prefix final/), findings, the
     paired deltas of final vs base on the eval/final run, the model registered and
     promoted on the primary metric of the first benchmark by the paired rule, running
@@ -196,7 +197,9 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
 
     The parent also gets the headline metrics (tasks/tracking/headline.py; `wall_s`: this
     pipeline run's wall time, else since the parent run started) and a description
-    saying them in one line, shown at the top of its page."""
+    saying them in one line, shown at the top of its page, with the gain of each stage
+    over the one before (`stages`: (eval label, {bench: result}, model path) in pipeline
+    order; comparison.stage_attribution) as out["attribution"]."""
     c = get_client(client)
     benchmarks = final.get("benchmarks", final)
     workdir = workspace if workspace is not None else workdir_of(None, cfg)
@@ -217,6 +220,7 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
             if base is not None or any(mine.values()) else {}
         if champion_records is None and champ is not None:
             champion_records = comparison.run_records(store, champ.tags.get(EVAL_RUN_TAG)) or None
+        attribution = comparison.stage_attribution(store, cfg, stages) if stages else None
     out: dict[str, Any] = {"parent_run": parent_id, "benchmark": bench, "metric": primary,
                            "value": block.get("mean"), "ci_lo": block.get("lo"),
                            "ci_hi": block.get("hi"),
@@ -229,10 +233,11 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
                                          champion_records, c))
         summary = (f"{result}; {name} v{out['version']} "
                    f"{'champion' if out['promoted'] else 'challenger'} ({out['reason']})")
-    out["summary"] = summary
+    out["summary"], out["attribution"] = summary, attribution
     out["links"] = headline.links_for_run(
         parent_id, (name, out["version"]) if name else None, c)
-    _log_headline(parent_id, cfg, benchmarks, base, out["deltas"], len(findings), wall_s, summary, c)
+    _log_headline(parent_id, cfg, benchmarks, base, out["deltas"], len(findings), wall_s, summary, c,
+                  attribution)
     close_children(parent_id, "FINISHED", c)
     c.set_terminated(parent_id, "FINISHED")
     _set_state_status(workdir, parent_id, "FINISHED", c)
@@ -289,7 +294,7 @@ def _log_deltas(parent_id: str, cfg, benchmarks: Mapping[str, Any], mine: Mappin
 
 def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[str, Any] | None,
                   deltas: Mapping[str, Any], n_findings: int, wall_s: float | None, summary: str,
-                  c: MlflowClient) -> None:
+                  c: MlflowClient, attribution: Mapping | None = None) -> None:
     """The headline metrics (tasks/tracking/headline.py) on the parent, and its description. The
     steps are the children's (`grpo/steps`, `sft/steps`): a cached stage counts too."""
     steps = {"grpo": 0, "sft": 0}
@@ -304,4 +309,5 @@ def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[s
     log_metrics(parent_id, numbers, client=c)
     set_tags(parent_id, {"mlflow.note.content": f"**{cfg.project.recipe}**: {summary}.\n\n"
                          + headline.headline_table(cfg.eval.benchmarks,
-                                                   cfg.eval.primary_metric, numbers)}, c)
+                                                   cfg.eval.primary_metric, numbers)
+                         + headline.attribution_text(attribution)}, c)
