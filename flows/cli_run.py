@@ -132,6 +132,9 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                     m = res["metrics"].get(configs[0].eval.primary_metric) or {}
                     typer.echo(f"{bench}: {configs[0].eval.primary_metric} {m.get('mean')} "
                                f"[{m.get('lo')}, {m.get('hi')}]")
+                from grpo_core.train.diagnosis import count_findings
+
+                typer.echo(count_findings(out["findings"]))
                 for f in out["findings"]:
                     typer.echo(f"finding: {f}")
                 typer.echo(f"model: {out['model_dir']}")

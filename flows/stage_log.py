@@ -27,6 +27,7 @@ def summary(kind: str, result: Any, primary: str = "") -> str:
     throughput (GRPO) and peak memory (grpo_core.train.throughput) when measured."""
     if not isinstance(result, dict):
         return str(result)
+    from grpo_core.train.diagnosis import count_findings
     from grpo_core.train.throughput import format_memory, format_throughput
 
     figures = " | ".join(f for f in (format_throughput(result.get("throughput")),
@@ -34,7 +35,9 @@ def summary(kind: str, result: Any, primary: str = "") -> str:
     key = _key(kind, result, primary)
     if kind in ("sft", "grpo"):
         diagnosis = result.get("diagnosis", "none")  # the rules' codes, info ones too
-        return (key + (f"; {figures}" if figures else "")
+        # the same count as the round's page and the parent's (diagnosis.count_findings)
+        said = count_findings(result["findings"]) if result.get("findings") else ""
+        return (key + (f"; {figures}" if figures else "") + (f"; {said}" if said else "")
                 + (f"; diagnosis: {diagnosis}" if diagnosis != "none" else ""))
     return "; ".join(f for f in (key, figures) if f)
 

@@ -60,7 +60,8 @@ def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, 
     return out
 
 
-def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str, float]) -> str:
+def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str, float],
+                   findings_said: str | None = None) -> str:
     """The headline as a markdown table (a parent run's description, at the top of its
     page): base, final and the paired delta per benchmark with their CIs, then the size."""
     def cell(key: str, sign: str = "") -> str:
@@ -71,7 +72,8 @@ def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str,
     return "\n".join([f"| benchmark ({metric}, 95% CI) | base | final | delta (paired) |",
                       "|---|---|---|---|", *rows, "",
                       f"{numbers['grpo_steps']:.0f} GRPO steps, {numbers['sft_steps']:.0f} SFT "
-                      f"steps, {numbers['wall_min']:.1f} min, {numbers['findings']:.0f} findings. "
+                      f"steps, {numbers['wall_min']:.1f} min, "
+                      f"{findings_said or format(numbers['findings'], '.0f') + ' findings'}. "
                       "Columns of the runs table: `<benchmark>/base`, `/final`, `/delta`."])
 
 

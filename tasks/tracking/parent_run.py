@@ -35,6 +35,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.metric_names import FINAL_PREFIX
+from grpo_core.train.diagnosis import count_findings
 from grpo_core.workspace import Workspace
 from tasks.tracking import comparison, headline
 from tasks.tracking.artifacts import log_json, log_text
@@ -205,9 +206,11 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     workdir = workspace if workspace is not None else workdir_of(None, cfg)
     log_metrics(parent_id, {FINAL_PREFIX + k: v for k, v in eval_metrics(benchmarks).items()},
                 client=c)
-    set_tags(parent_id, {"findings": " | ".join(findings) or "none"}, c)
+    said = count_findings(findings)  # one count, by severity, as each round's page says it
+    set_tags(parent_id, {"findings": " | ".join(findings) or "none", "findings.count": said}, c)
     if findings:
-        log_text(parent_id, "\n".join(f"- {f}" for f in findings) + "\n", "report/findings.md", c)
+        log_text(parent_id, f"{said}\n\n" + "\n".join(f"- {f}" for f in findings) + "\n",
+                 "report/findings.md", c)
     primary = cfg.eval.primary_metric
     bench = next(iter(cfg.eval.benchmarks), None)
     res = benchmarks.get(bench, {}) if bench else {}
@@ -236,7 +239,7 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     out["summary"], out["attribution"] = summary, attribution
     out["links"] = headline.links_for_run(
         parent_id, (name, out["version"]) if name else None, c)
-    _log_headline(parent_id, cfg, benchmarks, base, out["deltas"], len(findings), wall_s, summary, c,
+    _log_headline(parent_id, cfg, benchmarks, base, out["deltas"], findings, wall_s, summary, c,
                   attribution)
     close_children(parent_id, "FINISHED", c)
     c.set_terminated(parent_id, "FINISHED")
@@ -293,7 +296,8 @@ def _log_deltas(parent_id: str, cfg, benchmarks: Mapping[str, Any], mine: Mappin
 
 
 def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[str, Any] | None,
-                  deltas: Mapping[str, Any], n_findings: int, wall_s: float | None, summary: str,
+                  deltas: Mapping[str, Any], findings: Sequence[str], wall_s: float | None,
+                  summary: str,
                   c: MlflowClient, attribution: Mapping | None = None) -> None:
     """The headline metrics (tasks/tracking/headline.py) on the parent, and its description. The
     steps are the children's (`grpo/steps`, `sft/steps`): a cached stage counts too."""
@@ -305,9 +309,10 @@ def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[s
         wall_s = time.time() - c.get_run(parent_id).info.start_time / 1000
     numbers = headline.headline_metrics(
         cfg.eval.benchmarks, cfg.eval.primary_metric, base or {}, final, deltas,
-        grpo_steps=steps["grpo"], sft_steps=steps["sft"], wall_s=wall_s, findings=n_findings)
+        grpo_steps=steps["grpo"], sft_steps=steps["sft"], wall_s=wall_s, findings=len(findings))
     log_metrics(parent_id, numbers, client=c)
     set_tags(parent_id, {"mlflow.note.content": f"**{cfg.project.recipe}**: {summary}.\n\n"
                          + headline.headline_table(cfg.eval.benchmarks,
-                                                   cfg.eval.primary_metric, numbers)
+                                                   cfg.eval.primary_metric, numbers,
+                                                   count_findings(findings))
                          + headline.attribution_text(attribution)}, c)
