@@ -287,6 +287,10 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     assert att["phases"]["SFT"]["delta"] == pytest.approx(0.1)
     assert att["phases"]["GRPO"]["delta"] == pytest.approx(0.05)
     c = T.get_client()
+    # the parent holds the headline only: the primary metric's final block, not every metric
+    parent_metrics = c.get_run(sft_grpo["parent_run"]).data.metrics
+    assert len(parent_metrics) <= 30 and "final/synthetic/avg_at_20" in parent_metrics
+    assert not [k for k in parent_metrics if k.startswith("final/") and "avg_at_20" not in k]
     note = c.get_run(sft_grpo["parent_run"]).data.tags["mlflow.note.content"]
     assert "SFT alone gave +0.100" in note and "| eval/round-1 | eval/sft | +0.050" in note
 

@@ -461,6 +461,10 @@ def test_step_logger(store):
     _tiny_trainer(wd / "t1", [], [T.StepLogger(ours, flush_every_s=60)]).train()
     steps = sorted(m.step for m in c.get_metric_history(ours, "loss"))
     assert steps == [1, 2, 3, 4]  # flushed at train end although the interval is 60 s
+    # the trainer's one-value summary: tags of the run (4 digits), not one-dot charts
+    run = c.get_run(ours)
+    assert not T.trainer_logging.RUN_SUMMARY & set(run.data.metrics), sorted(run.data.metrics)
+    assert float(run.data.tags["trainer.train_loss"]) > 0 and "trainer.train_runtime" in run.data.tags
     import mlflow
 
     assert mlflow.active_run() is None

@@ -5,7 +5,7 @@ Layout in MLflow (experiment = tracking.experiment or project.name):
     parent run  "<recipe>-<config hash>"   tags recipe, config_hash, git_commit,
                                            prefect_flow_run_id, grpo.pipeline=parent
       params    the resolved config, flattened ("grpo.beta": 0.04), secrets redacted
-      metrics   final/<bench>/<metric>..., and the headline (tasks/tracking/headline.py):
+      metrics   final/<bench>/<primary metric> (+ CI), and the headline (tasks/tracking/headline.py):
                 <bench>/base|final|delta (+ _lo, _hi), grpo_steps, sft_steps, wall_min,
                 findings; its description says the result in one line
       artifacts config/resolved.yaml, config/environment.json
@@ -34,7 +34,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from grpo_core.eval.metric_names import FINAL_PREFIX
+from grpo_core.eval.metric_names import FINAL_PREFIX, ci_block_keys
 from grpo_core.train.diagnosis import count_findings
 from grpo_core.workspace import Workspace
 from tasks.tracking import comparison, headline
@@ -50,6 +50,7 @@ from tasks.tracking.mlflow_client import (
     get_client,
     log_metrics,
     log_params,
+    sanitize_key,
     set_tags,
 )
 from tasks.tracking.redaction import redact
@@ -204,8 +205,7 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     c = get_client(client)
     benchmarks = final.get("benchmarks", final)
     workdir = workspace if workspace is not None else workdir_of(None, cfg)
-    log_metrics(parent_id, {FINAL_PREFIX + k: v for k, v in eval_metrics(benchmarks).items()},
-                client=c)
+    log_metrics(parent_id, final_headline(benchmarks, cfg.eval.primary_metric), client=c)
     said = count_findings(findings)  # one count, by severity, as each round's page says it
     set_tags(parent_id, {"findings": " | ".join(findings) or "none", "findings.count": said}, c)
     if findings:
@@ -245,6 +245,17 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     c.set_terminated(parent_id, "FINISHED")
     _set_state_status(workdir, parent_id, "FINISHED", c)
     return out
+
+
+def final_headline(benchmarks: Mapping[str, Any], primary: str) -> dict[str, float]:
+    """The parent's copy of the final evaluation: the primary metric's block per benchmark
+    (final/<bench>/<metric>, _ci_lo, _ci_hi, _n). Every other metric stays on the eval/final
+    run: a parent holding all of them (hundreds on a real benchmark set) buries the
+    headline in its metrics list and its charts."""
+    keep = {FINAL_PREFIX + k for b in benchmarks
+            for k in ci_block_keys(f"{sanitize_key(str(b))}/{sanitize_key(primary)}").values()}
+    return {FINAL_PREFIX + k: v for k, v in eval_metrics(benchmarks).items()
+            if FINAL_PREFIX + k in keep}
 
 
 def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mapping[str, Any],
