@@ -92,7 +92,7 @@ def _pair_row(cfgs: dict, results: dict, a: str, b: str, bench: str, metric: str
 
 
 def stage_rows(results: dict[str, dict]) -> list[dict]:
-    """Each recipe's stage gains (`<recipe>: sft over base`, ...) on the first benchmark,
+    """Each recipe's stage gains (`<recipe> - sft over base`, ...) on the first benchmark,
     from the attribution its pipeline computed (finish_pipeline's `attribution`)."""
     return [row for recipe, res in results.items()
             for row in comparison.attribution_rows(recipe, _attribution(res))]
@@ -143,7 +143,7 @@ def to_markdown(rows: list[dict]) -> str:
     lines += ["", ("delta: final minus base, with the paired bootstrap 95% CI of the "
                    "per-problem difference (both models scored on the same problems); a CI above "
                    "0 is a gain. Rows `A vs B` compare A's final model (final) with B's (base); "
-                   "rows `A: sft over base` compare one stage's model with the stage before's.")]
+                   "rows `A - sft over base` compare one stage's model with the stage before's.")]
     return "\n".join(lines)
 
 

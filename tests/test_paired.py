@@ -300,8 +300,8 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     assert said.startswith(f"sft_grpo beats r1_zero on {BENCH} {METRIC} by +0.100")
     assert "SFT alone gave +0.100" in said and "GRPO after SFT +0.050" in said
     rows = stage_rows(results)
-    assert [r["recipe"] for r in rows] == ["r1_zero: round-1 over base", "sft_grpo: sft over base",
-                                           "sft_grpo: round-1 over sft"]
+    assert [r["recipe"] for r in rows] == ["r1_zero - round-1 over base", "sft_grpo - sft over base",
+                                           "sft_grpo - round-1 over sft"]
     md = to_markdown(rows)
     run = T.log_comparison(cfgs[0], wd, md, "recipe\n", None, [sft_grpo["parent_run"], r1_zero["parent_run"]])
     T.describe_comparison(run, said, md, [sft_grpo["parent_run"], r1_zero["parent_run"]],

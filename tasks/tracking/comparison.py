@@ -168,12 +168,12 @@ def stage_attribution(store: Store | None, cfg, stages: Sequence[tuple[str, Mapp
 
 
 def attribution_rows(recipe: str, attribution: Mapping) -> list[dict]:
-    """Comparison rows (COMPARE_COLUMNS) of a recipe's stage gains: `<recipe>: sft over
+    """Comparison rows (COMPARE_COLUMNS) of a recipe's stage gains: `<recipe> - sft over
     base`, base = the stage before, final = the stage, delta paired."""
     def short(label: str) -> str:
         return label.removeprefix("eval/")
 
-    return [table_row(f"{recipe}: {short(g['stage'])} over {short(g['over'])}",
+    return [table_row(f"{recipe} - {short(g['stage'])} over {short(g['over'])}",
                       attribution["benchmark"], attribution["metric"], g["before"], g["value"],
                       (g["delta"], g["lo"], g["hi"]))
             for g in attribution.get("stages") or []]
