@@ -114,3 +114,10 @@ def test_verdict_no_significant_difference_when_the_ci_holds_zero():
 def test_verdict_without_paired_records_says_so():
     text = verdict("sft_grpo", "r1_zero", "synthetic", METRIC, None)
     assert "cannot be compared" in text and "beats" not in text
+
+
+def test_logged_numbers_without_float_noise():
+    from grpo_core.eval.metric_names import shown
+
+    assert repr(shown(0.18121874999999998)) == "0.18121875"
+    assert shown(29 / 160) == 0.18125 and shown(1 / 3) == 0.3333333333

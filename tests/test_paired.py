@@ -122,6 +122,11 @@ def _check_registry(wd: Path, project: str, report: dict, promoted: bool) -> Non
     assert report["paired"]["delta"] == pytest.approx(0.05)
     assert str(c.get_model_version_by_alias(name, "champion").version) == ("2" if promoted else "1")
     assert tags[EVAL_RUN_TAG] == f"{project}-e2"
+    # the decision in words on the version's page (issue 27): what, against what, by which rule
+    said = c.get_model_version(name, "2").description
+    assert said.startswith("**Promoted to champion.**" if promoted else "**Kept as challenger")
+    assert "Compared with champion v1" in said and f"Rule: {PAIRED_RULE}" in said
+    assert c.get_model_version(name, "1").tags["grpo.compared_with"] == "none (first version)"
 
 
 def _check_comparison(wd: Path, project: str, stage_results: dict, promoted: bool) -> None:

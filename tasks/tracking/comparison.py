@@ -32,6 +32,7 @@ from grpo_core.eval.metric_names import (
     ci_block_keys,
     ci_cells,
     delta_key,
+    shown,
 )
 from grpo_core.eval.metrics import paired_delta, paired_metric
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
@@ -225,7 +226,7 @@ def comparison_metrics(rows: Iterable[Mapping]) -> dict[str, float]:
             for cell in ci_cells(col):
                 x = _num(r.get(cell))
                 if x is not None:
-                    out[f"{prefix}/{cell}"] = x
+                    out[f"{prefix}/{cell}"] = shown(x)
     return out
 
 

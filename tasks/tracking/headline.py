@@ -23,7 +23,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.attribution import ci_phrase, phases_phrase
-from grpo_core.eval.metric_names import HEADLINE, ci_cells
+from grpo_core.eval.metric_names import HEADLINE, ci_cells, shown
 from tasks.tracking.comparison import ci_text
 from tasks.tracking.mlflow_client import current_uri, get_client, sanitize_key, set_tags
 from tasks.tracking.tracking_store import strip_userinfo
@@ -54,7 +54,7 @@ def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, 
         for name, triple in blocks.items():
             for key, x in zip(ci_cells(f"{b}/{name}"), triple, strict=True):
                 if x is not None:
-                    out[key] = float(x)
+                    out[key] = shown(x)
     out.update({"grpo_steps": float(grpo_steps), "sft_steps": float(sft_steps),
                 "wall_min": round(wall_s / 60.0, 2), "findings": float(findings)})
     return out

@@ -34,7 +34,7 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from grpo_core.eval.metric_names import FINAL_PREFIX, ci_block_keys
+from grpo_core.eval.metric_names import FINAL_PREFIX, ci_block_keys, shown
 from grpo_core.train.diagnosis import count_findings
 from grpo_core.workspace import Workspace
 from tasks.tracking import comparison, headline
@@ -254,7 +254,7 @@ def final_headline(benchmarks: Mapping[str, Any], primary: str) -> dict[str, flo
     headline in its metrics list and its charts."""
     keep = {FINAL_PREFIX + k for b in benchmarks
             for k in ci_block_keys(f"{sanitize_key(str(b))}/{sanitize_key(primary)}").values()}
-    return {FINAL_PREFIX + k: v for k, v in eval_metrics(benchmarks).items()
+    return {FINAL_PREFIX + k: shown(v) for k, v in eval_metrics(benchmarks).items()
             if FINAL_PREFIX + k in keep}
 
 
