@@ -92,10 +92,15 @@ def run_stage(log, name: str, kind: str, fn: Callable, *args, primary: str = "",
 
 
 def log_findings(log, findings: list[str]) -> None:
-    """Each finding (worth a human's look) as a WARNING line: the terminal and the Prefect
-    run log, where `grpo run` over both recipes shows them nowhere else."""
+    """Each finding (worth a human's look) as a line of the terminal and the Prefect run
+    log, where `grpo run` over both recipes shows them nowhere else: after their count by
+    severity, info ones at INFO, the others at WARNING."""
+    from grpo_core.train.diagnosis import count_findings, severity_of
+
+    if findings:
+        log.info("findings: %s", count_findings(findings))
     for f in findings:
-        log.warning("finding: %s", f)
+        (log.info if severity_of(f) == "info" else log.warning)("finding: %s", f)
 
 
 # --------------------------------------------------------------------------- run names

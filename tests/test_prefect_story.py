@@ -148,6 +148,8 @@ def test_grpo_run_tells_the_same_story_in_prefect(main_job, tmp_path):
         findings = parent.data.tags.get("findings", "none")
         for finding in ([] if findings == "none" else findings.split(" | ")):
             assert f"finding: {finding}" in messages, (finding, text)
+        if findings != "none":  # the one count, as the parent's page says it (issue 27)
+            assert f"findings: {parent.data.tags['findings.count']}" in messages, text
         # the end line is in the stage's task run's log too (its page in the UI)
         final_task = pipeline["tasks"]["eval/final"].id
         assert any(log.task_run_id == final_task and log.message.startswith("eval/final: ")
