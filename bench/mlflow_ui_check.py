@@ -170,8 +170,9 @@ def check_issue27(c: Checker, browser, base: str, exp, client, parents: dict, co
                     bool(count) and f"Diagnosis of this round: {count}" in " ".join(text.split()))
             charts = link(kid.info.run_id)["run"].replace("?", "/model-metrics?", 1)
             text = c.visit(f"round-{recipe}-charts", charts, wait_for="reward")
-            # a chart's title is its metric's name on a line of its own
-            first = next((x.strip() for x in text.splitlines() if x.strip() in kid.data.metrics), None)
+            # a chart's title is the last part of its metric's name, on a line of its own
+            short = {k.rsplit("/", 1)[-1] for k in kid.data.metrics}
+            first = next((x.strip() for x in text.splitlines() if x.strip() in short), None)
             c.check(f"{recipe} {stage}: the charts open on reward or accuracy (first: {first})",
                     first in ("reward", "rewards/accuracy/mean", "accuracy"))
 

@@ -314,7 +314,7 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     page = c.get_run(run).data.tags["mlflow.note.content"]
     assert page.startswith(f"**{said}**") and sft_grpo["parent_run"] in page and "prefect-run-id" in page
     exp = c.get_experiment(c.get_run(run).info.experiment_id)
-    assert exp.tags["mlflow.note.content"].startswith(f"**{said}**") and run in exp.tags["mlflow.note.content"]
+    assert exp.tags["mlflow.note.content"].startswith(f"Verdict: {said}") and run in exp.tags["mlflow.note.content"]
     from typer.testing import CliRunner
 
     from flows.cli import app

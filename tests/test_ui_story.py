@@ -86,7 +86,7 @@ def test_comparison_run_holds_the_table(mlflow_side):
     said = comp.data.tags["grpo.verdict"]
     assert comp.data.tags["mlflow.note.content"].startswith(f"**{said}**")
     landing = client.get_experiment(comp.info.experiment_id).tags["mlflow.note.content"]
-    assert landing.startswith(f"**{said}**") and f"/runs/{comp.info.run_id}" in landing
+    assert landing.startswith(f"Verdict: {said}") and f"/runs/{comp.info.run_id}" in landing
     assert all(f"/runs/{p.info.run_id}" in landing for p in parents.values())
     stdout = mlflow_side[0]
     assert f"verdict: {said}" in stdout

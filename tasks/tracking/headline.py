@@ -190,7 +190,8 @@ def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequ
                       VERDICT_TAG: said or "none",
                       **({"prefect_flow_run_id": prefect["id"]} if prefect.get("id") else {})}, c)
     table = ui_links("", exp_id, base="/")["runs_table"]
-    landing = [f"**{said}**" if said else "**Recipe comparison**", "",
+    # Plain text first: MLflow's experiment list shows the description's start unrendered.
+    landing = [f"Verdict: {said}" if said else "Recipe comparison", "",
                f"- [comparison run]({link(run_id)}): the table, stage by stage, and the chart",
                f"- parent runs: {parents}",
                f"- [headline runs table]({table}) (base, final and paired delta per recipe)",
