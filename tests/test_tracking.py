@@ -465,6 +465,18 @@ def test_step_logger(store):
     run = c.get_run(ours)
     assert not T.trainer_logging.RUN_SUMMARY & set(run.data.metrics), sorted(run.data.metrics)
     assert float(run.data.tags["trainer.train_loss"]) > 0 and "trainer.train_runtime" in run.data.tags
+    # a GRPO round's three telling curves also under the prefix MLflow's run page sorts first
+    from types import SimpleNamespace
+
+    grpo = T.child_run(parent, "grpo/round-1")
+    logger = T.StepLogger(grpo, flush_every_s=60)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=1)
+    logger.on_log(SimpleNamespace(num_iterations=1), state, None,
+                  logs={"reward": 0.5, "rewards/accuracy/mean": 0.25, "completions/mean_length": 20.0})
+    logger.close()
+    got = c.get_run(grpo).data.metrics
+    assert got["0 headline/reward"] == got["reward"] == 0.5
+    assert got["0 headline/accuracy"] == 0.25 and got["0 headline/mean_length"] == 20.0
     import mlflow
 
     assert mlflow.active_run() is None
