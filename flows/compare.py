@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -216,5 +217,8 @@ def publish_comparison(cfg: PipelineConfig, report: dict, parent_runs: list[str]
 
 
 def _prefect_run() -> dict:
-    """This flow run's id and UI address (None without a UI: the temporary local server)."""
-    return {"id": str(flow_run.id), "url": flow_run.ui_url}
+    """This flow run's id and UI address: None under the temporary local server (no
+    PREFECT_API_URL), whose address dies with the run (serve the workspace's history on
+    its own address instead: README "The workspace's own Prefect history")."""
+    url = flow_run.ui_url if os.environ.get("PREFECT_API_URL") else None
+    return {"id": str(flow_run.id), "url": url}
