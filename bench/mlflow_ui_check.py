@@ -103,6 +103,87 @@ class Checker:
         print(f"  [{'ok' if ok else 'FAIL'}] {what}")
 
 
+def readable(page, said: str | None) -> bool:
+    """The verdict's opening words on screen in an element that is visible and not cut
+    off (an ellipsis cell of a table holds the whole text but shows its start only)."""
+    if not said:
+        return False
+    with contextlib.suppress(Exception):
+        el = page.get_by_text(" ".join(said.split()[:8]), exact=False).first
+        el.wait_for(timeout=10_000)
+        return el.is_visible() and el.evaluate("e => e.scrollWidth <= e.clientWidth + 1")
+    return False
+
+
+def check_issue27(c: Checker, browser, base: str, exp, client, parents: dict, comps: list,
+                  said: str | None, link) -> None:
+    """Issue 27's acceptance: the verdict within two clicks of the bare server address and
+    above the fold of the comparison run at 1440x900; parents with <= 30 metrics; a GRPO
+    round's charts opening on reward or accuracy; one findings count per page."""
+    c.check(f"the comparison run has a verdict: {said!r}", bool(said))
+    page = c.page
+    c.visit("bare-address", f"{base}/")
+    clicks, seen = [], readable(page, said)
+    for target in (exp.name, "Model training", "Description"):
+        if seen or len(clicks) == 2:
+            break
+        with contextlib.suppress(Exception):
+            page.get_by_text(target, exact=True).first.click(timeout=5_000)
+            time.sleep(SETTLE_S)
+            clicks.append(target)
+            seen = readable(page, said)
+    c.n += 1
+    page.screenshot(path=str(c.out / f"{c.n:02d}-after-clicks.png"), full_page=False)
+    print(f"  [info] clicks from the bare address: {clicks} -> {page.url}")
+    c.check(f"verdict readable (not cut) within two clicks of the bare address ({len(clicks)} "
+            "clicks)", seen)
+
+    small = browser.new_context(viewport={"width": 1440, "height": 900})
+    small.add_init_script(ASSISTANT_CLOSED)
+    fold = small.new_page()
+    for comp in comps[:1]:
+        fold.goto(link(comp.info.run_id)["run"])
+        box = None
+        with contextlib.suppress(Exception):
+            el = fold.get_by_text(" ".join(said.split()[:6]), exact=False).first
+            el.wait_for(timeout=30_000)
+            time.sleep(SETTLE_S)
+            box = el.bounding_box() if el.is_visible() else None
+        c.n += 1
+        shot = c.out / f"{c.n:02d}-comparison-1440x900.png"
+        fold.screenshot(path=str(shot), full_page=False)
+        print(f"[page] comparison at 1440x900, first screen only\n       screenshot {shot}")
+        c.check(f"comparison run: verdict above the fold at 1440x900 (box {box})",
+                box is not None and box["y"] + box["height"] <= 900)
+    small.close()
+
+    for recipe, p in parents.items():
+        n = len(client.get_run(p.info.run_id).data.metrics)
+        c.check(f"{recipe} parent: {n} metrics (<= 30)", n <= 30)
+        text = c.visit(f"parent-{recipe}-findings", link(p.info.run_id)["run"], wait_for="Metrics")
+        count = p.data.tags.get("findings.count")
+        c.check(f"{recipe} parent page says the findings count {count!r}",
+                bool(count) and count in text)
+        for kid in client.search_runs([exp.experiment_id],
+                                      f"tags.`mlflow.parentRunId` = '{p.info.run_id}'"):
+            if not kid.data.tags.get("grpo.stage", "").startswith("grpo/"):
+                continue
+            stage = kid.data.tags["grpo.stage"]
+            count = kid.data.tags.get("findings.count")
+            text = c.visit(f"round-{recipe}-{stage.replace('/', '-')}", link(kid.info.run_id)["run"],
+                           wait_for="Diagnosis")
+            c.check(f"{recipe} {stage}: its description says the findings count {count!r} "
+                    f"(tags: findings={kid.data.tags.get('findings', '')[:60]!r})",
+                    bool(count) and f"Diagnosis of this round: {count}" in " ".join(text.split()))
+            charts = link(kid.info.run_id)["run"].replace("?", "/model-metrics?", 1)
+            text = c.visit(f"round-{recipe}-charts", charts, wait_for="reward")
+            # a chart's title is the last part of its metric's name, on a line of its own
+            short = {k.rsplit("/", 1)[-1] for k in kid.data.metrics}
+            first = next((x.strip() for x in text.splitlines() if x.strip() in short), None)
+            c.check(f"{recipe} {stage}: the charts open on reward or accuracy (first: {first})",
+                    first in ("reward", "rewards/accuracy/mean", "accuracy"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=ROOT / ".grpo")
@@ -172,6 +253,9 @@ def main() -> int:
                             key in text and any(s in text for s in shown(v)))
             c.check("comparison page: the table as its description",
                     "delta [paired 95% CI]" in text)
+
+        said = next((r.data.tags.get("grpo.verdict") for r in comps), None)
+        check_issue27(c, browser, base, exp, client, parents, comps, said, link)
 
         for recipe in parents:
             name = f"{exp.name}-{recipe}"

@@ -116,6 +116,8 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
 
                 out = compare_recipes(configs, progress=not quiet)
                 typer.echo(out["markdown"])
+                if out.get("verdict"):
+                    typer.echo(f"\nverdict: {out['verdict']}")
                 typer.echo(f"\nreport: {out['report_dir']}/comparison.md (.csv, .png)")
                 links = {"comparison run": out["links"]["run"], **_table_link(out["links"])}
             elif smoke:
@@ -133,6 +135,9 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                     m = res["metrics"].get(configs[0].eval.primary_metric) or {}
                     typer.echo(f"{bench}: {configs[0].eval.primary_metric} {m.get('mean')} "
                                f"[{m.get('lo')}, {m.get('hi')}]")
+                from grpo_core.train.diagnosis import count_findings
+
+                typer.echo(count_findings(out["findings"]))
                 for f in out["findings"]:
                     typer.echo(f"finding: {f}")
                 typer.echo(f"model: {out['model_dir']}")
@@ -192,9 +197,13 @@ def compare(experiment: Annotated[str | None, typer.Option("--experiment", help=
     if workdir is not None:
         cfg.project.workdir = str(workdir)
     ws = Workspace.at(cfg.project.workdir)
-    rows = tracking.compare_table(tracking.tracking_uri(cfg, ws), experiment or "recipes")
+    uri = tracking.tracking_uri(cfg, ws)
+    rows = tracking.compare_table(uri, experiment or "recipes")
     if not rows:
         fail(f"no finished pipeline runs in experiment {experiment or 'recipes'!r}", 1)
+    said = tracking.comparison_verdict(uri, experiment or "recipes")
+    if said:
+        typer.echo(f"verdict: {said}\n")
     typer.echo(to_markdown(rows))
 
 

@@ -4,19 +4,27 @@ chart with 95% CIs per benchmark, to MLflow, the workspace and a Prefect artifac
 
 Every delta is of two models scored on the same problems, so it carries the paired
 bootstrap CI of the per-problem difference: final vs base per recipe (computed at the end
-of each pipeline), and one recipe's final vs the other's."""
+of each pipeline), each stage over the one before (base -> sft -> round-N; which stage
+earned the gain), and one recipe's final vs the other's. The answer is one sentence
+(grpo_core.eval.attribution.verdict), said first everywhere: the Prefect run's log and
+artifact, the comparison run's and the experiment's descriptions in MLflow, `grpo run`'s
+closing lines and `grpo compare`."""
 from __future__ import annotations
 
 import csv
 import io
+import os
 
-from prefect import flow
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from flows.pipeline import grpo_pipeline  # first: it configures prefect before import
 from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-exported
 from flows.stage_log import compare_run_name
 from grpo_core.config import PipelineConfig
+from grpo_core.eval.attribution import verdict
 from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.plots import comparison_chart
@@ -66,15 +74,47 @@ def recipe_pair_rows(configs: list[PipelineConfig], results: dict[str, dict],
     return rows
 
 
-def _pair_row(cfgs: dict, results: dict, a: str, b: str, bench: str, metric: str) -> list[dict]:
-    """[the row of a's final minus b's final on `bench`], or [] when they cannot be paired."""
-    paired = comparison.paired_deltas(
+def _paired_finals(cfgs: dict, results: dict, a: str, b: str, bench: str, metric: str
+                   ) -> dict | None:
+    """a's final minus b's final on `bench`, paired ({"delta", "lo", "hi", "n"}), or None
+    when they cannot be paired."""
+    return comparison.paired_deltas(
         _final_records(cfgs[a], results[a], bench), _final_records(cfgs[b], results[b], bench),
         [metric], n_resamples=cfgs[a].eval.bootstrap, seed=cfgs[a].project.seed).get(metric)
+
+
+def _pair_row(cfgs: dict, results: dict, a: str, b: str, bench: str, metric: str) -> list[dict]:
+    """[the row of a's final minus b's final on `bench`], or [] when they cannot be paired."""
+    paired = _paired_finals(cfgs, results, a, b, bench, metric)
     if paired is None:
         return []
     a_block, b_block = (results[r]["final"][bench]["metrics"].get(metric) or {} for r in (a, b))
     return [_row(pair_label(a, b), bench, metric, b_block, a_block, paired)]
+
+
+def stage_rows(results: dict[str, dict]) -> list[dict]:
+    """Each recipe's stage gains (`<recipe> - sft over base`, ...) on the first benchmark,
+    from the attribution its pipeline computed (finish_pipeline's `attribution`)."""
+    return [row for recipe, res in results.items()
+            for row in comparison.attribution_rows(recipe, _attribution(res))]
+
+
+def _attribution(res: dict) -> dict:
+    return (res.get("registered") or {}).get("attribution") or {}
+
+
+def recipes_verdict(configs: list[PipelineConfig], results: dict[str, dict], metric: str) -> str:
+    """The verdict sentence of the last recipe against the first (sft_grpo vs r1_zero) on
+    the first benchmark, with each recipe's SFT / GRPO phases; "" for a single recipe."""
+    cfgs = {c.project.recipe: c for c in configs}
+    recipes = list(results)
+    if len(recipes) < 2:
+        return ""
+    ref, other, bench = recipes[0], recipes[-1], configs[0].eval.benchmarks[0]
+    paired = (_paired_finals(cfgs, results, other, ref, bench, metric)
+              if bench in results[ref]["final"] and bench in results[other]["final"] else None)
+    phases = {r: _attribution(results[r]).get("phases") or {} for r in recipes}
+    return verdict(other, ref, bench, metric, paired, phases)
 
 
 def _final_records(cfg: PipelineConfig, res: dict, bench: str) -> list[dict]:
@@ -103,7 +143,8 @@ def to_markdown(rows: list[dict]) -> str:
                      f"[{_fmt(r['final_lo'])}, {_fmt(r['final_hi'])}] | {_fmt_delta(r)} |")
     lines += ["", ("delta: final minus base, with the paired bootstrap 95% CI of the "
                    "per-problem difference (both models scored on the same problems); a CI above "
-                   "0 is a gain. Rows `A vs B` compare A's final model (final) with B's (base).")]
+                   "0 is a gain. Rows `A vs B` compare A's final model (final) with B's (base); "
+                   "rows `A - sft over base` compare one stage's model with the stage before's.")]
     return "\n".join(lines)
 
 
@@ -117,22 +158,67 @@ def to_csv(rows: list[dict]) -> str:
 
 @flow(name="grpo-compare", validate_parameters=True, flow_run_name=compare_run_name)
 def compare_recipes(configs: list[PipelineConfig], progress: bool = True) -> dict:
+    log = get_run_logger()
     results = {}
     for cfg in configs:
         results[cfg.project.recipe] = grpo_pipeline(cfg, progress=progress)
+    report = comparison_report(configs, results)
+    run = publish_comparison(configs[0], report, [r["parent_run"] for r in results.values()])
+    links = tracking.links_for_run(run)
+    # The answer first, in the run's own log (the Prefect UI shows only what is logged here).
+    if report["verdict"]:
+        log.info("verdict: %s", report["verdict"])
+    log.info("comparison (%s):\n%s\nMLflow comparison run: %s", report["report_dir"],
+             report["markdown"], links.get("run"))
+    create_markdown_artifact(
+        key="recipe-comparison", markdown=artifact_markdown(report, links),
+        description="R1-Zero vs SFT+GRPO: the verdict, and held-out metrics with paired 95% CIs")
+    return {**report, "runs": {k: v["parent_run"] for k, v in results.items()},
+            "comparison_run": run, "links": links}
+
+
+def artifact_markdown(report: dict, links: dict) -> str:
+    """The Prefect artifact: the verdict, the link to the MLflow comparison run, the table."""
+    head = [f"**{report['verdict']}**", ""] if report["verdict"] else []
+    if links.get("run"):
+        head += [f"MLflow: [comparison run]({links['run']})"
+                 + (f", [runs table]({links['runs_table']})" if links.get("runs_table") else ""), ""]
+    return "\n".join([*head, report["markdown"]])
+
+
+@task(name="comparison-report", cache_policy=NO_CACHE)
+def comparison_report(configs: list[PipelineConfig], results: dict[str, dict]) -> dict:
+    """The table (recipe rows, stage rows, recipe-vs-recipe rows), the verdict, and the
+    files under <workdir>/reports: comparison.md, .csv, .png."""
     metric = configs[0].eval.primary_metric
-    rows = comparison_rows(results, metric) + recipe_pair_rows(configs, results, metric)
+    rows = (comparison_rows(results, metric) + stage_rows(results)
+            + recipe_pair_rows(configs, results, metric))
+    said = recipes_verdict(configs, results, metric)
     ws = Workspace.at(configs[0].project.workdir).ensure()
     report_dir = ws.root / "reports"
     report_dir.mkdir(parents=True, exist_ok=True)
     md, table_csv = to_markdown(rows), to_csv(rows)
-    (report_dir / "comparison.md").write_text(md + "\n")
+    (report_dir / "comparison.md").write_text((f"**{said}**\n\n" if said else "") + md + "\n")
     (report_dir / "comparison.csv").write_text(table_csv)
     chart = comparison_chart(rows, report_dir / "comparison.png")
-    run = tracking.log_comparison(configs[0], ws, md, table_csv, chart,
-                                  [r["parent_run"] for r in results.values()])
-    create_markdown_artifact(key="recipe-comparison", markdown=md,
-                             description="R1-Zero vs SFT+GRPO, held-out metrics with 95% CIs")
-    return {"rows": rows, "markdown": md, "report_dir": str(report_dir),
-            "runs": {k: v["parent_run"] for k, v in results.items()},
-            "comparison_run": run, "links": tracking.links_for_run(run)}
+    return {"rows": rows, "markdown": md, "csv": table_csv, "verdict": said,
+            "chart": str(chart) if chart else None, "report_dir": str(report_dir)}
+
+
+@task(name="log-comparison", cache_policy=NO_CACHE)
+def publish_comparison(cfg: PipelineConfig, report: dict, parent_runs: list[str]) -> str:
+    """The comparison run in MLflow (its description and the experiment's say the verdict,
+    linked to the parents and to this Prefect run); returns its run id."""
+    run = tracking.log_comparison(cfg, Workspace.at(cfg.project.workdir), report["markdown"],
+                                  report["csv"], report["chart"], parent_runs)
+    tracking.describe_comparison(run, report["verdict"], report["markdown"], parent_runs,
+                                 _prefect_run())
+    return run
+
+
+def _prefect_run() -> dict:
+    """This flow run's id and UI address: None under the temporary local server (no
+    PREFECT_API_URL), whose address dies with the run (serve the workspace's history on
+    its own address instead: README "The workspace's own Prefect history")."""
+    url = flow_run.ui_url if os.environ.get("PREFECT_API_URL") else None
+    return {"id": str(flow_run.id), "url": url}

@@ -169,12 +169,14 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     base = evaluate(model, "eval/base", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/base", base)
     before = base
+    evaluated = [("eval/base", base["benchmarks"], model)]  # for the stage attribution
 
     if cfg.sft_stage.enabled:
         sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, stages.pool_of(data))
         model = sft["model_dir"]
         findings += [f"sft: {f}" for f in sft.get("findings", [])]
         before = evaluate(model, "eval/sft", primary_bench)
+        evaluated.append(("eval/sft", before["benchmarks"], model))
 
     pool = stages.pool_of(data)  # the stored pool: stages read what they need of it
     pipeline_rss = []  # this process's RSS after each round (its eval included)
@@ -188,6 +190,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         evidence_run = train.get("mlflow_run")
         model = train["model_dir"]
         after = evaluate(model, f"eval/round-{r}", primary_bench)
+        evaluated.append((f"eval/round-{r}", after["benchmarks"], model))
         findings += scorer_error_findings(f"eval/round-{r}", after)
         findings += health_gate(r, train, before, after, cfg.eval.primary_metric)
         before = after
@@ -196,8 +199,10 @@ def _stages(ctx: stages.Ctx, log) -> dict:
 
     final = evaluate(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)
+    evaluated.append(("eval/final", final["benchmarks"], model))
     report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws,
-                                      base=base["benchmarks"], wall_s=time.monotonic() - started)
+                                      base=base["benchmarks"], wall_s=time.monotonic() - started,
+                                      stages=evaluated)
     log.info("final: %s", report.get("summary"))
     return {"parent_run": parent, "model_dir": model, "final": final["benchmarks"],
             "base": base["benchmarks"], "pipeline_rss_gb": pipeline_rss,

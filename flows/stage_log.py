@@ -27,6 +27,7 @@ def summary(kind: str, result: Any, primary: str = "") -> str:
     throughput (GRPO) and peak memory (grpo_core.train.throughput) when measured."""
     if not isinstance(result, dict):
         return str(result)
+    from grpo_core.train.diagnosis import count_findings
     from grpo_core.train.throughput import format_memory, format_throughput
 
     figures = " | ".join(f for f in (format_throughput(result.get("throughput")),
@@ -34,7 +35,9 @@ def summary(kind: str, result: Any, primary: str = "") -> str:
     key = _key(kind, result, primary)
     if kind in ("sft", "grpo"):
         diagnosis = result.get("diagnosis", "none")  # the rules' codes, info ones too
-        return (key + (f"; {figures}" if figures else "")
+        # the same count as the round's page and the parent's (diagnosis.count_findings)
+        said = count_findings(result["findings"]) if result.get("findings") else ""
+        return (key + (f"; {figures}" if figures else "") + (f"; {said}" if said else "")
                 + (f"; diagnosis: {diagnosis}" if diagnosis != "none" else ""))
     return "; ".join(f for f in (key, figures) if f)
 
@@ -89,10 +92,15 @@ def run_stage(log, name: str, kind: str, fn: Callable, *args, primary: str = "",
 
 
 def log_findings(log, findings: list[str]) -> None:
-    """Each finding (worth a human's look) as a WARNING line: the terminal and the Prefect
-    run log, where `grpo run` over both recipes shows them nowhere else."""
+    """Each finding (worth a human's look) as a line of the terminal and the Prefect run
+    log, where `grpo run` over both recipes shows them nowhere else: after their count by
+    severity, info ones at INFO, the others at WARNING."""
+    from grpo_core.train.diagnosis import count_findings, severity_of
+
+    if findings:
+        log.info("findings: %s", count_findings(findings))
     for f in findings:
-        log.warning("finding: %s", f)
+        (log.info if severity_of(f) == "info" else log.warning)("finding: %s", f)
 
 
 # --------------------------------------------------------------------------- run names

@@ -191,37 +191,40 @@ def passrate_histogram(pass_rates: Sequence[float], band: tuple[float, float], p
 
 
 def comparison_chart(rows: Sequence[dict], path: str | Path) -> Path:
-    """Base vs final per recipe and benchmark (tasks.tracking.comparison.COMPARE_COLUMNS rows), with
-    95% CI error bars, and the paired delta with its CI written above each pair
-    (recipe-vs-recipe rows are in the table); returns the path."""
+    """Every comparison row (tasks.tracking.comparison.COMPARE_COLUMNS): per recipe base vs
+    final, each stage vs the one before (`<recipe> - sft over base`) and recipe vs recipe
+    (`A vs B`: B's final, then A's), with 95% CI error bars and the paired delta with its CI
+    written above each pair; the y-axis fitted to the data (a 0-1 axis flattens the small
+    differences the table is about). Returns the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from grpo_core.eval.metric_names import ci_cells
     from tasks.tracking.comparison import ci_text
 
-    rows = [r for r in rows if " vs " not in r["recipe"]]
-    fig = Figure(figsize=(max(5, 1.6 * len(rows)), 3.8))
+    fig = Figure(figsize=(max(5, 1.8 * len(rows)), 4.2))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    labels = [f"{r['recipe']}\n{r['benchmark']}" for r in rows]
+    labels = [r["recipe"].replace(" vs ", "\nvs ").replace(" - ", "\n") + f"\n{r['benchmark']}"
+              for r in rows]
     for offset, (which, colour) in zip((-0.2, 0.2), (("base", "#9aa5b1"), ("final", "#2b6cb0"))):
         _, lo, hi = ci_cells(which)
         means = [r[which] or 0.0 for r in rows]
         err = [[max(0.0, (r[which] or 0) - (r[lo] or 0)) for r in rows],
                [max(0.0, (r[hi] or 0) - (r[which] or 0)) for r in rows]]
         ax.bar([i + offset for i in range(len(rows))], means, width=0.4, yerr=err, capsize=3,
-               color=colour, label=which)
+               color=colour, label="base (A vs B: B's final)" if which == "base" else which)
+    tops = [max(r["base_hi"] or r["base"] or 0, r["final_hi"] or r["final"] or 0) for r in rows]
+    ceiling = min(1.0, max(tops, default=0) * 1.3) or 1.0
     for i, r in enumerate(rows):
         if r["delta"] is not None:
-            top = max(r["base_hi"] or r["base"] or 0, r["final_hi"] or r["final"] or 0)
             delta = ci_text(*(r[cell] for cell in ci_cells("delta")), sign="+")
-            ax.text(i, min(top + 0.03, 0.97), f"Δ {delta}", ha="center", fontsize=7)
-    ax.set_xticks(range(len(rows)), labels)
+            ax.text(i, tops[i] + 0.03 * ceiling, f"Δ {delta}", ha="center", fontsize=6.5)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel(rows[0]["metric"] if rows else "")
-    ax.set_ylim(0, 1)
-    ax.legend(loc="upper left")
-    ax.set_title("R1-Zero vs SFT+GRPO (95% bootstrap CI; Δ: paired CI)")
+    ax.set_ylim(0, ceiling * 1.08)
+    ax.legend(loc="upper left", fontsize=7)
+    ax.set_title("R1-Zero vs SFT+GRPO, stage by stage (95% bootstrap CI; Δ: paired CI)")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

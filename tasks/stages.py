@@ -306,8 +306,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
                                             resume=True, rollout_sink=sink,
                                             extra_callbacks=[logger], round_no=round_no)
                 result.findings += [f for f in [logger.finding()] if f]
-        warns, codes = diagnose_round(run, result.history, ctx.cfg)
-        findings = result.findings + warns
+        findings, codes = diagnose_round(run, result.history, ctx.cfg, result.findings)
         tracking.log_training_curves(run, result.history, "grpo")
         throughput = round_summary(result.history)  # the stage line's figures
         tags = {"findings": " | ".join(findings) or "none"}
@@ -327,19 +326,23 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
                                          (v.get("throughput") or {}).items()}})
 
 
-def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig) -> tuple[list[str], str]:
+def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig,
+                   in_round: list[str] = ()) -> tuple[list[str], str]:
     """The diagnosis rules over a round's history (grpo_core.train.diagnosis): all findings
-    as diagnosis.json and their codes as the `diagnosis` tag of `run`; returns the warn
-    findings' lines, for the stage's findings (the report). Stops are in-round findings."""
-    from grpo_core.train.diagnosis import codes_tag, diagnose
+    as diagnosis.json and their codes as the `diagnosis` tag of `run`. Returns the round's
+    findings (the report's): `in_round` (the monitor's notes and stops) then every rule's
+    line but the stops (the in-round ones already), info ones too; the run's description
+    counts that same list (diagnosis.count_findings) and lists every rule's line."""
+    from grpo_core.train.diagnosis import codes_tag, count_findings, diagnose
 
     found = diagnose(history, cfg)
     tracking.log_json(run, [f.as_dict() for f in found], "diagnosis.json")
-    # Every finding, info ones too (a reward function that never moves), on the run's page.
-    note = "\n".join(f"- {f.line()}" for f in found) or "- none"
-    tracking.set_tags(run, {"diagnosis": codes_tag(found),
-                            "mlflow.note.content": f"**Diagnosis of this round**\n\n{note}\n"})
-    return [f.line() for f in found if f.severity == "warn"], codes_tag(found)
+    lines = [*in_round, *(f.line() for f in found if f.severity != "stop")]
+    note = "\n".join(f"- {x}" for x in [*in_round, *(f.line() for f in found)]) or "- none"
+    tracking.set_tags(run, {"diagnosis": codes_tag(found), "findings.count": count_findings(lines),
+                            "mlflow.note.content":
+                            f"**Diagnosis of this round**: {count_findings(lines)}\n\n{note}\n"})
+    return lines, codes_tag(found)
 
 
 def say_plan(plan: LaunchPlan) -> None:

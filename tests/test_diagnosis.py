@@ -322,7 +322,7 @@ def test_every_action_is_documented_in_the_readme():
 
 # ------------------------------------------------------------------------------ stage wiring
 
-def test_stage_logs_diagnosis_and_returns_the_warns(monkeypatch):
+def test_stage_logs_diagnosis_and_returns_the_findings(monkeypatch):
     from tasks import stages, tracking
 
     logged, tags = {}, {}
@@ -337,7 +337,15 @@ def test_stage_logs_diagnosis_and_returns_the_warns(monkeypatch):
     # every finding, the stop one too, on the run's page (its description)
     assert "- nonfinite [stop]" in tags["mlflow.note.content"]
     assert "- truncation [warn] steps 1-20" in tags["mlflow.note.content"]
+    # the round's findings: every line but the stop (an in-round finding already), counted
+    # the same on its page and its tags (issue 27)
     assert len(lines) == 1 and lines[0].startswith("truncation [warn] steps 1-20")
+    assert tags["findings.count"] == "1 finding (1 warn)"
+    assert tags["mlflow.note.content"].startswith("**Diagnosis of this round**: 1 finding (1 warn)")
+    info = with_(healthy(), rewards__format__std=lambda s: 0.0, rewards__format__mean=lambda s: -0.5)
+    lines, _ = stages.diagnose_round("run-3", info, config_from_dict({}), ["collapse at step 3"])
+    assert lines[0] == "collapse at step 3" and lines[1].startswith("reward_fn_constant [info]")
+    assert tags["findings.count"] == "2 findings (1 warn, 1 info)"
     assert stages.diagnose_round("run-2", healthy(), config_from_dict({}))[1] == "none"
     assert logged[("run-2", "diagnosis.json")] == [] and tags["diagnosis"] == "none"
     assert tags["mlflow.note.content"].endswith("- none\n")

@@ -122,6 +122,11 @@ def _check_registry(wd: Path, project: str, report: dict, promoted: bool) -> Non
     assert report["paired"]["delta"] == pytest.approx(0.05)
     assert str(c.get_model_version_by_alias(name, "champion").version) == ("2" if promoted else "1")
     assert tags[EVAL_RUN_TAG] == f"{project}-e2"
+    # the decision in words on the version's page (issue 27): what, against what, by which rule
+    said = c.get_model_version(name, "2").description
+    assert said.startswith("**Promoted to champion.**" if promoted else "**Kept as challenger")
+    assert "Compared with champion v1" in said and f"Rule: {PAIRED_RULE}" in said
+    assert c.get_model_version(name, "1").tags["grpo.compared_with"] == "none (first version)"
 
 
 def _check_comparison(wd: Path, project: str, stage_results: dict, promoted: bool) -> None:
@@ -251,3 +256,68 @@ def test_report_outputs_carry_the_paired_ci(wd):
     assert "| +0.050 |" in md  # no records, no CI: not an unpaired one either
     png = comparison_chart(rows, wd / "chart.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _stage_pipeline(wd: Path, recipe: str, stages: list[tuple[str, list[int]]]) -> dict:
+    """A pipeline of `recipe` whose models after each stage score `counts` (one model and
+    eval run per stage; eval/final is the last stage's cached eval, as the pipeline's is)."""
+    cfg = _cfg(wd, "verdict", recipe)
+    evaluated = []
+    for label, counts in stages:
+        m = _model(wd, f"{recipe}-{label.replace('/', '-')}")
+        evaluated.append((label, _evaluate(wd, m, counts, f"{recipe}-{label}")["benchmarks"], str(m)))
+    evaluated.append(("eval/final", *evaluated[-1][1:]))
+    parent = T.start_parent_run(cfg, cfg.hash(), recipe, "abc1234", "flow", wd)
+    final, model = evaluated[-1][1], evaluated[-1][2]
+    for label, res, _ in (evaluated[0], evaluated[-1]):
+        T.log_metrics(T.child_run(parent, label), T.eval_metrics(res))
+    report = T.finish_pipeline(parent, cfg, model, {"benchmarks": final}, [], wd,
+                               base=evaluated[0][1], stages=evaluated)
+    return {"parent_run": parent, "final": final, "base": evaluated[0][1], "model_dir": model,
+            "registered": report}
+
+
+def test_stage_attribution_and_verdict_reach_every_page(wd):
+    """Issue 27: each stage's paired gain on the parent, the stage rows of the comparison,
+    and the verdict on the comparison run, the experiment's landing text and `grpo compare`."""
+    from flows.compare import recipes_verdict, stage_rows, to_markdown
+
+    base = [c % 17 for c in SPREAD]  # 0..16 of 20 right: room for 3 more
+    sft_grpo = _stage_pipeline(wd, "sft_grpo", [("eval/base", base), ("eval/sft", [c + 2 for c in base]),
+                                                ("eval/round-1", [c + 3 for c in base])])
+    r1_zero = _stage_pipeline(wd, "r1_zero", [("eval/base", base), ("eval/round-1", [c + 1 for c in base])])
+    att = sft_grpo["registered"]["attribution"]
+    assert [(g["stage"], g["over"]) for g in att["stages"]] == [
+        ("eval/sft", "eval/base"), ("eval/round-1", "eval/sft")]  # eval/final: the same eval
+    assert att["phases"]["SFT"]["delta"] == pytest.approx(0.1)
+    assert att["phases"]["GRPO"]["delta"] == pytest.approx(0.05)
+    c = T.get_client()
+    # the parent holds the headline only: the primary metric's final block, not every metric
+    parent_metrics = c.get_run(sft_grpo["parent_run"]).data.metrics
+    assert len(parent_metrics) <= 30 and "final/synthetic/avg_at_20" in parent_metrics
+    assert not [k for k in parent_metrics if k.startswith("final/") and "avg_at_20" not in k]
+    note = c.get_run(sft_grpo["parent_run"]).data.tags["mlflow.note.content"]
+    assert "SFT alone gave +0.100" in note and "| eval/round-1 | eval/sft | +0.050" in note
+
+    results = {"r1_zero": r1_zero, "sft_grpo": sft_grpo}
+    cfgs = [_cfg(wd, "verdict", r) for r in results]
+    said = recipes_verdict(cfgs, results, METRIC)
+    assert said.startswith(f"sft_grpo beats r1_zero on {BENCH} {METRIC} by +0.100")
+    assert "SFT alone gave +0.100" in said and "GRPO after SFT +0.050" in said
+    rows = stage_rows(results)
+    assert [r["recipe"] for r in rows] == ["r1_zero - round-1 over base", "sft_grpo - sft over base",
+                                           "sft_grpo - round-1 over sft"]
+    md = to_markdown(rows)
+    run = T.log_comparison(cfgs[0], wd, md, "recipe\n", None, [sft_grpo["parent_run"], r1_zero["parent_run"]])
+    T.describe_comparison(run, said, md, [sft_grpo["parent_run"], r1_zero["parent_run"]],
+                          {"id": "prefect-run-id", "url": None})
+    page = c.get_run(run).data.tags["mlflow.note.content"]
+    assert page.startswith(f"**{said}**") and sft_grpo["parent_run"] in page and "prefect-run-id" in page
+    exp = c.get_experiment(c.get_run(run).info.experiment_id)
+    assert exp.tags["mlflow.note.content"].startswith(f"Verdict: {said}") and run in exp.tags["mlflow.note.content"]
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    out = CliRunner().invoke(app, ["compare", "--experiment", "verdict", "--workdir", str(wd)])
+    assert out.exit_code == 0 and f"verdict: {said}" in out.output, out.output

@@ -112,6 +112,19 @@ def test_grpo_run_tells_the_same_story_in_prefect(main_job, tmp_path):
     # the comparison table, as a markdown artifact on the compare flow run
     artifacts = [a for a in history["artifacts"] if a.flow_run_id == compare["run"].id]
     assert len(artifacts) == 1 and "| recipe | benchmark |" in artifacts[0].data
+    # issue 27: the compare run says the verdict (the one on MLflow's comparison run) in its
+    # log and its artifact, with the table and a link to that MLflow run; its own work
+    # shows as task runs
+    (comp,) = [r for r in mlflow if r.data.tags.get("grpo.pipeline") == "comparison"]
+    said = comp.data.tags["grpo.verdict"]
+    assert said.startswith(("sft_grpo beats", "r1_zero beats", "no significant difference")), said
+    compare_log = "\n".join(log.message for log in compare["logs"])
+    assert f"verdict: {said}" in compare_log and "| recipe | benchmark |" in compare_log
+    assert comp.info.run_id in compare_log
+    assert artifacts[0].data.startswith(f"**{said}**") and f"/runs/{comp.info.run_id}" in artifacts[0].data
+    assert {"comparison-report", "log-comparison"} <= {t.rsplit("-", 1)[0] for t in compare["tasks"]}, \
+        sorted(compare["tasks"])
+    assert comp.data.tags["prefect_flow_run_id"] == str(compare["run"].id)
 
     for recipe, parent in parents.items():
         name = f"{recipe}-{parent.data.tags['config_hash'][:8]}"
@@ -135,6 +148,8 @@ def test_grpo_run_tells_the_same_story_in_prefect(main_job, tmp_path):
         findings = parent.data.tags.get("findings", "none")
         for finding in ([] if findings == "none" else findings.split(" | ")):
             assert f"finding: {finding}" in messages, (finding, text)
+        if findings != "none":  # the one count, as the parent's page says it (issue 27)
+            assert f"findings: {parent.data.tags['findings.count']}" in messages, text
         # the end line is in the stage's task run's log too (its page in the UI)
         final_task = pipeline["tasks"]["eval/final"].id
         assert any(log.task_run_id == final_task and log.message.startswith("eval/final: ")

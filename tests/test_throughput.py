@@ -76,6 +76,10 @@ def test_stage_line_carries_the_figures():
     assert summary("filter", {"kept": 3, "considered": 8, "rss_peak_gb": 1.25}) == \
         "kept 3 of 8; peak RSS 1.2 GB"
     assert summary("grpo", {"steps": 2}) == "2 steps"
+    # the round's findings counted by severity, as on its page and the parent's (issue 27)
+    assert summary("grpo", {"steps": 2, "findings": ["reward_fn_constant [info] steps 1-2: x"],
+                            "diagnosis": "reward_fn_constant"}) == \
+        "2 steps; 1 finding (1 info); diagnosis: reward_fn_constant"
 
 
 def test_rss_peak_sees_an_allocation_inside_the_block():

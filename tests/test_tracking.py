@@ -461,6 +461,22 @@ def test_step_logger(store):
     _tiny_trainer(wd / "t1", [], [T.StepLogger(ours, flush_every_s=60)]).train()
     steps = sorted(m.step for m in c.get_metric_history(ours, "loss"))
     assert steps == [1, 2, 3, 4]  # flushed at train end although the interval is 60 s
+    # the trainer's one-value summary: tags of the run (4 digits), not one-dot charts
+    run = c.get_run(ours)
+    assert not T.trainer_logging.RUN_SUMMARY & set(run.data.metrics), sorted(run.data.metrics)
+    assert float(run.data.tags["trainer.train_loss"]) > 0 and "trainer.train_runtime" in run.data.tags
+    # a GRPO round's three telling curves also under the prefix MLflow's run page sorts first
+    from types import SimpleNamespace
+
+    grpo = T.child_run(parent, "grpo/round-1")
+    logger = T.StepLogger(grpo, flush_every_s=60)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=1)
+    logger.on_log(SimpleNamespace(num_iterations=1), state, None,
+                  logs={"reward": 0.5, "rewards/accuracy/mean": 0.25, "completions/mean_length": 20.0})
+    logger.close()
+    got = c.get_run(grpo).data.metrics
+    assert got["0 headline/reward"] == got["reward"] == 0.5
+    assert got["0 headline/accuracy"] == 0.25 and got["0 headline/mean_length"] == 20.0
     import mlflow
 
     assert mlflow.active_run() is None

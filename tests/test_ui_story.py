@@ -57,6 +57,9 @@ def test_parents_carry_the_headline_metrics(mlflow_side):
         assert m["grpo_steps"] == grpo_steps == 2  # one round of grpo.max_steps
         assert m["sft_steps"] == (2 if recipe == "sft_grpo" else 0)
         assert m["findings"] == len([f for f in p.data.tags["findings"].split(" | ") if f != "none"])
+        # one count of findings (issue 27): the parent's tag and description, its rounds'
+        assert p.data.tags["findings.count"] in p.data.tags["mlflow.note.content"]
+        assert len(m) <= 30, sorted(m)  # the headline only
         assert 0 < m["wall_min"] < 15
         note = p.data.tags["mlflow.note.content"]
         assert note.startswith(f"**{recipe}**: synthetic avg@2")
@@ -78,6 +81,17 @@ def test_comparison_run_holds_the_table(mlflow_side):
                                  - parents["r1_zero"].data.metrics["synthetic/final"])
     assert comp.data.params["metric"] == "avg@2"
     assert "| sft_grpo vs r1_zero | synthetic |" in comp.data.tags["mlflow.note.content"]
+    # issue 27: the verdict first on its page, on the experiment's landing text (linked to
+    # the comparison and parent runs), and in `grpo run`'s closing lines; each stage's gain
+    said = comp.data.tags["grpo.verdict"]
+    assert comp.data.tags["mlflow.note.content"].startswith(f"**{said}**")
+    landing = client.get_experiment(comp.info.experiment_id).tags["mlflow.note.content"]
+    assert landing.startswith(f"Verdict: {said}") and f"/runs/{comp.info.run_id}" in landing
+    assert all(f"/runs/{p.info.run_id}" in landing for p in parents.values())
+    stdout = mlflow_side[0]
+    assert f"verdict: {said}" in stdout
+    assert "| sft_grpo - sft over base | synthetic |" in comp.data.tags["mlflow.note.content"]
+    assert "sft_grpo - sft over base/synthetic/delta" in m
 
 
 def test_child_runs_last_as_long_as_their_stage(mlflow_side):
@@ -99,7 +113,8 @@ def test_child_runs_last_as_long_as_their_stage(mlflow_side):
                 assert abs(took - seconds) < 5, (k.info.run_name, took, seconds)
     # a GRPO round's page: its diagnosis as description, no charts flat by construction
     for k in (k for k in runs if stage_of(k) == "grpo/round-1"):
-        assert k.data.tags["mlflow.note.content"].startswith("**Diagnosis of this round**")
+        assert k.data.tags["mlflow.note.content"].startswith(
+            f"**Diagnosis of this round**: {k.data.tags['findings.count']}")
         assert "reward" in k.data.metrics
         assert not [m for m in k.data.metrics if m.startswith("clip_ratio/")]
     # computed stages exist in both recipes, and the two recipes' runs are told apart

@@ -122,3 +122,10 @@ def benchmarks_in(keys: Iterable[str], metric_key: str) -> list[str]:
     tail = "/" + metric_key
     return sorted(k[: -len(tail)] for k in keys
                   if k.endswith(tail) and k[: -len(tail)] and "/" not in k[: -len(tail)])
+
+
+def shown(x: float) -> float:
+    """A number as logged for people to read: rounded to 10 decimals, which drops binary
+    float noise (0.18121874999999998 -> 0.18121875) and keeps every digit a mean of
+    per-problem scores has."""
+    return round(float(x), 10)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -410,6 +412,25 @@ def diagnose(history: Iterable[Mapping], cfg: PipelineConfig | None = None) -> l
     """Every rule over a round's per-step history (TRL's keys), in rule order."""
     rd = _Round(history, cfg or PipelineConfig())
     return [f for rule in RULES for f in rule(rd)]
+
+
+def severity_of(line: str) -> str:
+    """The severity a finding line states (`Finding.line`: "code [info] ..."); a line of
+    another stage (contamination, health gate, an in-round note) is a warn."""
+    m = re.search(r"\[(" + "|".join(SEVERITIES) + r")\]", line)
+    return m.group(1) if m else "warn"
+
+
+def count_findings(lines: Iterable[str]) -> str:
+    """The one count of findings, by severity, said the same on the round, the parent, the
+    stage line and the report: "no findings", "1 finding (1 info)", "3 findings (1 warn,
+    2 info)" (the most severe first)."""
+    by = Counter(severity_of(x) for x in lines)
+    total = sum(by.values())
+    if not total:
+        return "no findings"
+    parts = ", ".join(f"{by[s]} {s}" for s in reversed(SEVERITIES) if by[s])
+    return f"{total} finding{'s' if total > 1 else ''} ({parts})"
 
 
 def codes_tag(findings: Sequence[Finding]) -> str:

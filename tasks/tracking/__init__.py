@@ -27,7 +27,11 @@ from tasks.tracking.artifacts import (  # noqa: F401 - re-exported
     log_training_curves,
 )
 from tasks.tracking.comparison import COMPARE_COLUMNS, compare_table  # noqa: F401 - re-exported
-from tasks.tracking.headline import links_for_run  # noqa: F401 - re-exported
+from tasks.tracking.headline import (  # noqa: F401 - re-exported
+    comparison_verdict,
+    describe_comparison,
+    links_for_run,
+)
 from tasks.tracking.mlflow_client import (  # noqa: F401 - re-exported
     child_run,
     config_params,

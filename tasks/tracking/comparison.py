@@ -25,12 +25,14 @@ from mlflow.tracking import MlflowClient
 
 from grpo_core.data.records import read_eval_results, read_eval_runs
 from grpo_core.data.store import Store, StoreError
+from grpo_core.eval.attribution import phase_gains, stage_gains
 from grpo_core.eval.metric_names import (
     HEADLINE,
     benchmarks_in,
     ci_block_keys,
     ci_cells,
     delta_key,
+    shown,
 )
 from grpo_core.eval.metrics import paired_delta, paired_metric
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
@@ -142,6 +144,42 @@ def delta_metrics(deltas: Mapping[str, Mapping[str, Mapping]]) -> dict[str, floa
     return out
 
 
+def stage_attribution(store: Store | None, cfg, stages: Sequence[tuple[str, Mapping, str | None]]
+                      ) -> dict:
+    """Which stage earned the gain, on the first benchmark and the primary metric:
+    {"benchmark", "metric", "stages": grpo_core.eval.attribution.stage_gains (each with the
+    stage's and the previous stage's metric block), "phases": phase_gains}. `stages`:
+    (eval label, {bench: stage result}, model path) in pipeline order. A stage whose eval
+    run is the previous one's (eval/final of the last round's model: one cached eval) adds
+    nothing and is dropped."""
+    bench, metric = next(iter(cfg.eval.benchmarks), None), cfg.eval.primary_metric
+    kept, blocks, last_run = [], {}, None
+    for label, results, model in stages:
+        res = (results or {}).get(bench)
+        if not res or (res.get("eval_run_id") and res.get("eval_run_id") == last_run):
+            continue
+        last_run = res.get("eval_run_id")
+        kept.append((label, stage_records(store, res, model)))
+        blocks[label] = ci_triple((res.get("metrics") or {}).get(metric))
+    kw = {"n_resamples": cfg.eval.bootstrap, "seed": cfg.project.seed}
+    gains = [{**g, "value": blocks[g["stage"]], "before": blocks[g["over"]]}
+             for g in stage_gains(kept, metric, **kw)]
+    return {"benchmark": bench, "metric": metric, "stages": gains,
+            "phases": phase_gains(kept, metric, **kw)}
+
+
+def attribution_rows(recipe: str, attribution: Mapping) -> list[dict]:
+    """Comparison rows (COMPARE_COLUMNS) of a recipe's stage gains: `<recipe> - sft over
+    base`, base = the stage before, final = the stage, delta paired."""
+    def short(label: str) -> str:
+        return label.removeprefix("eval/")
+
+    return [table_row(f"{recipe} - {short(g['stage'])} over {short(g['over'])}",
+                      attribution["benchmark"], attribution["metric"], g["before"], g["value"],
+                      (g["delta"], g["lo"], g["hi"]))
+            for g in attribution.get("stages") or []]
+
+
 # --------------------------------------------------------------------------- table
 
 Triple = tuple[float | None, float | None, float | None]  # (value, lo, hi)
@@ -188,7 +226,7 @@ def comparison_metrics(rows: Iterable[Mapping]) -> dict[str, float]:
             for cell in ci_cells(col):
                 x = _num(r.get(cell))
                 if x is not None:
-                    out[f"{prefix}/{cell}"] = x
+                    out[f"{prefix}/{cell}"] = shown(x)
     return out
 
 

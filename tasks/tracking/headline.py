@@ -22,9 +22,10 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from grpo_core.eval.metric_names import HEADLINE, ci_cells
+from grpo_core.eval.attribution import ci_phrase, phases_phrase
+from grpo_core.eval.metric_names import HEADLINE, ci_cells, shown
 from tasks.tracking.comparison import ci_text
-from tasks.tracking.mlflow_client import current_uri, get_client, sanitize_key
+from tasks.tracking.mlflow_client import current_uri, get_client, sanitize_key, set_tags
 from tasks.tracking.tracking_store import strip_userinfo
 
 EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
@@ -53,13 +54,14 @@ def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, 
         for name, triple in blocks.items():
             for key, x in zip(ci_cells(f"{b}/{name}"), triple, strict=True):
                 if x is not None:
-                    out[key] = float(x)
+                    out[key] = shown(x)
     out.update({"grpo_steps": float(grpo_steps), "sft_steps": float(sft_steps),
                 "wall_min": round(wall_s / 60.0, 2), "findings": float(findings)})
     return out
 
 
-def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str, float]) -> str:
+def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str, float],
+                   findings_said: str | None = None) -> str:
     """The headline as a markdown table (a parent run's description, at the top of its
     page): base, final and the paired delta per benchmark with their CIs, then the size."""
     def cell(key: str, sign: str = "") -> str:
@@ -70,8 +72,22 @@ def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str,
     return "\n".join([f"| benchmark ({metric}, 95% CI) | base | final | delta (paired) |",
                       "|---|---|---|---|", *rows, "",
                       f"{numbers['grpo_steps']:.0f} GRPO steps, {numbers['sft_steps']:.0f} SFT "
-                      f"steps, {numbers['wall_min']:.1f} min, {numbers['findings']:.0f} findings. "
+                      f"steps, {numbers['wall_min']:.1f} min, "
+                      f"{findings_said or format(numbers['findings'], '.0f') + ' findings'}. "
                       "Columns of the runs table: `<benchmark>/base`, `/final`, `/delta`."])
+
+
+def attribution_text(attribution: Mapping[str, Any] | None) -> str:
+    """The stage attribution (tasks.tracking.comparison.stage_attribution) as markdown for
+    a description: the phases in one line, then each stage's paired gain over the one
+    before; "" without one."""
+    if not attribution or not attribution.get("stages"):
+        return ""
+    rows = [f"| {g['stage']} | {g['over']} | {ci_phrase(g)} |" for g in attribution["stages"]]
+    said = phases_phrase(attribution.get("phases") or {})
+    return "\n".join(["", "", f"**What earned it** ({attribution['benchmark']} "
+                       f"{attribution['metric']}, paired 95% CI): {said or 'n/a'}.", "",
+                       "| stage | over | gain |", "|---|---|---|", *rows])
 
 
 def _block(results: Mapping[str, Any], bench: str, metric: str) -> tuple:
@@ -144,3 +160,52 @@ def links_for_run(run_id: str, model: tuple[str, str] | None = None,
     """ui_links of `run_id` in this process's store (tasks.tracking.mlflow_client.connect)."""
     exp_id = get_client(client).get_run(run_id).info.experiment_id
     return ui_links(current_uri(), exp_id, run_id, model)
+
+
+VERDICT_TAG = "grpo.verdict"
+
+
+def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequence[str],
+                        prefect_run: Mapping[str, str | None] | None = None,
+                        client: MlflowClient | None = None) -> None:
+    """The answer where a newcomer lands: the comparison run's description (shown at the
+    top of its page) and the experiment's (`mlflow.note.content`, its landing text) start
+    with the verdict sentence, then link the comparison run, the parent runs, the saved
+    headline view and the Prefect flow run. Links are relative to the UI's address (the
+    same whichever host or port serves it)."""
+    c = get_client(client)
+    run = c.get_run(run_id)
+    exp_id = run.info.experiment_id
+
+    def link(rid: str) -> str:
+        return ui_links("", exp_id, rid, base="/")["run"]
+
+    parents = ", ".join(f"[{c.get_run(p).info.run_name}]({link(p)})" for p in parent_runs)
+    prefect = prefect_run or {}
+    prefect_link = (f"[Prefect flow run]({prefect['url']})" if prefect.get("url")
+                    else f"Prefect flow run `{prefect['id']}`" if prefect.get("id") else "")
+    lines = [f"**{said}**" if said else "", "",
+             f"Parent runs: {parents}" + (f"; {prefect_link}" if prefect_link else "") + ".", ""]
+    set_tags(run_id, {"mlflow.note.content": "\n".join([*lines, markdown]),
+                      VERDICT_TAG: said or "none",
+                      **({"prefect_flow_run_id": prefect["id"]} if prefect.get("id") else {})}, c)
+    table = ui_links("", exp_id, base="/")["runs_table"]
+    # Plain text first: MLflow's experiment list shows the description's start unrendered.
+    landing = [f"Verdict: {said}" if said else "Recipe comparison", "",
+               f"- [comparison run]({link(run_id)}): the table, stage by stage, and the chart",
+               f"- parent runs: {parents}",
+               f"- [headline runs table]({table}) (base, final and paired delta per recipe)",
+               *([f"- {prefect_link}"] if prefect_link else [])]
+    c.set_experiment_tag(exp_id, "mlflow.note.content", "\n".join(landing))
+
+
+def comparison_verdict(uri: str | None, experiment: str) -> str | None:
+    """The verdict of `experiment`'s newest comparison run (None without one)."""
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else get_client()
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    found = client.search_runs([exp.experiment_id], "tags.`grpo.pipeline` = 'comparison'",
+                               order_by=["attributes.start_time DESC"], max_results=1)
+    said = found[0].data.tags.get(VERDICT_TAG) if found else None
+    return None if said in (None, "none") else said

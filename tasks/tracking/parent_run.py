@@ -5,7 +5,7 @@ Layout in MLflow (experiment = tracking.experiment or project.name):
     parent run  "<recipe>-<config hash>"   tags recipe, config_hash, git_commit,
                                            prefect_flow_run_id, grpo.pipeline=parent
       params    the resolved config, flattened ("grpo.beta": 0.04), secrets redacted
-      metrics   final/<bench>/<metric>..., and the headline (tasks/tracking/headline.py):
+      metrics   final/<bench>/<primary metric> (+ CI), and the headline (tasks/tracking/headline.py):
                 <bench>/base|final|delta (+ _lo, _hi), grpo_steps, sft_steps, wall_min,
                 findings; its description says the result in one line
       artifacts config/resolved.yaml, config/environment.json
@@ -34,7 +34,8 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from grpo_core.eval.metric_names import FINAL_PREFIX
+from grpo_core.eval.metric_names import FINAL_PREFIX, ci_block_keys, shown
+from grpo_core.train.diagnosis import count_findings
 from grpo_core.workspace import Workspace
 from tasks.tracking import comparison, headline
 from tasks.tracking.artifacts import log_json, log_text
@@ -49,6 +50,7 @@ from tasks.tracking.mlflow_client import (
     get_client,
     log_metrics,
     log_params,
+    sanitize_key,
     set_tags,
 )
 from tasks.tracking.redaction import redact
@@ -182,7 +184,8 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
                     client: MlflowClient | None = None, *,
                     champion_records: Sequence[Mapping] | None = None,
                     base: Mapping[str, Any] | None = None, base_model: str | None = None,
-                    wall_s: float | None = None) -> dict:
+                    wall_s: float | None = None,
+                    stages: Sequence[tuple[str, Mapping, str | None]] = ()) -> dict:
     """Close a pipeline run: final metrics on the parent (prefix final/), findings, the
     paired deltas of final vs base on the eval/final run, the model registered and
     promoted on the primary metric of the first benchmark by the paired rule, running
@@ -196,15 +199,18 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
 
     The parent also gets the headline metrics (tasks/tracking/headline.py; `wall_s`: this
     pipeline run's wall time, else since the parent run started) and a description
-    saying them in one line, shown at the top of its page."""
+    saying them in one line, shown at the top of its page, with the gain of each stage
+    over the one before (`stages`: (eval label, {bench: result}, model path) in pipeline
+    order; comparison.stage_attribution) as out["attribution"]."""
     c = get_client(client)
     benchmarks = final.get("benchmarks", final)
     workdir = workspace if workspace is not None else workdir_of(None, cfg)
-    log_metrics(parent_id, {FINAL_PREFIX + k: v for k, v in eval_metrics(benchmarks).items()},
-                client=c)
-    set_tags(parent_id, {"findings": " | ".join(findings) or "none"}, c)
+    log_metrics(parent_id, final_headline(benchmarks, cfg.eval.primary_metric), client=c)
+    said = count_findings(findings)  # one count, by severity, as each round's page says it
+    set_tags(parent_id, {"findings": " | ".join(findings) or "none", "findings.count": said}, c)
     if findings:
-        log_text(parent_id, "\n".join(f"- {f}" for f in findings) + "\n", "report/findings.md", c)
+        log_text(parent_id, f"{said}\n\n" + "\n".join(f"- {f}" for f in findings) + "\n",
+                 "report/findings.md", c)
     primary = cfg.eval.primary_metric
     bench = next(iter(cfg.eval.benchmarks), None)
     res = benchmarks.get(bench, {}) if bench else {}
@@ -217,6 +223,7 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
             if base is not None or any(mine.values()) else {}
         if champion_records is None and champ is not None:
             champion_records = comparison.run_records(store, champ.tags.get(EVAL_RUN_TAG)) or None
+        attribution = comparison.stage_attribution(store, cfg, stages) if stages else None
     out: dict[str, Any] = {"parent_run": parent_id, "benchmark": bench, "metric": primary,
                            "value": block.get("mean"), "ci_lo": block.get("lo"),
                            "ci_hi": block.get("hi"),
@@ -229,14 +236,26 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
                                          champion_records, c))
         summary = (f"{result}; {name} v{out['version']} "
                    f"{'champion' if out['promoted'] else 'challenger'} ({out['reason']})")
-    out["summary"] = summary
+    out["summary"], out["attribution"] = summary, attribution
     out["links"] = headline.links_for_run(
         parent_id, (name, out["version"]) if name else None, c)
-    _log_headline(parent_id, cfg, benchmarks, base, out["deltas"], len(findings), wall_s, summary, c)
+    _log_headline(parent_id, cfg, benchmarks, base, out["deltas"], findings, wall_s, summary, c,
+                  attribution)
     close_children(parent_id, "FINISHED", c)
     c.set_terminated(parent_id, "FINISHED")
     _set_state_status(workdir, parent_id, "FINISHED", c)
     return out
+
+
+def final_headline(benchmarks: Mapping[str, Any], primary: str) -> dict[str, float]:
+    """The parent's copy of the final evaluation: the primary metric's block per benchmark
+    (final/<bench>/<metric>, _ci_lo, _ci_hi, _n). Every other metric stays on the eval/final
+    run: a parent holding all of them (hundreds on a real benchmark set) buries the
+    headline in its metrics list and its charts."""
+    keep = {FINAL_PREFIX + k for b in benchmarks
+            for k in ci_block_keys(f"{sanitize_key(str(b))}/{sanitize_key(primary)}").values()}
+    return {FINAL_PREFIX + k: shown(v) for k, v in eval_metrics(benchmarks).items()
+            if FINAL_PREFIX + k in keep}
 
 
 def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mapping[str, Any],
@@ -288,8 +307,9 @@ def _log_deltas(parent_id: str, cfg, benchmarks: Mapping[str, Any], mine: Mappin
 
 
 def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[str, Any] | None,
-                  deltas: Mapping[str, Any], n_findings: int, wall_s: float | None, summary: str,
-                  c: MlflowClient) -> None:
+                  deltas: Mapping[str, Any], findings: Sequence[str], wall_s: float | None,
+                  summary: str,
+                  c: MlflowClient, attribution: Mapping | None = None) -> None:
     """The headline metrics (tasks/tracking/headline.py) on the parent, and its description. The
     steps are the children's (`grpo/steps`, `sft/steps`): a cached stage counts too."""
     steps = {"grpo": 0, "sft": 0}
@@ -300,8 +320,10 @@ def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[s
         wall_s = time.time() - c.get_run(parent_id).info.start_time / 1000
     numbers = headline.headline_metrics(
         cfg.eval.benchmarks, cfg.eval.primary_metric, base or {}, final, deltas,
-        grpo_steps=steps["grpo"], sft_steps=steps["sft"], wall_s=wall_s, findings=n_findings)
+        grpo_steps=steps["grpo"], sft_steps=steps["sft"], wall_s=wall_s, findings=len(findings))
     log_metrics(parent_id, numbers, client=c)
     set_tags(parent_id, {"mlflow.note.content": f"**{cfg.project.recipe}**: {summary}.\n\n"
                          + headline.headline_table(cfg.eval.benchmarks,
-                                                   cfg.eval.primary_metric, numbers)}, c)
+                                                   cfg.eval.primary_metric, numbers,
+                                                   count_findings(findings))
+                         + headline.attribution_text(attribution)}, c)

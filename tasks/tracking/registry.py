@@ -181,13 +181,22 @@ def promote_if_better(client: MlflowClient | None, name: str, version: str, metr
         c.set_registered_model_alias(name, CHAMPION, version)
     for k, v in _decision_tags(promoted, reason, against, rule, metric, paired).items():
         c.set_model_version_tag(name, version, k, v)
+    # The decision in words on the version's page (its tags sit in a small box below).
+    c.update_model_version(name, version, description=decision_text(promoted, reason, against, rule))
     return promoted, reason
+
+
+def decision_text(promoted: bool, reason: str, against: str, rule: str) -> str:
+    """The model version's description: the decision, what it was compared with, the rule."""
+    said = "Promoted to champion" if promoted else "Kept as challenger (not promoted)"
+    with_ = f"champion v{against}" if against else "no champion (the first version)"
+    return f"**{said}.** Compared with {with_}: {reason}.\n\nRule: {rule}."
 
 
 def _decision_tags(promoted: bool, reason: str, against: str, rule: str, metric: str,
                    paired: Mapping | None) -> dict[str, str]:
     tags = {"grpo.decision": "promoted" if promoted else "rejected",
-            "grpo.decision_reason": reason, "grpo.compared_with": against,
+            "grpo.decision_reason": reason, "grpo.compared_with": against or "none (first version)",
             "grpo.decision_rule": rule,
             "grpo.decided_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if paired:

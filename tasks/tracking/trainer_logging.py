@@ -3,12 +3,19 @@ thread, kept locally when MLflow is away) and the replay of points kept locally.
 are re-exported by tasks.tracking."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from tasks.tracking.mlflow_client import flatten_metrics, get_client, log_metric_items, sanitize_key
+from tasks.tracking.mlflow_client import (
+    flatten_metrics,
+    get_client,
+    log_metric_items,
+    sanitize_key,
+    set_tags,
+)
 from tasks.tracking.tracking_store import workdir_of
 
 _step_logger_cls = None
@@ -36,6 +43,26 @@ def _zero_by_construction(args, key: str, value: float) -> bool:
             and getattr(args, "num_iterations", None) == 1)
 
 
+# The trainer's end-of-training summary: one value per run, a one-dot chart as a metric;
+# tags of the run instead (`trainer.<key>`, readable on its overview).
+RUN_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
+                         "total_flos", "train_loss"})
+
+
+# MLflow 3.17's run page groups charts by key prefix in alphabetical order, so a GRPO round
+# opened on TRL's seven completions/* charts. The three curves that say whether the round
+# learned are also sent under a prefix that sorts first (checked in Chromium by
+# bench/mlflow_ui_check.py); their original keys stay for anyone who reads them by name.
+HEADLINE_CURVES = {"reward": "0 headline/reward", "rewards/accuracy/mean": "0 headline/accuracy",
+                   "completions/mean_length": "0 headline/mean_length"}
+
+
+def summary_tags(summary: dict) -> dict[str, str]:
+    """{"trainer.train_loss": "0.0123", ...}: 4 significant digits (no float noise)."""
+    return {f"trainer.{k}": f"{v:.4g}" if isinstance(v, float) else str(v)
+            for k, v in summary.items()}
+
+
 def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | None = None,
                workspace=None, close_timeout_s: float = 120.0):
     """A transformers TrainerCallback streaming the trainer's logs into `run_id`.
@@ -60,6 +87,8 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
             def __init__(self, run_id, flush_every_s, client, workspace, close_timeout_s):
                 self.run_id, self.every, self.close_timeout_s = run_id, flush_every_s, close_timeout_s
                 self.buffer: list = []
+                self.summary: dict = {}
+                self.client = client
                 self.last_flush = time.monotonic()
                 self.shipper = MetricShipper(run_id, _send_points(client),
                                              unsent_dir(workdir_of(workspace)))
@@ -76,7 +105,11 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
                 if not state.is_world_process_zero or not logs:
                     return
                 ts = int(time.time() * 1000)
-                for k, v in {**flatten_metrics(logs), **self.scorer_errors()}.items():
+                self.summary.update({k: v for k, v in logs.items() if k in RUN_SUMMARY})
+                logs = {k: v for k, v in logs.items() if k not in RUN_SUMMARY}
+                flat = flatten_metrics(logs)
+                flat.update({HEADLINE_CURVES[k]: v for k, v in flat.items() if k in HEADLINE_CURVES})
+                for k, v in {**flat, **self.scorer_errors()}.items():
                     if not _zero_by_construction(args, k, v):
                         self.buffer.append((sanitize_key(k), v, ts, int(state.global_step)))
                 if time.monotonic() - self.last_flush >= self.every:
@@ -106,6 +139,9 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
                 if not self.shipper.closed:
                     self.flush()
                     self.unsent = self.shipper.close(self.close_timeout_s)
+                    if self.summary and not self.unsent:  # MLflow answered just now
+                        with contextlib.suppress(Exception):
+                            set_tags(self.run_id, summary_tags(self.summary), self.client)
                 return self.unsent
 
             def finding(self) -> str | None:
