@@ -18,23 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
 
-
-def shared_data() -> Path:
-    raw = os.environ.get("GRPO_SHARED_DATA")
-    return Path(raw) if raw else ROOT.parent / "shared" / "data"
+from math_pairs import math_golds, shared_data  # noqa: E402
 
 
 def _rows(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def gsm8k_cases() -> list[tuple[str, str, bool]]:
@@ -51,20 +47,6 @@ def gsm8k_cases() -> list[tuple[str, str, bool]]:
         if other.strip() != gold.strip():
             out.append((text, other.strip().replace(",", ""), False))
     return out
-
-
-def math_golds() -> list[str]:
-    golds = []
-    path = shared_data() / "math500" / "test.jsonl"
-    if path.is_file():
-        golds += [r["answer"] for r in _rows(path)]
-    path = shared_data() / "math" / "train4500.jsonl"
-    if path.is_file():
-        sys.path.insert(0, str(ROOT))
-        from grpo_core.verify.extraction import gold_from_math_solution
-
-        golds += [g for r in _rows(path) if (g := gold_from_math_solution(r["solution"]))]
-    return golds
 
 
 def math_raw_cases() -> list[tuple[str, str, bool]]:
