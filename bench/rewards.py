@@ -11,6 +11,15 @@ function does without any of that: `verify(parse(gold), parse(answer))` per comp
 synthetic ones. Each side runs in a fresh process, warmed up on 20 other prompts, then
 timed with cold caches on the measured prompts.
 
+Then the MATH-answer-pair row (bench/math_pairs.py: every MATH test gold against itself,
+a format variant and another gold, each as a completion `... $\\boxed{pred}$.`), scored
+one pair per call, each side in a fresh process, in CPU seconds (time.process_time, so a
+busy machine slows every side alike): ours is `answers.is_correct(c, gold)` (strict);
+the references are raw math-verify, `verify(parse("\\boxed{gold}"), parse(c))`, and the
+hendrycks MATH normaliser `is_equiv(remove_boxed(last_boxed_only_string(c)), gold)` as
+lm-eval ships it (lm_eval/tasks/hendrycks_math/utils.py; `bench` extra, n/a without it).
+Each side's worst pair (CPU seconds) is printed beside its pairs/s.
+
 Then the MATH-500 row of the evaluation scorer, `answers.is_correct` under each extraction
 mode (strict, flexible): every MATH-500 gold (skipped when ../shared/data/math500 is absent)
 with 8 completions written the ways models write them (answer tag, boxed, "The final
@@ -32,7 +41,7 @@ from fractions import Fraction
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from grpo_core.verify import answers
 from grpo_core.verify.rewards import accuracy
@@ -178,17 +187,118 @@ def measure(side: str, kind: str, n_prompts: int, warm_n: int = 20) -> dict:
     return {"seconds": time.perf_counter() - start, "verdicts": verdicts, "source": source}
 
 
+def _hendrycks():
+    """lm-eval's hendrycks_math utils (is_equiv, the boxed helpers), or None when absent.
+    Loaded from its file: importing the lm_eval package pulls its whole task registry."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "tasks" / "hendrycks_math" / "utils.py"
+    mod_spec = importlib.util.spec_from_file_location("hendrycks_math_utils", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def pair_scorer(side: str):
+    """One pair -> verdict, for `side` (ours, math-verify, hendrycks); None if unavailable."""
+    if side == "ours":
+        answers.warm_up()
+        return lambda gold, c: answers.is_correct(c, gold)
+    if side == "math-verify":
+        from math_verify import parse, verify
+
+        answers.warm_up()  # the same first-use costs paid outside the timing
+        return lambda gold, c: verify(parse(f"\\boxed{{{gold}}}"), parse(c))
+    h = _hendrycks()
+    if h is None:
+        return None
+
+    def hendrycks(gold: str, c: str) -> bool:
+        boxed = h.last_boxed_only_string(c)
+        return bool(boxed) and h.is_equiv(h.remove_boxed(boxed), gold)
+
+    return hendrycks
+
+
+def measure_pairs(side: str, n_golds: int, warm_n: int = 200) -> dict:
+    from math_pairs import pairs
+
+    every = pairs(n_golds + warm_n)
+    scored, warm = every[: 3 * n_golds], every[3 * n_golds :]
+    score = pair_scorer(side)
+    if score is None:
+        return {"verdicts": []}
+    for gold, c, _ in warm:  # first-use costs (imports, sympy caches) on other golds
+        score(gold, c)
+    answers.clear_caches()
+    verdicts, worst, clock = [], 0.0, time.process_time
+    start = clock()
+    for gold, c, _ in scored:
+        t = clock()
+        verdicts.append(bool(score(gold, c)))
+        worst = max(worst, clock() - t)
+    seconds = clock() - start
+    return {"seconds": seconds, "worst": worst, "verdicts": verdicts,
+            "expected": [e for _, _, e in scored]}
+
+
+def pairs_row(n_golds: int) -> None:
+    """MATH answer pairs: ours against raw math-verify and the hendrycks normaliser."""
+    from math_pairs import math_golds
+
+    if not math_golds():
+        print(f"\nMATH answer pairs: skipped (no MATH golds under {shared_data()})")
+        return
+    print("\nMATH answer pairs (bench/math_pairs.py), one pair per call; CPU time")
+    print(f"{'scorer':38} {'pairs':>6} {'pairs/s':>9} {'worst s':>8} {'right on self/variant':>22}"
+          f" {'agree w/ ours':>14}")
+    res = {}
+    for side in ("ours", "math-verify", "hendrycks"):
+        cmd = [sys.executable, __file__, "--worker", side, "pairs", str(n_golds)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        res[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for side, r in res.items():
+        if not r["verdicts"]:
+            print(f"{side:38} n/a (lm-eval not installed: the `bench` extra)")
+            continue
+        labelled = [v for v, e in zip(r["verdicts"], r["expected"]) if e]
+        agree = sum(a == b for a, b in zip(r["verdicts"], res["ours"]["verdicts"]))
+        n = len(r["verdicts"])
+        print(f"{side:38} {n:6d} {n / r['seconds']:9.0f} {r['worst']:8.3f} "
+              f"{sum(labelled) / len(labelled):22.4f} {agree / n:14.4f}")
+    ours, mv = res["ours"], res["math-verify"]
+    rate = len(ours["verdicts"]) / ours["seconds"]
+    ratio = mv["seconds"] / ours["seconds"]
+    print(f"target: ours >= 2,000 pairs/s and >= math-verify: "
+          f"{'met' if rate >= 2000 and ratio >= 1 else 'NOT met'} ({rate:.0f} pairs/s, "
+          f"{ratio:.1f}x math-verify)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gsm8k-prompts", type=int, default=200)
     ap.add_argument("--math-prompts", type=int, default=100)
     ap.add_argument("--math500-prompts", type=int, default=480)
+    ap.add_argument("--pair-golds", type=int, default=2000,
+                    help="MATH golds for the answer-pair row (3 pairs each)")
+    ap.add_argument("--only-pairs", action="store_true", help="only the answer-pair row")
     ap.add_argument("--worker", nargs=3, metavar=("SIDE", "KIND", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         side, kind, n = args.worker
-        out = measure_modes(side, int(n)) if kind == "modes" else measure(side, kind, int(n))
+        if kind == "pairs":
+            out = measure_pairs(side, int(n))
+        elif kind == "modes":
+            out = measure_modes(side, int(n))
+        else:
+            out = measure(side, kind, int(n))
         print(json.dumps(out))
+        return
+    if args.only_pairs:
+        pairs_row(args.pair_golds)
         return
     # Each side runs in its own fresh process: sympy's global cache would otherwise let
     # whichever side runs second reuse the first side's work.
@@ -216,6 +326,7 @@ def main() -> None:
         )
     print(f"target >= 1.5x: {'met' if min(ratios) >= 1.5 else 'NOT met'} (min {min(ratios):.1f}x)")
     modes_row(args.math500_prompts)
+    pairs_row(args.pair_golds)
 
 
 def modes_row(n: int) -> None:

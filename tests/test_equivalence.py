@@ -2,7 +2,7 @@
 
 Each row is (category, gold, prediction, equivalent 1/0, note) and is one test, asserted
 with cold caches, through `is_equivalent` (parse_gold + verify) as rewards and evaluation
-use it. The rules the labels follow (percent is a unit, a bare list is a set, an inequality
+use it; a `flexible` row's prediction is a completion, read by the flexible extraction. The rules the labels follow (percent is a unit, a bare list is a set, an inequality
 equals its mirror image, ...) are written in grpo_core/verify/answers.py's docstring. Then the
 issue's examples one by one, and every MATH-500 gold against itself in several spellings.
 """
@@ -23,8 +23,10 @@ TABLE = Path(__file__).parent / "data" / "equivalence_pairs.csv"
 CATEGORIES = {
     "matrix", "vector", "interval", "unbraced", "thousands", "mixed", "percent", "degrees",
     "units", "text", "equation", "inequality", "list", "tuple", "dfrac", "spacing",
-    "leftright", "complex", "scientific", "integer", "approx",
+    "leftright", "complex", "scientific", "integer", "approx", "variables", "flexible",
 }  # fmt: skip
+# `flexible` rows hold a whole completion as the prediction: scored by
+# is_correct(prediction, gold, extraction="flexible") (its last-resort fallback chain).
 
 
 def _rows() -> list[dict]:
@@ -64,7 +66,10 @@ def test_table_covers_every_category_both_ways() -> None:
 def test_labelled_pair(row: dict) -> None:
     A.clear_caches()  # each verdict computed, not remembered from another row
     SCORER_ERRORS.reset()
-    got = is_equivalent(row["gold"], row["prediction"])
+    if row["category"] == "flexible":
+        got = A.is_correct(row["prediction"], row["gold"], extraction="flexible")
+    else:
+        got = is_equivalent(row["gold"], row["prediction"])
     assert got == (row["equivalent"] == "1"), (row["gold"], row["prediction"], row["note"])
     assert SCORER_ERRORS.counts() == {}, "a scorer error is no verdict"
 

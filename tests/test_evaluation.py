@@ -224,10 +224,18 @@ def test_cli_eval_json_and_table(tiny_model_path, tmp_path):
     assert code == 0, result.output
     data = json.loads(result.stdout)
     assert data["benchmark"] == "synthetic" and data["protocol"]["k"] == 2
-    assert data["metrics"]["n_problems"] == 3 and "lo" in data["metrics"]["avg@2"]
+    m = data["metrics"]
+    assert m["n_problems"] == 3 and "lo" in m["avg@2"]
+    # G-Pass@k beside pass@k, from the same samples: with n = k = 2 samples, tau 1.0 is
+    # "both right" and tau 0.5 is pass@2
+    for tau in ("gpass50", "gpass75", "gpass100"):
+        assert {"mean", "lo", "hi", "n"} <= set(m[f"{tau}@2"]) and f"flexible/{tau}@2" in m
+    assert m["gpass50@2"]["mean"] == pytest.approx(m["pass@2"]["mean"])
+    assert m["gpass100@2"]["mean"] <= m["gpass75@2"]["mean"] <= m["gpass50@2"]["mean"]
     code, out, _ = _run(*args)
     assert code == 0, out
     assert "greedy_accuracy" in out and "95% CI" in out and "protocol:" in out
+    assert "gpass75@2" in out
     with Store.open(tmp_path / "w" / "store.duckdb", read_only=True) as store:
         assert len(read_eval_runs(store)) == 2
 

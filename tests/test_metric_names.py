@@ -50,7 +50,8 @@ def test_every_reported_metric_parses_and_is_reported_at_its_samples():
     metrics = summarise(records, n_resamples=10)
     names = [n for n in metrics if parse_metric(n) is not None]
     assert names == ["greedy_accuracy", "avg@4", "maj@1", "maj@2", "maj@4", "pass@1",
-                     "pass@2", "pass@4"]  # sorted by kind, then k
+                     "pass@2", "pass@4", "gpass50@2", "gpass50@4", "gpass75@2", "gpass75@4",
+                     "gpass100@2", "gpass100@4"]  # by kind (G-Pass after pass), then k
     assert all(reported_at(n, 4) for n in names)
     assert not reported_at("avg@2", 4) and not reported_at("pass@8", 4)
 

@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grpo_core.eval.metric_names import parse_metric
 from grpo_core.eval.metrics import (
     avg_at_k,
     bootstrap_ci,
+    g_pass_at_k,
     k_grid,
     maj_at_k,
     majority_vote,
@@ -337,3 +339,46 @@ def test_paired_metric_names():
         assert paired_metric(name), name
     for name in ("format_adherence", "avg@", "pass@0", "truncation_rate", "flexible/n_problems"):
         assert not paired_metric(name), name
+
+
+# ---------------------------------------------------------------- G-Pass@k
+
+def test_g_pass_at_k_hand_computed():
+    # n=4 samples, c=2 right, k=2 drawn: C(4,2)=6 draws; 1 has both right, 4 have one.
+    assert g_pass_at_k(4, 2, 2, 0.5) == pytest.approx(5 / 6)  # >= 1 of 2 right
+    assert g_pass_at_k(4, 2, 2, 0.75) == pytest.approx(1 / 6)  # ceil(1.5) = 2 of 2
+    assert g_pass_at_k(4, 2, 2, 1.0) == pytest.approx(1 / 6)
+    # n=5, c=3, k=4: C(5,4)=5 draws leave one sample out; 2 of them (leaving out a wrong
+    # one) hold all 3 right, 3 hold 2 right; 4 right never.
+    assert g_pass_at_k(5, 3, 4, 0.5) == 1.0
+    assert g_pass_at_k(5, 3, 4, 0.75) == pytest.approx(2 / 5)
+    assert g_pass_at_k(5, 3, 4, 1.0) == 0.0
+    # tau 0.75 of k=4 needs exactly 3 (not 4 through float rounding)
+    assert g_pass_at_k(4, 3, 4, 0.75) == 1.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7])
+def test_g_pass_at_k_equals_fraction_of_k_subsets(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations([i < c for i in range(n)], k))
+            for tau in (0.5, 0.75, 1.0):
+                need = max(1, math.ceil(tau * k - 1e-9))
+                hits = sum(sum(s) >= need for s in subsets)
+                assert g_pass_at_k(n, c, k, tau) == pytest.approx(hits / len(subsets), abs=1e-12)
+            # G-Pass@k never exceeds pass@k (its tau -> 0 limit)
+            assert g_pass_at_k(n, c, k, 0.5) <= pass_at_k(n, c, k) + 1e-12
+
+
+def test_summarise_reports_g_pass_next_to_pass():
+    s = summarise(_records(), n_resamples=100)
+    # problem 1: 3 of 4 right; problem 2: 1 of 4; problem 3: 0 of 5 (all n used).
+    assert s["gpass50@4"]["mean"] == pytest.approx((1 + 0 + 0) / 3)
+    assert s["gpass75@4"]["mean"] == pytest.approx((1 + 0 + 0) / 3)
+    assert s["gpass100@4"]["mean"] == 0.0
+    assert s["gpass50@2"]["mean"] == pytest.approx((g_pass_at_k(4, 3, 2, 0.5)
+                                                    + g_pass_at_k(4, 1, 2, 0.5)) / 3)
+    assert "gpass50@1" not in s  # at k=1 every threshold is pass@1
+    names = [n for n in s if parse_metric(n) is not None]
+    assert names.index("gpass50@2") == names.index("pass@4") + 1  # listed right after pass@k
+    assert paired_metric("gpass75@4") and parse_metric("flexible/gpass100@8").kind == "gpass100"

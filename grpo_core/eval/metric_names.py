@@ -6,8 +6,9 @@ An evaluation metric (grpo_core.eval.metrics, evaluation.score, eval.primary_met
     [<extraction>/]<kind>[@<k>]
         extraction   strict (the template's own format; the default, written without a
                      prefix) or flexible (the standard evaluators' chain)
-        kind@k       greedy_accuracy (no k), avg@k, maj@k, pass@k with k >= 1 (decimal,
-                     no leading zero: one spelling of each metric)
+        kind@k       greedy_accuracy (no k), avg@k, maj@k, pass@k, and G-Pass@k at a
+                     threshold tau as gpass50@k, gpass75@k, gpass100@k (tau in percent),
+                     with k >= 1 (decimal, no leading zero: one spelling of each metric)
 
 As logged (tasks/ logs them, through its sanitize_key: "pass@4" -> "pass_at_4"):
 
@@ -25,7 +26,10 @@ from typing import NamedTuple
 
 EXTRACTIONS = ("strict", "flexible")
 GREEDY = "greedy_accuracy"
-SAMPLED = ("avg", "maj", "pass")  # kinds scored on k samples per problem
+# G-Pass@k's thresholds tau (the share of k samples that must be right), as lighteval
+# reports them beside pass@k (which is tau -> 0); each is a kind of its own: gpass75@8.
+GPASS_TAUS = {"gpass50": 0.5, "gpass75": 0.75, "gpass100": 1.0}
+SAMPLED = ("avg", "maj", "pass", *GPASS_TAUS)  # kinds scored on k samples per problem
 
 FINAL_PREFIX = "final/"  # the parent run's copy of the final evaluation
 DELTA_SUFFIX = "_delta"  # the paired delta of a metric, final minus base
@@ -38,7 +42,7 @@ class MetricName(NamedTuple):
     """A parsed evaluation metric name. Orders by extraction, kind, then k."""
 
     extraction: str  # "strict" | "flexible"
-    kind: str  # "greedy_accuracy" | "avg" | "maj" | "pass"
+    kind: str  # "greedy_accuracy" | "avg" | "maj" | "pass" | "gpass50" | "gpass75" | "gpass100"
     k: int | None  # None for greedy_accuracy
 
     @property
@@ -73,6 +77,16 @@ def parse_metric(name: str) -> MetricName | None:
     return None
 
 
+def report_order(name: str) -> tuple:
+    """Sort key of metric names as reports list them: by extraction and kind, G-Pass@k's
+    thresholds right after pass@k (tau 0.5, 0.75, 1.0), then k. Non-metrics sort last."""
+    m = parse_metric(name)
+    if m is None:
+        return ("~", "", 0.0, 0)
+    kind, tau = ("pass", GPASS_TAUS[m.kind]) if m.kind in GPASS_TAUS else (m.kind, 0.0)
+    return m.extraction, kind, tau, m.k or 0
+
+
 def metric_name(kind: str, k: int | None = None, extraction: str = "strict") -> str:
     """The name of `kind` (at k samples) under `extraction`: ("avg", 8) -> "avg@8",
     ("greedy_accuracy", None, "flexible") -> "flexible/greedy_accuracy"."""
@@ -81,7 +95,7 @@ def metric_name(kind: str, k: int | None = None, extraction: str = "strict") -> 
 
 def reported_at(name: str, samples: int) -> bool:
     """Whether an evaluation at `samples` samples per problem reports `name`: greedy
-    accuracy, avg@<samples>, maj@j and pass@j for j <= samples, either extraction."""
+    accuracy, avg@<samples>, maj@j, pass@j and gpass*@j for j <= samples, either extraction."""
     m = parse_metric(name)
     if m is None:
         return False

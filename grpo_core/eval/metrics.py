@@ -1,4 +1,4 @@
-"""Evaluation metrics: greedy accuracy, avg@k, maj@k, unbiased pass@k, bootstrap CIs.
+"""Evaluation metrics: greedy accuracy, avg@k, maj@k, unbiased pass@k, G-Pass@k, bootstrap CIs.
 
 Pure Python + numpy so that an eval can be re-scored from stored per-problem rows in a
 notebook. Conventions follow the papers the numbers are compared with:
@@ -6,17 +6,28 @@ notebook. Conventions follow the papers the numbers are compared with:
   samples per problem, not the biased "any of the first k is correct".
 - avg@k is the mean correctness of k samples, which DeepSeek-R1 reports as pass@1.
 - maj@k is whether the most common answer of k samples is correct (self-consistency).
+- G-Pass@k_tau (Liu et al. 2024, "Are your LLMs capable of stable reasoning?"; lighteval
+  reports it) is the probability that at least ceil(tau * k) of k samples drawn without
+  replacement from the n are correct: a stability measure beside pass@k (tau -> 0), for
+  tau 0.5, 0.75 and 1.0 (metric_names.GPASS_TAUS), from the same samples.
 - Every headline number carries a percentile bootstrap CI over problems, because
   benchmarks such as AIME have 30 problems and a 3-point gap is noise.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
-from grpo_core.eval.metric_names import GREEDY, metric_name, parse_metric
+from grpo_core.eval.metric_names import (
+    GPASS_TAUS,
+    GREEDY,
+    metric_name,
+    parse_metric,
+    report_order,
+)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -32,6 +43,21 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:  # every k-subset contains a correct sample
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def g_pass_at_k(n: int, c: int, k: int, tau: float) -> float:
+    """Probability that at least ceil(tau * k) (at least 1) of k samples drawn without
+    replacement from n, c of them correct, are correct: the hypergeometric tail
+    sum_{j >= ceil(tau k)} C(c, j) C(n - c, k - j) / C(n, k), in exact integers."""
+    if not (0 <= c <= n):
+        raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
+    if not (1 <= k <= n):
+        raise ValueError(f"need 1 <= k <= n, got n={n}, k={k}")
+    if not (0.0 <= tau <= 1.0):
+        raise ValueError(f"need 0 <= tau <= 1, got tau={tau}")
+    need = max(1, math.ceil(tau * k - 1e-9))  # 0.75 * 4 is 3, not 4 by rounding
+    hits = sum(math.comb(c, j) * math.comb(n - c, k - j) for j in range(need, min(c, k) + 1))
+    return hits / math.comb(n, k)
 
 
 def avg_at_k(correct: Sequence[bool]) -> float:
@@ -143,8 +169,9 @@ def problem_scores(
 ) -> dict[str, float]:
     """Per-problem metric values for one eval record (the unit the bootstrap resamples).
 
-    pass@k uses all n samples of the problem (the estimator's point: n >= k reduces
-    variance); avg@k and maj@k use the first k samples, which is what their names say.
+    pass@k and G-Pass@k use all n samples of the problem (the estimator's point: n >= k
+    reduces variance); avg@k and maj@k use the first k samples, which is what their names
+    say. G-Pass@k is reported for k >= 2 (at k = 1 every threshold is pass@1).
     """
     out: dict[str, float] = {}
     correct = [bool(c) for c in record.get("sample_correct") or []]
@@ -154,6 +181,8 @@ def problem_scores(
         out[metric_name("avg", k_max)] = avg_at_k(correct[:k_max])
         for k in ks:
             out[metric_name("pass", k)] = pass_at_k(n, c, k)
+            for kind, tau in GPASS_TAUS.items() if k > 1 else ():
+                out[metric_name(kind, k)] = g_pass_at_k(n, c, k, tau)
             if answers is not None:
                 out[metric_name("maj", k)] = maj_at_k(answers[:k], correct[:k], canon=canon)
     return out
@@ -181,7 +210,7 @@ def _summarise_group(records: list[dict], ks: list[int], canon, ci_kw: dict) -> 
     for r in records:
         for name, value in problem_scores(r, ks, canon).items():
             per_metric.setdefault(name, []).append(value)
-    for name in sorted(per_metric, key=parse_metric):  # by kind, then k
+    for name in sorted(per_metric, key=report_order):  # by kind (G-Pass after pass), then k
         out[name] = _ci_dict(per_metric[name], **ci_kw)
     greedy_trunc = [r.get("greedy_truncated") for r in records]
     sample_trunc = [t for r in records for t in (r.get("sample_truncated") or [])]
@@ -294,6 +323,8 @@ def _problem_score(record: dict, name: str, canon) -> float:
         return avg_at_k(correct[:k])
     if kind == "pass":
         return pass_at_k(len(correct), sum(correct), k)
+    if kind in GPASS_TAUS:
+        return g_pass_at_k(len(correct), sum(correct), k, GPASS_TAUS[kind])
     answers = record.get(f"sample_answers{suffix}")
     if answers is None:
         raise ValueError(f"problem {pid!r} has no sample_answers{suffix} for {name}")

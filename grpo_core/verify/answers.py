@@ -46,14 +46,10 @@ thread ("unlabelled" outside any). `check` raises `ScorerError`; `verify` and
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import logging
 import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -69,6 +65,7 @@ from grpo_core.verify.extraction import (
     gold_from_math_solution,
     normalise_gold,
 )
+from grpo_core.verify.quick_value import quick_profile, quick_unequal
 from grpo_core.verify.safe_eval import (
     TIMED_OUT,
     call_with_deadline,
@@ -78,6 +75,12 @@ from grpo_core.verify.safe_eval import (
     profile,
     risky_reason,
     warm_up,
+)
+from grpo_core.verify.scorer_errors import (
+    SCORER_ERRORS,
+    ScorerError,
+    count_scorer_errors,
+    record_scorer_error,
 )
 
 __all__ = [
@@ -91,7 +94,7 @@ __all__ = [
 
 # Names the extraction + equivalence rules; evaluation puts it in the protocol hash.
 # Bump it whenever a verdict can change.
-EXTRACTOR_VERSION = "3-first-answer-block"
+EXTRACTOR_VERSION = "4-variables-last-expression"
 
 # Wall-clock budget for checking one completion, the gold's parse included when it is not
 # cached yet. GC pauses and a busy machine can stretch a call past it by a few 100 ms;
@@ -104,66 +107,6 @@ MAX_PRED_CHARS = 4 * MAX_GOLD_CHARS  # longer predictions are wrong without a lo
 # a less busy moment may decide it). The same answer recurs at once: G equal completions
 # of a group, or the strict and the flexible reading of one completion in evaluation.
 RETRY_TIMEOUT_AFTER_S = 60.0
-
-# --- scorer errors -------------------------------------------------------------------------
-
-log = logging.getLogger("grpo.scorer")
-
-
-class ScorerError(Exception):
-    """The scorer itself failed on an input (not: the answer is wrong). `input_hash` is
-    sha256(gold + NUL + prediction)[:12], the key of the log line."""
-
-    def __init__(self, message: str, input_hash: str):
-        super().__init__(message)
-        self.input_hash = input_hash
-
-
-class ScorerErrorCounter:
-    """Thread-safe counts of scorer errors per label, and the first few input hashes."""
-
-    KEEP = 10
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
-        self._hashes: dict[str, list[str]] = {}
-
-    def add(self, label: str, input_hash: str) -> None:
-        with self._lock:
-            self._counts[label] = self._counts.get(label, 0) + 1
-            kept = self._hashes.setdefault(label, [])
-            if len(kept) < self.KEEP and input_hash not in kept:
-                kept.append(input_hash)
-
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-    def hashes(self, label: str) -> list[str]:
-        with self._lock:
-            return list(self._hashes.get(label, ()))
-
-    def reset(self) -> None:
-        with self._lock:
-            self._counts.clear()
-            self._hashes.clear()
-
-
-SCORER_ERRORS = ScorerErrorCounter()
-_THREAD = threading.local()  # the label errors of this thread are counted under
-
-
-@contextlib.contextmanager
-def count_scorer_errors(label: str = "unlabelled") -> Iterator[ScorerErrorCounter]:
-    """Count scorer errors raised in this thread inside the block under `label`."""
-    previous = getattr(_THREAD, "label", None)
-    _THREAD.label = label
-    try:
-        yield SCORER_ERRORS
-    finally:
-        _THREAD.label = previous
-
 
 class _LRU:
     """A small thread-safe LRU map (functools.lru_cache cannot skip caching timeouts)."""
@@ -192,21 +135,6 @@ class _LRU:
             self._data.clear()
 
 
-_LOGGED = _LRU(4096)  # input hashes already logged: a recurring error logs once
-
-
-def record_scorer_error(gold: Any, predicted: Any, exc: BaseException) -> ScorerError:
-    """Count and log (once per input) a scorer exception; the ScorerError to raise."""
-    text = f"{gold}\x00{predicted}".encode("utf-8", "surrogatepass")
-    input_hash = hashlib.sha256(text).hexdigest()[:12]
-    label = getattr(_THREAD, "label", None) or "unlabelled"
-    SCORER_ERRORS.add(label, input_hash)
-    if _LOGGED.get(input_hash) is None:
-        _LOGGED.put(input_hash, True)
-        log.warning("scorer error (%s) on input %s: %r", label, input_hash, exc, exc_info=exc)
-    return ScorerError(f"scorer error on input {input_hash}: {exc!r}", input_hash)
-
-
 # --- comparing numbers ------------------------------------------------------------------
 
 
@@ -231,7 +159,7 @@ def _for_mv(text: str) -> str:
 
 _GOLDS = _LRU(8192)
 _VERDICTS = _LRU(65536)
-_PRED_PARSES = _LRU(4096)
+_PARSES = _LRU(8192)  # math-verify's parse per cleaned text, golds and predictions alike
 _TIMEOUTS = _LRU(1024)  # (gold, prediction) -> when it last ran out of time
 _MISSING = object()
 
@@ -243,14 +171,17 @@ class GoldAnswer:
     otherwise `parsed` holds math-verify's parse, made once by `parse_gold`.
     """
 
-    __slots__ = ("canon", "number", "parsed", "profile", "text")
+    __slots__ = ("canon", "number", "parsed", "profile", "quick", "text")
 
-    def __init__(self, text: str, number: tuple | None, parsed: list | None):
+    def __init__(self, text: str, number: tuple | None, parsed: list | None,
+                 quick: tuple | None = None):
         self.text = text
         self.number = number
         self.canon = canonical(text)
         self.parsed = parsed
         self.profile: tuple | None = None  # (value, varies), see _profile; made on first use
+        # quick_value's cheap reading (no parser): most wrong answers are disproved with it
+        self.quick = ("value", complex(number[0]), False) if number is not None else quick
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GoldAnswer) and other.text == self.text
@@ -278,10 +209,16 @@ def _parse_gold_key(key: str, seconds: float) -> GoldAnswer | None | object:
         return GoldAnswer(key, number, None)
     if risky_reason(key, max_chars=MAX_GOLD_CHARS) or SPLIT_DIGITS.search(key):
         return None
-    math_verify_fns()
-    parsed = call_with_deadline(mv_parse, _for_mv(key), seconds=seconds)
-    if parsed is TIMED_OUT:
-        return TIMED_OUT
+    quick = quick_profile(key)
+    if quick is not None:  # simple arithmetic: math-verify parses it later, if ever needed
+        return GoldAnswer(key, None, None, quick)
+    parsed = _PARSES.get(key)  # one parse per text, gold or prediction
+    if parsed is None:
+        math_verify_fns()
+        parsed = call_with_deadline(mv_parse, _for_mv(key), seconds=seconds)
+        if parsed is TIMED_OUT:
+            return TIMED_OUT
+        _PARSES.put(key, parsed)
     return GoldAnswer(key, None, parsed) if parsed else None
 
 
@@ -323,6 +260,8 @@ def _mv_check(gold: GoldAnswer, pred: str, pred_parsed: list | None) -> tuple[bo
         pred_parsed = mv_parse(_for_mv(pred))
     if not pred_parsed:
         return False, pred_parsed
+    if gold.parsed is None and gold.number is None:  # parsed when first needed
+        gold.parsed = mv_parse(_for_mv(gold.text))
     if gold.profile is None:
         gold.profile = _gold_profile(gold)
     if cannot_be_equal(gold.profile, profile(pred_parsed)):
@@ -347,14 +286,19 @@ def _verify_uncached(gold: GoldAnswer, pred: str, seconds: float) -> bool | None
     # `1 2` is no number (math-verify would read it as 3): refused, like other limits.
     if risky_reason(stripped) or (number is None and SPLIT_DIGITS.search(stripped)):
         return False
+    if gold.quick is not None:  # no parser for an answer that surely differs
+        pred_quick = (("value", complex(number[0]), False) if number is not None
+                      else quick_profile(stripped))
+        if quick_unequal(gold.quick, pred_quick):
+            return False
     math_verify_fns()
-    cached = _PRED_PARSES.get(stripped)  # the same wrong answer recurs across prompts
+    cached = _PARSES.get(stripped)  # the same wrong answer recurs across prompts
     result = call_with_deadline(_mv_check, gold, stripped, cached, seconds=seconds)
     if result is TIMED_OUT:
         return None
     equal, parsed = result
     if cached is None:
-        _PRED_PARSES.put(stripped, parsed)
+        _PARSES.put(stripped, parsed)
     return equal
 
 
@@ -415,5 +359,5 @@ def is_equivalent(gold_text: Any, pred_text: str | None) -> bool:
 
 def clear_caches() -> None:
     """Forget parsed golds and verdicts (benchmarks start cold)."""
-    for cache in (_GOLDS, _VERDICTS, _PRED_PARSES, _TIMEOUTS):
+    for cache in (_GOLDS, _VERDICTS, _PARSES, _TIMEOUTS):
         cache.clear()

@@ -14,8 +14,11 @@ Two extraction modes (`EXTRACTIONS`):
 - `flexible`: the chain the standard evaluators use (lm-evaluation-harness gsm8k
   flexible-extract, the Qwen2.5-Math and Minerva evaluators): the last `\\boxed{}`, else the
   first `<answer>` block, else the text after the last "the answer is" / "#### " / "A: " /
-  "Answer: " marker, else the last number in the text (lm-eval's
-  `(-?[$0-9.,]{2,})|(-?[0-9]+)`). `$`, thousands commas and a trailing period are removed
+  "Answer: " marker, else the last complete math expression (a `$...$` span, a
+  `\\frac{..}{..}`, `\\sqrt{..}`, an interval or tuple), else the last number in the text
+  (lm-eval's `(-?[$0-9.,]{2,})|(-?[0-9]+)`), which is taken only when no such expression
+  follows it: an expression is never split for a number in it
+  (grpo_core/verify/fallback.py). `$`, thousands commas and a trailing period are removed
   from a number so found.
 
 Every scan is linear (no backtracking regex) and reads only the tail of a long completion:
@@ -26,10 +29,12 @@ removes math delimiters, one enclosing `\\boxed{}` and a trailing period, then t
 `\\begin{pmatrix} 2 \\\\ 3 \\end{pmatrix}`'s row separator `\\\\` is kept (only the spacing
 commands `\\!`, `\\,`, `\\ `, `\\quad`, `~` go: collapsing `\\\\ ` to `\\` turned a matrix
 into its last entry); thousands separators `11,\\! 111`, `11{,}111`, `1\\,000` and
-`1 000` (groups of three) are joined; unbraced arguments are braced (`\\frac \\pi4` ->
+`1 000` (groups of three) are joined, and so are plain `5,525` commas of a brace group that
+holds one number (`\\frac{12}{5,525}`); unbraced arguments are braced (`\\frac \\pi4` ->
 `\\frac{\\pi}{4}`, `\\sqrt2` -> `\\sqrt{2}`, `\\dfrac`/`\\tfrac`/`\\cfrac` -> `\\frac`); `°` is
-`^\\circ`. `as_number` reads plain numbers exactly, mixed numbers `1 1/2` and
-`1\\frac{1}{2}` (a proper fraction after an integer) and `1.2e3` included. Whitespace
+`^\\circ`; a trailing unit word goes, never a variable letter (grpo_core/verify/units.py).
+`as_number` reads plain numbers exactly, mixed numbers `1 1/2` and `1\\frac{1}{2}` (a proper
+fraction after an integer) and `1.2e3` included. Whitespace
 between two digits is not cosmetic: `canonical("1 2")` is not `canonical("12")`, and
 `SPLIT_DIGITS` finds such answers (answers.py refuses them as ambiguous).
 """
@@ -40,6 +45,9 @@ import math
 import re
 from fractions import Fraction
 from typing import Any
+
+from grpo_core.verify.fallback import clean_number, last_expression_or_number
+from grpo_core.verify.units import strip_units
 
 EXTRACTIONS = ("strict", "flexible")
 MAX_BOXED_SCAN = 100_000  # \boxed{} is looked for in the last 100k chars only
@@ -101,16 +109,9 @@ def _boxed(completion: str) -> str | None:
 _MARKER = re.compile(
     r"(?i:\bthe\s+(?:final\s+)?answer\s+is\b)|####|(?i:\banswer\s*:)|(?<![A-Za-z0-9])A:"
 )
-# lm-evaluation-harness gsm8k flexible-extract: the last match decides.
-_LAST_NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 _LEADING_NUMBER = re.compile(r"-?\\?\$?\s*[0-9][0-9,]*(?:\.[0-9]+)?(?![0-9./])")
 _MATH_AFTER = re.compile(r"[0-9\\^_{}=/+*()\[\]<>|-]")  # "8 apples" is 8; "8 + x" is not
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|\n")
-
-
-def _clean_number(text: str) -> str:
-    """`$1,234.` -> `1234`: lm-eval's clean-up of a GSM8K-style number."""
-    return text.replace("\\$", "").replace("$", "").replace(",", "").strip().rstrip(".")
 
 
 def _after_marker(text: str) -> str | None:
@@ -129,27 +130,16 @@ def _after_marker(text: str) -> str | None:
     number = _LEADING_NUMBER.match(answer)
     if number and not _MATH_AFTER.search(answer[number.end() :]):
         # "8 apples", "$1,234 in total": the number is the answer (GSM8K)
-        return _clean_number(number.group()) or None
+        return clean_number(number.group()) or None
     return answer
-
-
-def _last_number(text: str) -> str | None:
-    """The last number of the text (lm-eval's flexible-extract), cleaned; one that has no
-    digit left after cleaning ("...", ",,") does not count."""
-    tail = text[-MAX_MARKER_SCAN:]
-    found = None
-    for m in _LAST_NUMBER.finditer(tail):
-        cleaned = _clean_number(m.group())
-        if any(ch.isdigit() for ch in cleaned):
-            found = cleaned
-    return found
 
 
 def extract_answer(completion: str, extraction: str = "strict") -> str | None:
     """The model's final answer, or None. `strict` (default): the first complete
     `<answer>...</answer>` block, else the last `\\boxed{...}`. `flexible`: the last
     `\\boxed{}`, else the first `<answer>` block,
-    else the last "the answer is"/"####"/"A:"/"Answer:" marker, else the last number."""
+    else the last "the answer is"/"####"/"A:"/"Answer:" marker, else the last math
+    expression or the last number after it."""
     if extraction not in EXTRACTIONS:
         raise ValueError(f"unknown extraction {extraction!r}; known: {EXTRACTIONS}")
     if not isinstance(completion, str):
@@ -160,7 +150,7 @@ def extract_answer(completion: str, extraction: str = "strict") -> str | None:
         _boxed(completion)
         or _answer_tag(completion)
         or _after_marker(completion)
-        or _last_number(completion)
+        or last_expression_or_number(completion)
     )
 
 
@@ -172,6 +162,9 @@ _WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 # read as the start of `\ ` (the bug that turned a matrix into its last entry).
 _SPACING = re.compile(r"\\\\|\\[!,;: ]|\\q?quad(?![A-Za-z])|~")
 _THOUSANDS = re.compile(r"(?<=\d)(?:,\s*\\!|\{,\}|\\,|\\!)\s*(?=\d{3}(?!\d))")
+# A brace group that is one number with thousands commas: `\\frac{12}{5,525}`, `\\sqrt{1,000}`
+# (not an escaped set brace `\\{1,234\\}`, whose comma separates elements).
+_BRACED_THOUSANDS = re.compile(r"(?<![\\])\{\s*-?\d{1,3}(?:,\d{3})+\s*\}")
 _SPACE_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?![\d./])")
 _FRAC_ALIAS = re.compile(r"\\[dtc]frac(?![A-Za-z])")
 _TOKEN = r"([0-9A-Za-z]|\\[A-Za-z]+)"  # one TeX argument token: a char or a command
@@ -193,6 +186,8 @@ def _tidy(s: str) -> str:
         s = s.replace("\u00b0", "^\\circ")
     if "\\" in s or "{" in s:
         s = _THOUSANDS.sub("", s)
+        if "," in s and "{" in s:
+            s = _BRACED_THOUSANDS.sub(lambda m: m.group().replace(",", ""), s)
         s = _SPACING.sub(_spacing, s) if "\\" in s or "~" in s else s
         s = s.replace("{,}", ",")
         if "frac" in s or "sqrt" in s:
@@ -223,7 +218,7 @@ def clean_answer(text: str) -> str:
         s = s.rstrip(".").strip()
         if s == before:
             break
-    return _tidy(s) if len(s) <= MAX_TIDY_CHARS else s
+    return strip_units(_tidy(s)) if len(s) <= MAX_TIDY_CHARS else s
 
 
 # --- plain-number fast path ------------------------------------------------------------

@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from grpo_core.verify.units import looks_like_prose, mv_extraction_config
+
 MAX_ANSWER_CHARS = 512
 MAX_NESTING = 50
 MAX_NUMBER_DIGITS = 100
@@ -346,26 +348,13 @@ class _DropTimeoutWarning(logging.Filter):
 for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutWarning())
 
-_COMMANDS = re.compile(r"\\[A-Za-z]+")
-# \text{...} and the name of an environment (`\begin{pmatrix}`) are not prose: read as
-# prose, a spaced matrix loses its boxed read and becomes its last entry.
-_TEXT_ARGS = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
-_WORD = re.compile(r"[A-Za-z]{2,}")
-
-
-def _looks_like_prose(text: str) -> bool:
-    """`18 dollars`, `The answer is 5`: words outside LaTeX commands, \\text{} and
-    environment names."""
-    return bool(_WORD.search(_COMMANDS.sub(" ", _TEXT_ARGS.sub(" ", text))))
-
-
 def _mv_candidates(text: str) -> list[str]:
     """Strings to hand math-verify's parse, best first. A bare LaTeX answer is wrapped in
     \\boxed{} (parse then reads all of it, not just its first number)."""
     if "\\boxed" in text or "\\fbox" in text or "$" in text or "\\(" in text or "\\[" in text:
         return [text]
     boxed = "\\boxed{" + text + "}"
-    return [text, boxed] if _looks_like_prose(text) else [boxed, text]
+    return [text, boxed] if looks_like_prose(text) else [boxed, text]
 
 
 _MV: dict = {}
@@ -400,7 +389,12 @@ def math_verify_fns() -> tuple:
     Never inside a deadline: an import interrupted half-way would leave a broken module.
     """
     if not _MV:
+        import functools
+
         from math_verify import parse, verify
+
+        # units=False: a letter is a variable, never a unit (grpo_core/verify/units.py)
+        parse = functools.partial(parse, extraction_config=mv_extraction_config())
 
         for gold, pred in _WARM_UP:
             for text in (gold, pred):
