@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make lock`: resolve pyproject.toml's ranges into the two locks `make setup` installs.
-#   locks/cpu.txt  Python 3.11, linux x86_64, extras dev+dask+bench, torch pinned to the CPU build
+#   locks/cpu.txt  Python 3.11, linux x86_64, extras dev+dask, torch pinned to the CPU build
 #                  (TORCH_CPU, a local wheel on these machines: pip's find-links /opt/wheels).
 #   locks/gpu.txt  Python 3.12, linux x86_64, extras dev+dask+gpu: vLLM in the range the
 #                  locked TRL supports and the CUDA torch that vLLM pins.
@@ -58,7 +58,7 @@ if ! ls ${FIND_LINKS//file:\/\//} 2>/dev/null | grep -q "^torch-$TORCH_CPU-"; th
   exit 2
 fi
 [ -f /etc/xdg/pip/constraints.txt ] && cpu_args+=(-c /etc/xdg/pip/constraints.txt)
-compile locks/cpu.txt 3.11 dev dask bench -- "${cpu_args[@]}"
+compile locks/cpu.txt 3.11 dev dask -- "${cpu_args[@]}"
 
 # GPU: vllm's own torch pin decides torch (CUDA build from PyPI). The training libraries
 # are the CPU lock's versions (the tested ones), the rest may differ where vllm's pins demand.
