@@ -49,8 +49,12 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
            pick: Pick, stop: Stop) -> list[list[int]]:
     """The tokens generated for each row of a left-padded batch (module doc), each list
     ending at the token that stopped it or after max_new_tokens."""
+    import inspect
+
     from transformers import DynamicCache
 
+    # transformers >= 5.2x names the cache argument `cache` (past_key_values warns there)
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     n = input_ids.shape[0]
     out: list[list[int]] = [[] for _ in range(n)]
     live = list(range(n))  # original row of each position in the shrinking batch
@@ -61,7 +65,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     with torch.inference_mode():
         for _ in range(max_new_tokens):
             logits = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+                           use_cache=True, logits_to_keep=1, **{cache_arg: cache}).logits
             tokens = pick(logits[:, -1, :].float(), live).tolist()
             keep = []
             for k, (row, tok) in enumerate(zip(live, tokens)):
