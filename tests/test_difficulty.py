@@ -193,8 +193,8 @@ def test_hf_filter_generates_once_then_reuses(tiny_model_path, tmp_path):
     cfg = _cfg(k=3)
     backend = _hf(tiny_model_path, 64)
     calls = []
-    generate = backend.model.generate
-    backend.model.generate = lambda *a, **kw: calls.append(1) or generate(*a, **kw)
+    generate = backend.generate_batch  # every batch, rows leaving it or fixed
+    backend.generate_batch = lambda *a, **kw: calls.append(1) or generate(*a, **kw)
     con = duckdb.connect(str(tmp_path / "pr.duckdb"))
     first = estimate_pass_rates(backend, problems, "fp", cfg, "r1_zero", backend.tokenizer, con)
     assert calls and not any(r["reused"] for r in first)

@@ -60,7 +60,10 @@ def force_output(model, tok, default: str = FORCED["alpha"]) -> list[int]:
 def proxy_backend(proxy_model_path):
     from grpo_core.generation.sampling import build_backend
 
-    cfg = config_from_dict({"model": {"template": "chat"}, "rollout": {"backend": "hf", "batch_size": 8}})
+    # the forcing patches model.generate: the fixed-batch path calls it (tests/test_decode.py
+    # shows the default path, rows leaving the batch, gives generate's completions)
+    cfg = config_from_dict({"model": {"template": "chat"},
+                            "rollout": {"backend": "hf", "batch_size": 8, "drop_finished_rows": False}})
     backend, tok = build_backend(proxy_model_path, cfg)
     force_output(backend.model, tok)
     return backend, tok
@@ -121,7 +124,7 @@ def test_without_the_stop_the_forced_junk_runs_on(proxy_model_path):
 
     model, tok = load_policy(proxy_model_path)
     force_output(model, tok)
-    backend = HFBackend(model, tok, stop_strings=())
+    backend = HFBackend(model, tok, stop_strings=(), drop_finished_rows=False)
     [[c]] = backend.sample(_prompts(tok)[:1], 1, SamplingParams(temperature=0.0, max_new_tokens=24))
     assert c.text.startswith(FORCED["alpha"] + JUNK) and c.finish_reason == "length"
 

@@ -144,10 +144,37 @@ def _pin_nanstd(owner):
                                        f"Bessel-corrected std: std(1, 3, nan) = {got}"
 
 
+def _global_read_in(fn, name: str) -> bool:
+    """Whether `fn`'s body reads the module global `name` (so setting it takes effect at
+    the next call, not at import)."""
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+               for n in ast.walk(_function_ast(fn)))
+
+
+def _pin_vocab_tile(owner):
+    """An int that add_fused_lm_head reads when the fused forward runs (its nested
+    function passes it as the chunk size of ChunkedLogProbFunction)."""
+    value = _member(owner, "_CHUNKED_LOGPROB_CHUNK_SIZE")
+    assert isinstance(value, int), f"trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE is {value!r}, not an int"
+    assert _global_read_in(owner.add_fused_lm_head, "_CHUNKED_LOGPROB_CHUNK_SIZE"), \
+        "trl_utils.add_fused_lm_head no longer reads _CHUNKED_LOGPROB_CHUNK_SIZE at call time"
+
+
+def _pin_token_tile(owner):
+    """An int that ChunkedLogProbFunction's forward and backward read at call time."""
+    value = _member(owner, "TOKEN_CHUNK_SIZE")
+    assert isinstance(value, int), f"chunked_logprob.TOKEN_CHUNK_SIZE is {value!r}, not an int"
+    fn = owner.ChunkedLogProbFunction
+    for step in ("forward", "backward"):
+        assert _global_read_in(getattr(fn, step), "TOKEN_CHUNK_SIZE"), \
+            f"ChunkedLogProbFunction.{step} no longer reads TOKEN_CHUNK_SIZE at call time"
+
+
 def _trainer_pins():
     from accelerate.state import GradientState
     from transformers import Trainer
     from trl import GRPOTrainer, RLOOTrainer
+    from trl.kernels import chunked_logprob as trl_chunked_logprob
     from trl.trainer import utils as trl_utils
 
     pins = {}
@@ -170,6 +197,8 @@ def _trainer_pins():
     pins[(GradientState, "_set_sync_gradients")] = lambda o: _params(
         o, "_set_sync_gradients", ["self", "sync_gradients"])
     pins[(trl_utils, "nanstd")] = _pin_nanstd
+    pins[(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE")] = _pin_vocab_tile
+    pins[(trl_chunked_logprob, "TOKEN_CHUNK_SIZE")] = _pin_token_tile
     return pins
 
 
@@ -178,7 +207,8 @@ PINS = _trainer_pins()
 
 def _id(key) -> str:
     owner, name = key
-    return f"{getattr(owner, '__name__', owner)}.{name}".replace("trl.trainer.utils", "trl_utils")
+    return (f"{getattr(owner, '__name__', owner)}.{name}".replace("trl.trainer.utils", "trl_utils")
+            .replace("trl.kernels.chunked_logprob", "trl_chunked_logprob"))
 
 
 def check(owner, name: str) -> None:

@@ -109,6 +109,10 @@ class RolloutConfig(Section):
     """auto: vllm when installed and a GPU is present, else hf."""
     batch_size: int = Field(default=64, ge=1)
     """Sequences generated per forward batch (hf backend)."""
+    drop_finished_rows: bool = True
+    """hf backend: a row that reached its stop leaves the batch (its KV cache with it), so
+    each decoding step computes only the rows still running instead of the whole batch
+    until its longest row ends. False: transformers `generate` over fixed batches."""
     max_new_tokens: int = Field(default=64, ge=1)
     """Completion budget for filtering/eval sampling."""
     tensor_parallel_size: int = Field(default=1, ge=1)
@@ -319,6 +323,13 @@ class TrainConfig(Section):
     vllm_server_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """The server's share of each of its GPUs (it has them to itself, unlike the filter's and
     eval's engine, rollout.gpu_memory_utilization)."""
+    logprob_chunk_tokens: int | None = Field(default=None, ge=1)
+    """Positions per tile of TRL's fused log-prob head (the LM head is projected a tile at a
+    time, never batch x sequence x vocabulary at once). None: TRL's 4096 on GPU (its Triton
+    kernel), 512 on CPU, where TRL's torch fallback keeps ~33 bytes per tile element in
+    backward (4.4 GB at TRL's tile; 0.14 GB at 512 x 8192). Memory only: no result changes."""
+    logprob_chunk_vocab: int | None = Field(default=None, ge=1)
+    """Vocabulary columns per tile of that head. None: TRL's 32768 on GPU, 8192 on CPU."""
     peak_tflops: float | None = Field(default=None, gt=0)
     """The GPU's peak TFLOP/s that throughput/mfu (CUDA only) is computed against; None: by the CUDA
     device's name (grpo_core/train/throughput.py PEAK_TFLOPS, bf16 dense), no MFU for a

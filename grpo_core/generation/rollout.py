@@ -2,8 +2,10 @@
 
     backend.sample(prompts, n, params) -> list (per prompt) of list (n) of Completion
 
-`hf` runs transformers `generate` batched across prompts and samples (left padding,
-prompts sorted by length so batches pad little); `vllm` (GPU, optional extra) has the
+`hf` decodes batched across prompts and samples with the KV cache (left padding, prompts
+sorted by length so batches pad little), rows leaving the batch as they stop
+(grpo_core.generation.decode; rollout.drop_finished_rows: False runs transformers
+`generate` over fixed batches instead); `vllm` (GPU, optional extra) has the
 same interface. Training generation is TRL's business, not this module's.
 """
 from __future__ import annotations
@@ -60,6 +62,12 @@ def text_stops(tokenizer, stops: tuple[str, ...] = (ANSWER_CLOSE,)) -> tuple[str
     return tuple(s for s in stops if s not in single)
 
 
+def text_window(stops: tuple[str, ...]) -> int:
+    """Tokens to decode to see a stop string the newest token completed: every token is at
+    least one byte."""
+    return max(len(s.encode()) for s in stops) + 2
+
+
 def text_stop_criterion(tokenizer, stops: tuple[str, ...], prompt_len: int):
     """A StoppingCriteria that ends each row of a batch on its own once its generated text
     (after `prompt_len`: the prompts hold the tag too) contains a stop string. Only the last
@@ -67,7 +75,7 @@ def text_stop_criterion(tokenizer, stops: tuple[str, ...], prompt_len: int):
     import torch
     from transformers import StoppingCriteria
 
-    window = max(len(s.encode()) for s in stops) + 2  # every token is at least one byte
+    window = text_window(stops)
 
     class StopOnText(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
@@ -133,8 +141,9 @@ class HFBackend:
     Rows stop at eos or at a stop string (the template's closing tag), each on its own."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, progress: bool = False,
-                 stop_strings: tuple[str, ...] = (ANSWER_CLOSE,)):
+                 stop_strings: tuple[str, ...] = (ANSWER_CLOSE,), drop_finished_rows: bool = True):
         self.model = model
+        self.drop_finished_rows = drop_finished_rows
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.progress = progress
@@ -157,6 +166,33 @@ class HFBackend:
     def finish(self, ids: list[int]) -> Completion:
         return finish(self.tokenizer, ids, self._stop, self._text_stops)
 
+    def row_stopped(self, row: int, ids: list[int]) -> bool:
+        """Whether a row's generated `ids` end at a stop token or complete a stop string:
+        what stop_kwargs makes `generate` check, for grpo_core.generation.decode."""
+        if ids[-1] in self._stop:
+            return True
+        if not self._text_stops:
+            return False
+        tail = self.tokenizer.decode(ids[-text_window(self._text_stops):], skip_special_tokens=True)
+        return any(s in tail for s in self._text_stops)
+
+    def generate_batch(self, enc, max_new_tokens: int, pick, generate_kwargs: dict) -> list[list[int]]:
+        """Generated ids of each row of the tokenized batch `enc`: decode's rows leaving as
+        they stop (`pick` chooses tokens), or with drop_finished_rows off, `generate` with
+        `generate_kwargs` (its sampling) over the fixed batch, right-padded rows."""
+        import torch
+
+        if self.drop_finished_rows:
+            from grpo_core.generation.decode import decode
+
+            return decode(self.model, enc["input_ids"], enc["attention_mask"], max_new_tokens,
+                          pick, self.row_stopped)
+        prompt_len = enc["input_ids"].shape[1]
+        with torch.inference_mode():
+            out = self.model.generate(**enc, max_new_tokens=max_new_tokens,
+                                      **self.stop_kwargs(prompt_len), **generate_kwargs)
+        return out[:, prompt_len:].tolist()
+
     def shutdown(self) -> None:
         """Drop the model (grpo_core.modeling.gpu.stage_memory calls this at a stage's end, then frees
         the CUDA cache); the backend cannot sample afterwards."""
@@ -164,6 +200,8 @@ class HFBackend:
 
     def sample(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
         import torch
+
+        from grpo_core.generation.decode import greedy_pick, sampling_pick
 
         # Greedy decoding gives n identical answers: generate once, copy.
         reps = 1 if params.greedy else n
@@ -180,16 +218,14 @@ class HFBackend:
             ).to(self.model.device)
             # Seed per batch start: reproducible whatever ran before in this process.
             torch.manual_seed(params.seed * 1_000_003 + start)
-            kwargs = {"max_new_tokens": params.max_new_tokens,
-                      **self.stop_kwargs(enc["input_ids"].shape[1])}
             if params.greedy:
-                kwargs.update(do_sample=False)
+                pick, kwargs = greedy_pick, {"do_sample": False}
             else:
-                kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
-            with torch.inference_mode():
-                out = self.model.generate(**enc, **kwargs)
-            new = out[:, enc["input_ids"].shape[1] :]
-            for (i, _), ids in zip(batch, new.tolist()):
+                pick = sampling_pick(params.temperature, params.top_p)
+                kwargs = {"do_sample": True, "temperature": params.temperature,
+                          "top_p": params.top_p, "top_k": 0}
+            rows = self.generate_batch(enc, params.max_new_tokens, pick, kwargs)
+            for (i, _), ids in zip(batch, rows):
                 results[i].append(self.finish(ids))
             bar.advance(len(batch))
         bar.close()

@@ -78,24 +78,33 @@ def sample_seeded(backend, prompts: list[str], n: int, params: SamplingParams,
     return [row[start:] for row in out]
 
 
+def gumbel_pick(logits, generators: list, temperature: float, top_p: float):
+    """Each row's token: argmax(logits / T + Gumbel noise from that row's generator) within
+    its top_p nucleus (module doc); `logits` rows x vocabulary, one generator per row."""
+    import torch
+
+    logits = logits.float() / temperature
+    if top_p < 1.0:
+        # Nucleus: the smallest top set whose mass reaches top_p (at least one token).
+        probs, order = torch.sort(torch.softmax(logits, -1), descending=True, stable=True)
+        outside = probs.cumsum(-1) - probs >= top_p
+        logits = logits.masked_fill(torch.zeros_like(outside).scatter(-1, order, outside),
+                                    float("-inf"))
+    u = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in generators])
+    u = u.to(logits.device).clamp_(min=1e-20, max=1.0 - 1e-7)
+    return (logits - torch.log(-torch.log(u))).argmax(-1)
+
+
 def _gumbel_processor(generators: list, temperature: float, top_p: float):
     import torch
     from transformers import LogitsProcessor
 
     class GumbelRowSampler(LogitsProcessor):
-        """Replaces each row's scores by a one-hot at that row's sampled token."""
+        """Replaces each row's scores by a one-hot at that row's sampled token (for
+        `generate`, rollout.drop_finished_rows off)."""
 
         def __call__(self, input_ids, scores):
-            logits = scores.float() / temperature
-            if top_p < 1.0:
-                # Nucleus: the smallest top set whose mass reaches top_p (at least one token).
-                probs, order = torch.sort(torch.softmax(logits, -1), descending=True, stable=True)
-                outside = probs.cumsum(-1) - probs >= top_p
-                logits = logits.masked_fill(torch.zeros_like(outside).scatter(-1, order, outside),
-                                            float("-inf"))
-            u = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in generators])
-            u = u.to(logits.device).clamp_(min=1e-20, max=1.0 - 1e-7)
-            pick = (logits - torch.log(-torch.log(u))).argmax(-1)
+            pick = gumbel_pick(scores, generators, temperature, top_p)
             out = torch.full_like(scores, float("-inf"))
             out.scatter_(-1, pick[:, None], 0.0)
             return out
@@ -121,15 +130,14 @@ def _hf_seeded(backend: HFBackend, prompts: list[str], n: int, params: SamplingP
         enc = tok([prompts[i] for i, _ in batch], return_tensors="pt", padding=True,
                   add_special_tokens=False).to(model.device)
         gens = [torch.Generator().manual_seed(derive_seed(seeds[i], j)) for i, j in batch]
-        with torch.inference_mode():
-            out = model.generate(
-                **enc, max_new_tokens=params.max_new_tokens,
-                **backend.stop_kwargs(enc["input_ids"].shape[1]),  # eos and stop strings
-                do_sample=False, temperature=None, top_p=None, top_k=None,
-                logits_processor=LogitsProcessorList(
-                    [_gumbel_processor(gens, params.temperature, params.top_p)]))
-        new = out[:, enc["input_ids"].shape[1] :]
-        for (i, j), ids in zip(batch, new.tolist()):
+        kwargs = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None,
+                  "logits_processor": LogitsProcessorList(
+                      [_gumbel_processor(gens, params.temperature, params.top_p)])}
+        new = backend.generate_batch(
+            enc, params.max_new_tokens,
+            lambda logits, rows: gumbel_pick(logits, [gens[r] for r in rows],
+                                             params.temperature, params.top_p), kwargs)
+        for (i, j), ids in zip(batch, new):
             results[i][j] = backend.finish(ids)
         bar.advance(len(batch))
     bar.close()
@@ -164,4 +172,5 @@ def build_backend(model_path: str, cfg, progress: bool = False):
 
     model, tokenizer = load_policy(model_path, cfg.model.dtype, cfg.model.gguf_file)
     return track(HFBackend(model, tokenizer, batch_size=cfg.rollout.batch_size,
-                           progress=progress, stop_strings=stops)), tokenizer
+                           progress=progress, stop_strings=stops,
+                           drop_finished_rows=cfg.rollout.drop_finished_rows)), tokenizer

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from grpo_core.modeling.fetch import is_fetchable, resolve_fetched
 from grpo_core.modeling.proxy import PROXY_NAME, ensure_proxy, proxy_dir
+from grpo_core.modeling.threads import configure_threads  # noqa: F401  (re-exported: callers import it from here)
 from grpo_core.modeling.tiny import BUILTIN_PREFIX, ensure_builtin, tiny_dir
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
@@ -75,16 +76,6 @@ def use_hub_token(cfg) -> None:
     masked = token is not None and set(token.get_secret_value()) <= {"*"}  # a dumped config
     if token is not None and not masked and not os.environ.get("HF_TOKEN"):
         os.environ["HF_TOKEN"] = token.get_secret_value()
-
-
-def configure_threads() -> None:
-    """Torch intra-op threads from $GRPO_TORCH_THREADS. Tiny models run faster on one
-    thread when anything else competes for the cores (OpenMP spin-waits)."""
-    n = os.environ.get("GRPO_TORCH_THREADS")
-    if n:
-        import torch
-
-        torch.set_num_threads(max(1, int(n)))
 
 
 def load_tokenizer(path: str, gguf_file: str | None = None,

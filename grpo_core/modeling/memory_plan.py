@@ -176,18 +176,32 @@ def activation_bytes(arch: Arch, batch: int, seq: int, checkpointing: bool,
 
 
 # trl/trainer/utils.py:1506 `_CHUNKED_LOGPROB_CHUNK_SIZE = 32768` (vocabulary columns per
-# tile) and trl/kernels/chunked_logprob.py:31 `TOKEN_CHUNK_SIZE = 4096` (rows per tile)
+# tile) and trl/kernels/chunked_logprob.py:31 `TOKEN_CHUNK_SIZE = 4096` (rows per tile):
+# TRL's tile, kept on GPU; on CPU the pipeline sets a smaller one (train.logprob_chunk_*)
 LOGPROB_VOCAB_CHUNK = 32768
 LOGPROB_TOKEN_CHUNK = 4096
+CPU_LOGPROB_VOCAB_CHUNK = 8192
+CPU_LOGPROB_TOKEN_CHUNK = 512
 
 
-def logprob_chunk_bytes(arch: Arch, tokens: int, triton: bool, dtype_bytes: int = 2) -> int:
+def logprob_tile(cfg, cpu: bool) -> tuple[int, int]:
+    """(positions, vocabulary columns) per tile of TRL's fused LM head for cfg's training:
+    train.logprob_chunk_tokens / _vocab when set, else TRL's on GPU and the smaller CPU
+    tile (its torch fallback holds ~33 bytes per tile element in backward)."""
+    t = cfg.train
+    tokens = t.logprob_chunk_tokens or (CPU_LOGPROB_TOKEN_CHUNK if cpu else LOGPROB_TOKEN_CHUNK)
+    vocab = t.logprob_chunk_vocab or (CPU_LOGPROB_VOCAB_CHUNK if cpu else LOGPROB_VOCAB_CHUNK)
+    return tokens, vocab
+
+
+def logprob_chunk_bytes(arch: Arch, tokens: int, triton: bool, dtype_bytes: int = 2,
+                        tile: tuple[int, int] = (LOGPROB_TOKEN_CHUNK, LOGPROB_VOCAB_CHUNK)) -> int:
     """Peak of TRL 1.16's fused LM head (trl/trainer/utils.py:1548 `add_fused_lm_head`,
     trl/kernels/chunked_logprob.py:299 `ChunkedLogProbFunction`), which never
-    materialises batch x sequence x vocabulary logits: it projects tiles of at most 4096
-    tokens x 32768 vocabulary entries and folds each into running log-sum-exp statistics.
-    `tokens` are the positions scored: the completion tokens with Triton (GPU, `compact`:
-    only labels != -100, utils.py:1642), every position elsewhere (CPU).
+    materialises batch x sequence x vocabulary logits: it projects tiles of at most
+    `tile` (positions, vocabulary entries) and folds each into running log-sum-exp
+    statistics. `tokens` are the positions scored: the completion tokens with Triton (GPU,
+    `compact`: only labels != -100, utils.py:1642), every position elsewhere (CPU).
 
     With Triton the fold runs in registers: one tile buffer in the autocast dtype
     (`mm_buf`, chunked_logprob.py:413). Without it (`_backward_tile`, chunked_logprob.py:257)
@@ -195,8 +209,8 @@ def logprob_chunk_bytes(arch: Arch, tokens: int, triton: bool, dtype_bytes: int 
     temporaries of the gradient expression in fp32, plus the bool `is_target`: 8 x 4 + 1
     bytes. Both also accumulate the hidden states' gradient in fp32 (tokens x h x 4; the
     weight's gradient in fp32 is the LM head's gradient, counted with the gradients)."""
-    rows = min(tokens, LOGPROB_TOKEN_CHUNK)
-    cols = min(arch.vocab, LOGPROB_VOCAB_CHUNK)
+    rows = min(tokens, tile[0])
+    cols = min(arch.vocab, tile[1])
     per_element = dtype_bytes if triton else 8 * 4 + 1
     return rows * cols * per_element + 4 * tokens * arch.hidden
 
@@ -297,7 +311,8 @@ def memory_plan(cfg, gpu_gb: float = 80.0, prompt_tokens: int = PROMPT_TOKENS,
         "autocast_weight_copies": 2 * linear_params(arch) // (n if stage >= 3 else 1) if autocast else 0,
         "activations_no_ckpt": activation_bytes(arch, micro, seq, False, act_bytes),
         "activations_ckpt": activation_bytes(arch, micro, seq, True, act_bytes),
-        "logprob_chunk": logprob_chunk_bytes(arch, scored, triton=not cpu, dtype_bytes=act_bytes),
+        "logprob_chunk": logprob_chunk_bytes(arch, scored, triton=not cpu, dtype_bytes=act_bytes,
+                                             tile=logprob_tile(cfg, cpu)),
         "kv_cache": kv_cache_bytes(arch, gen_seqs, seq, 2 if not cpu else 4),
     }
     if cpu:

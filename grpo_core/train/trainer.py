@@ -18,7 +18,8 @@ pins each name below against the installed versions and scans the project for ot
   (`one_completion_per_prompt`), TRL's NaN-ignoring std (`reward_std`), the weighted
   reward total (`weighted_rewards`), no log printing (`quiet_trainer`), and the step's
   throughput counts and TRL's step time (`take_step_counts`, `step_time`), the step a
-  batch generated now trains (`batch_step`, from 1 as the logs count).
+  batch generated now trains (`batch_step`, from 1 as the logs count), and the tile of
+  TRL's fused log-prob head (`set_logprob_tile`).
 
 PRIVATE lists every private member used here, with the owner it is read from."""
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from accelerate.state import GradientState
 from transformers import Trainer
 from trl import GRPOTrainer, RLOOTrainer, SFTTrainer
+from trl.kernels import chunked_logprob as trl_chunked_logprob
 from trl.trainer import utils as trl_utils
 
 from grpo_core.train import lora
@@ -62,6 +64,8 @@ PRIVATE = (
     (Trainer, "_load_optimizer_and_scheduler"),  # overridden: the auxiliary weights back
     (GradientState, "_set_sync_gradients"),  # False: accelerate skips the optimizer step
     (trl_utils, "nanstd"),  # TRL's advantage std (not exported by trl)
+    (trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE"),  # set: vocabulary columns per log-prob tile
+    (trl_chunked_logprob, "TOKEN_CHUNK_SIZE"),  # set: positions per log-prob tile
 )
 
 
@@ -159,6 +163,22 @@ def one_completion_per_prompt(args):
     GRPOConfig checks num_generations >= 2 in __post_init__ only."""
     args.num_generations = 1
     return args
+
+
+def logprob_tile() -> tuple[int, int]:
+    """(positions, vocabulary columns) per tile of TRL's fused LM head as now set."""
+    return trl_chunked_logprob.TOKEN_CHUNK_SIZE, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
+
+
+def set_logprob_tile(tokens: int, vocab: int) -> None:
+    """Tile of TRL's fused LM head (trl/trainer/utils.py add_fused_lm_head): it projects
+    `tokens` positions x `vocab` columns at a time into running log-sum-exp statistics,
+    never the whole batch x sequence x vocabulary. TRL's 4096 x 32768 suits its Triton
+    kernel; its torch fallback (CPU) keeps ~33 bytes per tile element in backward, 4.4 GB
+    at that size. Both are module globals read at call time (pinned in
+    tests/test_trl_contract.py); the setting is per process, as the trainer is."""
+    trl_chunked_logprob.TOKEN_CHUNK_SIZE = int(tokens)
+    trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = int(vocab)
 
 
 def quiet_trainer(trainer) -> None:
