@@ -146,7 +146,7 @@ class Experiment:
         return res.output_dir, f"{recipe}/sft"
 
     def grpo_round(self, recipe: str, n: int, path: str, input_key: str, last: bool) -> str:
-        from grpo_core.train.grpo import run_grpo_round
+        from grpo_core.train.grpo import prompts_per_update, run_grpo_round
 
         t0 = time.perf_counter()
         problems, filt = self.pool, None
@@ -156,6 +156,10 @@ class Experiment:
                     "band_share": round(len(rep.kept) / max(rep.considered, 1), 3),
                     "seconds": round(rep.seconds, 1)}
             problems = rep.kept
+            if len(problems) < prompts_per_update(self.cfg):
+                # too few in band to fill one step: train on the pool, and say so
+                filt["fallback"] = "too few in band: the round trains on the whole pool"
+                problems = self.pool
         t1 = time.perf_counter()
         with rss_peak() as peak:
             res = run_grpo_round(path, problems, self.cfg, self.out / recipe / f"grpo-{n}",
