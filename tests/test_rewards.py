@@ -143,7 +143,10 @@ def test_format_reward_values_and_prompt_inference() -> None:
 
 
 def test_tag_count_partial_credit() -> None:
-    assert tag_count([GOOD, "", "<think>x</think>", "<answer>4</answer>"]) == [1.0, 0.0, 0.5, 0.5]
+    assert tag_count([GOOD, "", "<think>x</think>"]) == [1.0, 0.0, 0.5]
+    # No think tag and a prompt that opened none: the chat shape (marked, real, last; no
+    # reasoning before it), grpo_core/verify/format_rules.py
+    assert tag_count(["<answer>4</answer>"]) == [0.75]
     # A tag used twice earns nothing (no farming by repetition).
     assert tag_count(["<think><think>x</think><answer>4</answer>"]) == [0.75]
     assert tag_count(["x</think><answer>4</answer>"], prompt_ends_with_think=True) == [1.0]

@@ -32,10 +32,10 @@ from grpo_core.verify.answers import (
     parse_gold,
     record_scorer_error,
 )
+from grpo_core.verify.format_rules import THINK_OPEN, is_well_formatted, tag_score
 
 RewardFunc = Callable[..., list]
 
-THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
 # Bounded work on megabyte completions: only this much of the text is examined.
 MAX_REPETITION_TOKENS = 50_000
 MAX_KEYWORD_SCAN = 200_000
@@ -133,33 +133,18 @@ def accuracy(completions: list, answer: list | None = None, **kwargs: Any) -> li
 # --- format and tags ---------------------------------------------------------------------
 
 
-def is_well_formatted(text: str, prompt_ends_with_think: bool = False) -> bool:
-    """`<think>...</think>` then `<answer>...</answer>`, whitespace around, each tag once,
-    a non-empty answer. With `prompt_ends_with_think` the opening <think> may be missing.
-    Plain string scans: linear time on any input (no backtracking regex)."""
-    s = text.strip()
-    if s.count(THINK_OPEN) == 1 and s.startswith(THINK_OPEN):
-        s = s[len(THINK_OPEN) :]
-    elif not (prompt_ends_with_think and THINK_OPEN not in s):
-        return False
-    if s.count(THINK_CLOSE) != 1 or s.count(ANSWER_OPEN) != 1 or s.count(ANSWER_CLOSE) != 1:
-        return False
-    think_end = s.index(THINK_CLOSE)
-    answer_start = s.index(ANSWER_OPEN)
-    if answer_start < think_end or s[think_end + len(THINK_CLOSE) : answer_start].strip():
-        return False
-    if not s.endswith(ANSWER_CLOSE):
-        return False
-    return bool(s[answer_start + len(ANSWER_OPEN) : -len(ANSWER_CLOSE)].strip())
-
-
 def format(
     completions: list,
     format_reward: float = 0.5,
     prompt_ends_with_think: bool | None = None,
     **kwargs: Any,
 ) -> list[float]:
-    """+format_reward for `<think>...</think><answer>...</answer>`, -format_reward otherwise.
+    """+format_reward for a well-formatted completion, -format_reward otherwise: the R1
+    format `<think>...</think><answer>...</answer>` when the prompt opened <think> or the
+    completion writes a think tag; for a chat completion in plain text, reasoning then
+    the final answer in an <answer> block or a \\boxed{} that ends it. Template text (the
+    placeholders `<answer> here </answer>`, an empty <think>) is never well formatted
+    (grpo_core.verify.format_rules).
 
     `prompt_ends_with_think`: None infers it per completion from the `prompts` kwarg
     (the R1-Zero prompt ends with "<think>", so the completion starts inside the block)."""
@@ -172,31 +157,14 @@ def format(
     )
 
 
-def tag_score(text: str, prompt_ends_with_think: bool = False) -> float:
-    """0.25 per well-placed tag; a tag that appears more than once earns nothing."""
-    count = {t: text.count(t) for t in (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)}
-    pos = {t: text.find(t) for t in count}
-    opened = (
-        text.lstrip().startswith(THINK_OPEN)
-        if count[THINK_OPEN] == 1
-        else (count[THINK_OPEN] == 0 and prompt_ends_with_think)
-    )
-    placed = [
-        opened,
-        count[THINK_CLOSE] == 1 and pos[THINK_CLOSE] > pos[THINK_OPEN],
-        count[ANSWER_OPEN] == 1 and pos[ANSWER_OPEN] > pos[THINK_CLOSE],
-        count[ANSWER_CLOSE] == 1
-        and pos[ANSWER_CLOSE] > pos[ANSWER_OPEN]
-        and text.rstrip().endswith(ANSWER_CLOSE),
-    ]
-    return 0.25 * sum(placed)
-
-
 def tag_count(
     completions: list, prompt_ends_with_think: bool | None = None, **kwargs: Any
 ) -> list[float]:
-    """Partial format credit (0.25 per tag), so a model that never wrote the tags still
-    gets a gradient towards them."""
+    """Partial format credit, 0.25 per check of the completion's shape (each tag of the R1
+    format; for a plain-text chat completion: reasoning, a marked final answer, a real
+    answer in it, nothing after it), so a model that never wrote the format still gets a
+    gradient towards it. Tags around template text earn nothing
+    (grpo_core.verify.format_rules)."""
     flags = _think_flags(len(completions), kwargs, prompt_ends_with_think)
     return _each(
         list(zip(completions, flags)),

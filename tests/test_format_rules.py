@@ -1,0 +1,115 @@
+"""Format rewards that the template cannot game, and a graded format reward for chat
+completions (grpo_core/verify/format_rules.py; issue 24 item 4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_core.prompts import R1_ZERO_TEMPLATE
+from grpo_core.verify.format_rules import (
+    PLACEHOLDER_WORDS,
+    is_template_text,
+    is_well_formatted,
+    tag_score,
+    template_placeholders,
+)
+from grpo_core.verify.rewards import accuracy, format, tag_count
+
+R1_PROMPT = R1_ZERO_TEMPLATE.format(problem="What is 2 + 3?")
+CHAT_PROMPT = "<|im_start|>system\n...<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_placeholders_are_read_from_the_templates() -> None:
+    # the shipped templates' example blocks: "reasoning process here", "answer here", "42"
+    assert {"here", "answer", "reasoning", "process", "42"} == PLACEHOLDER_WORDS
+    # a new template's placeholder counts without a code change
+    assert template_placeholders(("e.g. <answer> your number </answer>",)) == {"your", "number"}
+    assert is_template_text(" Here. ") and is_template_text("answer here") and is_template_text("")
+    assert not is_template_text("5") and not is_template_text("here is 5")
+
+
+# The R1-Zero template's placeholders as a trained SmolLM2 wrote them (issue 24: "here" in
+# 31% of completions), after the prompt's opening <think>.
+R1_GAMING = [
+    "</think> <answer> here </answer>",
+    "reasoning process here </think> <answer> answer here </answer>",
+    "</think> <answer> </answer>",
+    "</think><answer>Here.</answer>",
+]
+
+
+@pytest.mark.parametrize("completion", R1_GAMING)
+def test_template_text_is_not_paid_under_r1_zero(completion: str) -> None:
+    prompts = [R1_PROMPT]
+    assert format([completion], prompts=prompts) == [-0.5]
+    assert not is_well_formatted(completion, True)
+    # the block opened by the prompt is all the credit left (the same for every completion)
+    assert tag_count([completion], prompts=prompts) == [0.25]
+    assert accuracy([completion], answer=["5"]) == [0.0]
+
+
+def test_empty_reasoning_is_not_paid() -> None:
+    """The template's empty `<think> </think>` before a real answer: the answer's tags
+    are paid, the reasoning's close is not, and the whole is not well formatted."""
+    text = " </think> <answer> 5 </answer>"
+    assert tag_count([text], prompts=[R1_PROMPT]) == [0.75]
+    assert format([text], prompts=[R1_PROMPT]) == [-0.5]
+    assert accuracy([text], answer=["5"]) == [1.0]
+
+
+def test_placeholder_answer_earns_no_tag_credit() -> None:
+    """Before the fix "<answer> here </answer>" earned the full 1.0 tag reward and +0.5
+    format; the same text with a real answer still does."""
+    real = "2 plus 3 is 5 </think> <answer> 5 </answer>"
+    gamed = "2 plus 3 is 5 </think> <answer> here </answer>"
+    assert tag_count([real, gamed], prompt_ends_with_think=True) == [1.0, 0.5]
+    assert format([real, gamed], prompt_ends_with_think=True) == [0.5, -0.5]
+    assert accuracy([real, gamed], answer=["5", "5"]) == [1.0, 0.0]
+    # the chat system prompt's own example answer is template text for the format rewards
+    assert tag_score("<think>6 times 7</think><answer> 42 </answer>") == 0.5
+
+
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        ("2 plus 3 is 5, so the answer is \\boxed{5}.", 1.0),
+        ("2 + 3 = 5\n<answer>5</answer>", 1.0),
+        ("2 plus 3 is $\\boxed{5}$", 1.0),
+        ("\\boxed{5}", 0.75),  # no reasoning before it
+        ("2 plus 3 is \\boxed{5}, I think. Let me check again: 2 + 3", 0.75),  # not last
+        ("2 plus 3 is \\boxed{here}", 0.75),  # template text in the box
+        ("2 plus 3 is \\boxed{}", 0.75),  # empty box
+        ("here \\boxed{answer}", 0.5),  # template text only
+        ("2 plus 3 is 5", 0.0),  # no marked final answer
+        ("", 0.0),
+    ],
+)
+def test_chat_completions_get_a_graded_format_reward(text: str, score: float) -> None:
+    """A chat prompt does not open <think> and a plain-text completion writes no think tag:
+    the chat shape (reasoning, then the final answer marked by <answer> or \\boxed{}, and
+    nothing after it) is scored in quarters, where the tag checks gave every such
+    completion the same 0."""
+    assert tag_count([text], prompts=[CHAT_PROMPT]) == [score]
+    assert format([text], prompts=[CHAT_PROMPT]) == [0.5 if score == 1.0 else -0.5]
+
+
+def test_chat_rewards_vary_within_a_group() -> None:
+    """The point of a graded reward: a chat group of typical instruct completions has
+    reward variance, so GRPO has an advantage to follow."""
+    group = ["2 + 3 = 5", "2 + 3 = 5, so \\boxed{5}", "The sum is 5. \\boxed{5} Done, I hope.",
+             "<answer>5</answer>"]
+    scores = tag_count(group, prompts=[CHAT_PROMPT] * 4)
+    assert len(set(scores)) >= 3, scores
+
+
+def test_chat_completion_with_think_tags_uses_the_tagged_shape() -> None:
+    good = "<think>2 plus 3 is 5</think><answer>5</answer>"
+    assert tag_count([good], prompts=[CHAT_PROMPT]) == [1.0]
+    assert format([good], prompts=[CHAT_PROMPT]) == [0.5]
+    assert tag_count(["<think></think><answer>here</answer>"], prompts=[CHAT_PROMPT]) == [0.25]
+
+
+def test_boxed_end_is_found_with_a_later_brace() -> None:
+    # the last box is \boxed{4}; a later "4}" elsewhere must not be read as its end
+    text = "so \\boxed{4} and then \\frac{1}{4} more"
+    assert tag_score(text) == 0.75
