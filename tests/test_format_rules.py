@@ -29,32 +29,33 @@ def test_placeholders_are_read_from_the_templates() -> None:
 
 
 # The R1-Zero template's placeholders as a trained SmolLM2 wrote them (issue 24: "here" in
-# 31% of completions), after the prompt's opening <think>.
+# 31% of completions), after the prompt's opening <think>; with the tag credit left: the
+# block the prompt opened (the same for every completion), and an empty reasoning's close.
 R1_GAMING = [
-    "</think> <answer> here </answer>",
-    "reasoning process here </think> <answer> answer here </answer>",
-    "</think> <answer> </answer>",
-    "</think><answer>Here.</answer>",
+    ("</think> <answer> here </answer>", 0.5),
+    ("reasoning process here </think> <answer> answer here </answer>", 0.25),
+    ("</think> <answer> </answer>", 0.5),
+    ("</think><answer>Here.</answer>", 0.5),
+    ("Reasoning here. </think><answer>answer</answer>", 0.25),
 ]
 
 
-@pytest.mark.parametrize("completion", R1_GAMING)
-def test_template_text_is_not_paid_under_r1_zero(completion: str) -> None:
+@pytest.mark.parametrize(("completion", "tags"), R1_GAMING)
+def test_template_text_is_not_paid_under_r1_zero(completion: str, tags: float) -> None:
     prompts = [R1_PROMPT]
     assert format([completion], prompts=prompts) == [-0.5]
     assert not is_well_formatted(completion, True)
-    # the block opened by the prompt is all the credit left (the same for every completion)
-    assert tag_count([completion], prompts=prompts) == [0.25]
+    assert tag_count([completion], prompts=prompts) == [tags]
     assert accuracy([completion], answer=["5"]) == [0.0]
 
 
-def test_empty_reasoning_is_not_paid() -> None:
-    """The template's empty `<think> </think>` before a real answer: the answer's tags
-    are paid, the reasoning's close is not, and the whole is not well formatted."""
-    text = " </think> <answer> 5 </answer>"
-    assert tag_count([text], prompts=[R1_PROMPT]) == [0.75]
-    assert format([text], prompts=[R1_PROMPT]) == [-0.5]
-    assert accuracy([text], answer=["5"]) == [1.0]
+def test_reasoning_placeholder_is_not_paid_but_empty_reasoning_is_r1s_format() -> None:
+    """The R1 format allows an empty think block (its regex `<think>.*?</think>`); the
+    template's placeholder words as the reasoning are not paid."""
+    empty, copied = " </think> <answer> 5 </answer>", "reasoning process here </think> <answer> 5 </answer>"
+    assert tag_count([empty, copied], prompts=[R1_PROMPT] * 2) == [1.0, 0.75]
+    assert format([empty, copied], prompts=[R1_PROMPT] * 2) == [0.5, -0.5]
+    assert accuracy([empty, copied], answer=["5", "5"]) == [1.0, 1.0]
 
 
 def test_placeholder_answer_earns_no_tag_credit() -> None:
@@ -106,7 +107,7 @@ def test_chat_completion_with_think_tags_uses_the_tagged_shape() -> None:
     good = "<think>2 plus 3 is 5</think><answer>5</answer>"
     assert tag_count([good], prompts=[CHAT_PROMPT]) == [1.0]
     assert format([good], prompts=[CHAT_PROMPT]) == [0.5]
-    assert tag_count(["<think></think><answer>here</answer>"], prompts=[CHAT_PROMPT]) == [0.25]
+    assert tag_count(["<think>here</think><answer>here</answer>"], prompts=[CHAT_PROMPT]) == [0.25]
 
 
 def test_boxed_end_is_found_with_a_later_brace() -> None:

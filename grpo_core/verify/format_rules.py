@@ -23,10 +23,12 @@ Template text is never paid. The templates show the format with placeholders
 prompt's `<answer> 42 </answer>`), and a policy trained on tag rewards learns to copy them:
 a SmolLM2 run wrote `<answer> here </answer>` in 31% of its completions (issue 24). A
 block whose words all come from the templates' own tag contents (`PLACEHOLDER_WORDS`,
-read from the template texts, so a new template's placeholders count at once; an empty
-block included, as the templates' `<think> </think>`) earns no credit for its tags. The
-accuracy reward is untouched: it pays a correct answer, whatever its words (a gold of 42
-answered 42 is correct; only its format credit is withheld).
+read from the template texts, so a new template's placeholders count at once) earns no
+credit for its tags; nor does an empty answer. An empty think block is the R1 format's
+own (its reference regex `<think>.*?</think>` allows it; the warm-started proxy model
+writes it), so it is paid; the template's placeholder words in it are not. The accuracy
+reward is untouched: it pays a correct answer, whatever its words (a gold of 42 answered
+42 is correct; only its format credit is withheld).
 
 Plain string scans and one linear regex: linear time on any input."""
 
@@ -62,6 +64,12 @@ def is_template_text(text: str) -> bool:
     return all(m.group() in PLACEHOLDER_WORDS for m in _WORD.finditer(text.lower()))
 
 
+def is_placeholder_reasoning(text: str) -> bool:
+    """Reasoning that is the templates' placeholder words ("reasoning process here"); an
+    empty block is not (the R1 format allows it)."""
+    return _WORD.search(text) is not None and is_template_text(text)
+
+
 def uses_tags(text: str, prompt_ends_with_think: bool) -> bool:
     """The tagged shape applies: the prompt opened <think>, or the completion writes a think tag."""
     return prompt_ends_with_think or THINK_OPEN in text or THINK_CLOSE in text
@@ -77,7 +85,7 @@ def _tag_checks(text: str, prompt_ends_with_think: bool) -> list[bool]:
               else (count[THINK_OPEN] == 0 and prompt_ends_with_think))
     think_from = pos[THINK_OPEN] + len(THINK_OPEN) if count[THINK_OPEN] == 1 else 0
     closed = (count[THINK_CLOSE] == 1 and pos[THINK_CLOSE] > pos[THINK_OPEN]
-              and not is_template_text(text[think_from:pos[THINK_CLOSE]]))
+              and not is_placeholder_reasoning(text[think_from:pos[THINK_CLOSE]]))
     answer_ok = (count[ANSWER_OPEN] == 1 and count[ANSWER_CLOSE] == 1
                  and pos[ANSWER_CLOSE] > pos[ANSWER_OPEN]
                  and not is_template_text(text[pos[ANSWER_OPEN] + len(ANSWER_OPEN):pos[ANSWER_CLOSE]]))
@@ -91,7 +99,7 @@ def _tag_checks(text: str, prompt_ends_with_think: bool) -> list[bool]:
 
 def _is_well_tagged(text: str, prompt_ends_with_think: bool) -> bool:
     """`<think>...</think>` then `<answer>...</answer>`, whitespace around, each tag once,
-    real reasoning and a real answer (not template text). With `prompt_ends_with_think`
+    a real answer (not template text), reasoning that is not the template's placeholder. With `prompt_ends_with_think`
     the opening <think> may be missing."""
     s = text.strip()
     if s.count(THINK_OPEN) == 1 and s.startswith(THINK_OPEN):
@@ -104,7 +112,7 @@ def _is_well_tagged(text: str, prompt_ends_with_think: bool) -> bool:
     answer_start = s.index(ANSWER_OPEN)
     if answer_start < think_end or s[think_end + len(THINK_CLOSE):answer_start].strip():
         return False
-    if not s.endswith(ANSWER_CLOSE) or is_template_text(s[:think_end]):
+    if not s.endswith(ANSWER_CLOSE) or is_placeholder_reasoning(s[:think_end]):
         return False
     return not is_template_text(s[answer_start + len(ANSWER_OPEN):-len(ANSWER_CLOSE)])
 
