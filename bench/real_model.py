@@ -21,6 +21,7 @@ Every stage is appended to `--json` as it ends, so a run stopped early keeps its
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -30,7 +31,7 @@ from pathlib import Path
 from common import ROOT, load
 
 from grpo_core.config import load_config
-from grpo_core.data.benchmarks import SYNTHETIC_EVAL_SEED, benchmark_problems
+from grpo_core.data.benchmarks import SYNTHETIC_EVAL_SEED, benchmark_problems, fingerprint
 from grpo_core.data.synthetic import generate_problems
 from grpo_core.eval.evaluation import greedy_records
 from grpo_core.eval.metrics import bootstrap_ci, paired_delta
@@ -51,15 +52,27 @@ def paired(a: list[dict], b: list[dict]) -> dict:
     return {mode: paired_delta(a, b, metric) for mode, metric in EXTRACTIONS.items()}
 
 
-def scored(path: str, problems: list, cfg, template: str) -> tuple[list[dict], float]:
-    """Greedy records of `problems` under `path`, and the seconds it took (load included)."""
+def scored(path: str, problems: list, cfg, template: str, cache: Path) -> tuple[list[dict], float]:
+    """Greedy records of `problems` under `path`, and the seconds it took (load included).
+    Kept in `cache` by model content, problems, template and length: a rerun of the bench
+    (other training settings) scores an unchanged model (the base) once."""
     from grpo_core.generation.sampling import build_backend
+    from grpo_core.modeling.loading import model_fingerprint
 
+    key = hashlib.sha256(json.dumps([model_fingerprint(path), fingerprint(problems), template,
+                                     cfg.eval.max_new_tokens]).encode()).hexdigest()[:16]
+    hit = cache / f"{key}.json"
+    if hit.is_file():
+        saved = json.loads(hit.read_text())
+        return saved["records"], saved["seconds"]
     t0 = time.perf_counter()
     backend, tok = build_backend(path, cfg)
     recs = greedy_records(backend, tok, problems, template, cfg.eval.max_new_tokens)
     backend.shutdown()
-    return recs, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    cache.mkdir(parents=True, exist_ok=True)
+    hit.write_text(json.dumps({"model": path, "records": recs, "seconds": seconds}, default=str))
+    return recs, seconds
 
 
 def band_filter(path: str, pool: list, cfg, template: str):
@@ -112,7 +125,7 @@ class Experiment:
 
     def evaluate(self, recipe: str, stage: str, path: str, seconds: float, input_key: str | None,
                  extra: dict | None = None, gsm8k: bool = False) -> None:
-        recs, s = scored(path, self.held_out, self.cfg, self.template)
+        recs, s = scored(path, self.held_out, self.cfg, self.template, self.out / 'records')
         key = f"{recipe}/{stage}"
         self.records[key] = recs
         row = {"recipe": recipe, "stage": stage, "model": path, "seconds": round(seconds, 1),
@@ -123,7 +136,7 @@ class Experiment:
             row["vs_input"] = paired(recs, self.records[input_key])
             row["vs_base"] = paired(recs, self.records["base"])
         if gsm8k and self.gsm8k:
-            g, gs = scored(path, self.gsm8k, self.cfg, self.template)
+            g, gs = scored(path, self.gsm8k, self.cfg, self.template, self.out / 'records')
             row["gsm8k"] = {m: round(accuracy(g, m)["mean"], 3) for m in EXTRACTIONS}
             row["gsm8k"].update(n=len(g), seconds=round(gs, 1))
         self.emit(row)
