@@ -145,17 +145,38 @@ class Experiment:
         self.evaluate("base", "base", self.model, 0.0, None, gsm8k=True)
         self.records["base"] = self.records["base/base"]
 
+    def sft_key(self) -> str:
+        """What the SFT stage's model depends on: input weights, traces, template, settings."""
+        from grpo_core.modeling.loading import model_fingerprint
+
+        parts = [model_fingerprint(self.model), fingerprint(self.pool), self.template,
+                 self.cfg.sft.model_dump(mode="json"), self.cfg.sft_stage.model_dump(mode="json"),
+                 self.cfg.project.seed]
+        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
     def sft(self, recipe: str) -> tuple[str, str]:
+        """The SFT stage, reused when its folder holds a model trained from the same inputs
+        (a rerun with other GRPO settings)."""
         from grpo_core.train.sft import run_sft
 
+        folder, key = self.out / recipe / "sft", self.sft_key()
+        stamp = folder / "bench-stamp.json"
+        if stamp.is_file() and json.loads(stamp.read_text())["key"] == key:
+            saved = json.loads(stamp.read_text())
+            self.evaluate(recipe, "sft", saved["model"], saved["seconds"], "base/base",
+                          {"train": {**saved["train"], "reused": True}})
+            return saved["model"], f"{recipe}/sft"
         t0 = time.perf_counter()
         with rss_peak() as peak:
-            res = run_sft(self.model, self.pool, self.cfg, self.out / recipe / "sft",
-                          self.template, report_to=[])
+            res = run_sft(self.model, self.pool, self.cfg, folder, self.template, report_to=[])
         losses = [h["loss"] for h in res.history if "loss" in h]
+        train = {"steps": res.steps, "seconds": round(time.perf_counter() - t0, 1),
+                 "loss_first_last": [round(losses[0], 3), round(losses[-1], 3)] if losses else None,
+                 "peak_rss_gb": peak.peak_gb}
+        stamp.write_text(json.dumps({"key": key, "model": res.output_dir, "train": train,
+                                     "seconds": train["seconds"]}))
         self.evaluate(recipe, "sft", res.output_dir, time.perf_counter() - t0, "base/base",
-                      {"train": {"steps": res.steps, "loss_first_last": [round(losses[0], 3), round(losses[-1], 3)] if losses else None,
-                                 "peak_rss_gb": peak.peak_gb}})
+                      {"train": train})
         return res.output_dir, f"{recipe}/sft"
 
     def grpo_round(self, recipe: str, n: int, path: str, input_key: str, last: bool) -> str:
