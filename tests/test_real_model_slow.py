@@ -203,10 +203,14 @@ def test_real_model_bench_at_reduced_size(smollm2_path, data_dir, tmp_path):
     cmd = [sys.executable, str(PROJECT_ROOT / "bench" / "real_model.py"), "--model", smollm2_path,
            "--recipes", "sft_grpo", "--eval-n", "8", "--gsm8k-n", "2", "--out", str(tmp_path),
            "--json", str(rows_path)]
-    for kv in ("sft.max_steps=3", "sft_stage.max_examples=24", "grpo.max_steps=2",
-               "grpo.num_generations=2", "grpo.per_device_train_batch_size=4",
-               "grpo.max_completion_length=16", "grpo.save_steps=100", "filter.k=2",
-               "filter.max_problems=4", "eval.max_new_tokens=16",
+    # 3 SFT steps teach little: a length reward beside accuracy and format keeps the
+    # groups' rewards apart, so the 2 GRPO steps have advantages to move the weights with
+    # (all-equal rewards give a zero loss and no update: what this test must not miss).
+    for kv in ("sft.max_steps=3", "sft.learning_rate=3e-4", "sft_stage.max_examples=24",
+               "grpo.max_steps=2", "grpo.num_generations=2", "grpo.per_device_train_batch_size=4",
+               "grpo.max_completion_length=24", "grpo.save_steps=100", "filter.k=2",
+               "filter.max_problems=4", "eval.max_new_tokens=24",
+               "rewards.funcs=[accuracy, format, length]", "rewards.weights=[1.0, 0.2, 1.0]",
                "data.train=[{source: 'synthetic:arith', limit: 32, levels: [1, 2]}]",
                f"data.data_dir={data_dir}"):
         cmd += ["--set", kv]
@@ -236,4 +240,5 @@ def test_real_model_bench_at_reduced_size(smollm2_path, data_dir, tmp_path):
     after = load_file(str(Path(grpo["model"]) / "model.safetensors"))
     assert before.keys() == after.keys()
     moved = [k for k in before if not torch.equal(before[k], after[k])]
-    assert len(moved) > len(before) // 2, f"only {len(moved)} of {len(before)} tensors changed"
+    assert len(moved) > len(before) // 2, \
+        f"only {len(moved)} of {len(before)} tensors changed; train: {grpo['train']}"
