@@ -81,7 +81,10 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
             for c in configs:
                 c.project.workdir = str(workdir)
     else:
-        configs = [load_or_exit(config, set_, workdir)]
+        from flows.recipes import expand_recipes
+
+        configs = expand_recipes(load_or_exit(config, set_, workdir))
+    compare_them = len(configs) > 1  # the default pair, or a config's project.recipes
     if smoke or model is not None:
         real = configs[0]
         configs = [_smoke_config_or_exit(config, real, model, smoke)]
@@ -111,7 +114,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         # workspace waits here, then stops in seconds. (The flow takes it again, re-entrant;
         # a flow started by a Prefect worker takes it there.)
         with pipeline_lock(ws.db_path, configs[0].data.store_lock_timeout):
-            if config is None:
+            if compare_them and not smoke:
                 from flows.compare import compare_recipes
 
                 out = compare_recipes(configs, progress=not quiet)

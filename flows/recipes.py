@@ -1,5 +1,6 @@
-"""The two shipped recipes `grpo run` compares by default (no Prefect import: the CLI
-validates them before anything starts)."""
+"""The recipes `grpo run` compares: the two shipped ones by default, or those a config
+names in `project.recipes` (no Prefect import: the CLI validates them before anything
+starts)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,25 @@ from grpo_core.config import PipelineConfig, load_config
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
 
+# What each recipe name means on top of any config: only the SFT cold start differs
+# (configs/recipes/*.yaml say the same for the built-in model).
+RECIPE_SFT = {"r1_zero": False, "sft_grpo": True}
+
 
 def default_recipes(overrides: list[str] | None = None) -> list[PipelineConfig]:
     return [load_config(RECIPES_DIR / f"{name}.yaml", overrides) for name in ("r1_zero", "sft_grpo")]
+
+
+def expand_recipes(cfg: PipelineConfig) -> list[PipelineConfig]:
+    """One config per recipe of `project.recipes` (the recipe label set, the SFT stage on
+    for sft_grpo only, `recipes` emptied so each is a plain one-recipe config); [cfg] when
+    it names none."""
+    if not cfg.project.recipes:
+        return [cfg]
+    out = []
+    for name in cfg.project.recipes:
+        one = cfg.model_copy(deep=True)
+        one.project.recipe, one.project.recipes = name, []
+        one.sft_stage.enabled = RECIPE_SFT[name]
+        out.append(one)
+    return out

@@ -186,3 +186,59 @@ def test_gsm8k_eval_20_on_grpo_output(grpo_round, smollm2_path, cfg):
           f"format {m['format_adherence']['mean']:.2f}")
     print(f"[smollm2] greedy answers: "
           f"{[(r['greedy_answer'], r['gold']) for r in ev.per_problem[:5]]}")
+
+
+def test_real_model_bench_at_reduced_size(smollm2_path, data_dir, tmp_path):
+    """bench/real_model.py end to end at reduced size: base -> SFT -> one GRPO round of 2
+    steps -> scored on 8 held-out problems with paired CIs; the GRPO round's weights moved
+    away from its input's (the SFT model's)."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    rows_path = tmp_path / "rows.json"
+    cmd = [sys.executable, str(PROJECT_ROOT / "bench" / "real_model.py"), "--model", smollm2_path,
+           "--recipes", "sft_grpo", "--eval-n", "8", "--gsm8k-n", "2", "--out", str(tmp_path),
+           "--json", str(rows_path)]
+    # 3 SFT steps teach little: a length reward beside accuracy and format keeps the
+    # groups' rewards apart, so the 2 GRPO steps have advantages to move the weights with
+    # (all-equal rewards give a zero loss and no update: what this test must not miss).
+    for kv in ("sft.max_steps=3", "sft.learning_rate=3e-4", "sft_stage.max_examples=24",
+               "grpo.max_steps=2", "grpo.num_generations=2", "grpo.per_device_train_batch_size=4",
+               "grpo.max_completion_length=24", "grpo.save_steps=100", "filter.k=2",
+               "filter.max_problems=4", "eval.max_new_tokens=24",
+               "rewards.funcs=[accuracy, format, length]", "rewards.weights=[1.0, 0.2, 1.0]",
+               "data.train=[{source: 'synthetic:arith', limit: 32, levels: [1, 2]}]",
+               f"data.data_dir={data_dir}"):
+        cmd += ["--set", kv]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    _report("bench/real_model.py at reduced size", time.perf_counter() - t0)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    print(done.stdout)
+    rows = json.loads(rows_path.read_text())
+    assert [(r["recipe"], r["stage"]) for r in rows] == \
+        [("base", "base"), ("sft_grpo", "sft"), ("sft_grpo", "grpo/round-1")]
+    for r in rows:
+        for mode in ("strict", "flexible"):
+            assert r[mode]["n"] == 8 and 0.0 <= r[mode]["lo"] <= r[mode]["mean"] <= r[mode]["hi"] <= 1.0
+    grpo = rows[-1]
+    for vs in ("vs_input", "vs_base"):
+        for mode in ("strict", "flexible"):
+            d = grpo[vs][mode]
+            assert d["n"] == 8 and d["lo"] <= d["delta"] <= d["hi"], (vs, mode, d)
+    assert grpo["train"]["steps"] == 2 and grpo["train"]["s_per_step"] > 0
+    assert grpo["train"]["peak_rss_gb"] > 0.5 and grpo["train"]["memory_plan_gb"] > 0
+    assert grpo["gsm8k"]["n"] == 2 and rows[0]["gsm8k"]["n"] == 2
+    assert "total" in done.stdout
+
+    before = load_file(str(Path(rows[1]["model"]) / "model.safetensors"))
+    after = load_file(str(Path(grpo["model"]) / "model.safetensors"))
+    assert before.keys() == after.keys()
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(moved) > len(before) // 2, \
+        f"only {len(moved)} of {len(before)} tensors changed; train: {grpo['train']}"

@@ -14,6 +14,10 @@ class ProjectConfig(Section):
     """MLflow experiment and registered-model name stem."""
     recipe: str = "custom"
     """Label of the recipe (r1_zero, sft_grpo, ...), tagged on every run."""
+    recipes: list[Literal["r1_zero", "sft_grpo"]] = Field(default_factory=list)
+    """Run this config once per recipe named here and compare them side by side, as the
+    main job does (`grpo run CONFIG`): r1_zero without the SFT cold start, sft_grpo with it
+    (flows/recipes.py). Empty: one run, as `recipe` and `sft_stage.enabled` say."""
     seed: int = 0
     """Seeds data generation, sampling and training."""
     workdir: str | None = None

@@ -223,6 +223,15 @@ def score_greedy(backend, tokenizer, problems: list[Problem], template: str,
     return sum(bool(v) for v in verdicts) / max(len(verdicts), 1)
 
 
+def greedy_records(backend, tokenizer, problems: list[Problem], template: str,
+                   max_new_tokens: int) -> list[dict]:
+    """The per-problem records of greedy decoding alone (no samples): what a paired
+    greedy-accuracy comparison needs, at a fraction of score_problems' cost."""
+    prompts = [render_prompt(p.problem, template, tokenizer) for p in problems]
+    return [_record(p, g, None, pr.rstrip().endswith("<think>"))
+            for p, g, pr in zip(problems, _greedy(backend, prompts, max_new_tokens), prompts)]
+
+
 def score_problems(backend, tokenizer, problems: list[Problem], cfg, template: str
                    ) -> list[dict]:
     """The per-problem records of `problems`: the expensive part (sampling, verification).
