@@ -188,7 +188,8 @@ def test_vhead_weight_0_is_plain_grpo_exactly(tiny_model_path, tmp_path):
     plain, plain_steps, _, _ = _run(tiny_model_path, tmp_path, "grpo", _cfg("grpo"))
     head, head_steps, trainer, aux0 = _run(tiny_model_path, tmp_path, "vhead0",
                                            _cfg("grpo_vhead", vhead_weight=0.0))
-    for step in (0, 1):
+    assert sorted(head_steps) == sorted(plain_steps) == [1, 2]  # steps count from 1
+    for step in (1, 2):
         assert [r["advantage"] for r in head_steps[step]] == [r["advantage"] for r in plain_steps[step]]
         assert [r["completion"] for r in head_steps[step]] == [r["completion"] for r in plain_steps[step]]
     a, b = _weights(plain.output_dir), _weights(head.output_dir)
