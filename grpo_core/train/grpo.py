@@ -124,12 +124,6 @@ def _watch_patterns(trainer, sink: RolloutSink | None, cfg: PipelineConfig,
     return watched
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def grpo_dataset(problems: list[Problem], template: str, tokenizer):
     from datasets import Dataset
 
@@ -168,6 +162,8 @@ def run_grpo_round(
     path, weight) pairs scored after cfg.rewards'; trainer_hook(trainer) runs once the
     trainer is built (benchmarks: memory accounting)."""
     from grpo_core.modeling.loading import configure_threads, load_tokenizer
+    import torch
+
     from grpo_core.modeling.memory_plan import logprob_tile
     from grpo_core.train.algorithms import ALGORITHMS
     from grpo_core.train.callbacks import bind, round_callbacks
@@ -176,7 +172,7 @@ def run_grpo_round(
     from grpo_core.train.vllm_engine import release_engine, seeded_engines
 
     configure_threads()
-    set_logprob_tile(*logprob_tile(cfg, cpu=not _cuda()))
+    set_logprob_tile(*logprob_tile(cfg, cpu=not torch.cuda.is_available()))
     held_out: list[Problem] = []
     if cfg.in_round_eval.every:  # the in-round eval's slice is never trained on
         problems, held_out = split_held_out(problems, cfg.in_round_eval.problems, cfg.project.seed)
