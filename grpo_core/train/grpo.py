@@ -161,9 +161,9 @@ def run_grpo_round(
     (grpo_core.train.algorithms). extra_rewards: (TRL reward function or reward-model
     path, weight) pairs scored after cfg.rewards'; trainer_hook(trainer) runs once the
     trainer is built (benchmarks: memory accounting)."""
-    from grpo_core.modeling.loading import configure_threads, load_tokenizer
     import torch
 
+    from grpo_core.modeling.loading import configure_threads, load_tokenizer
     from grpo_core.modeling.memory_plan import logprob_tile
     from grpo_core.train.algorithms import ALGORITHMS
     from grpo_core.train.callbacks import bind, round_callbacks
