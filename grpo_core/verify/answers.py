@@ -8,8 +8,8 @@ grpo_core/verify/extraction.py and are re-exported here.
 Plain numbers (GSM8K, AIME, AMC, most of MATH) are compared exactly with `Fraction`;
 everything else goes through math-verify (LaTeX -> sympy via an ANTLR parser; nothing is
 ever `eval`ed). Golds are parsed once and cached, so the G completions of a group share one
-parse. Every math-verify call is bounded by `grpo_core.verify.safe_eval` (input limits plus a
-per-call deadline that works in any thread).
+parse. Every math-verify call (grpo_core.verify.math_verify_adapter) is bounded by
+`grpo_core.verify.safe_eval` (input limits plus a per-call deadline that works in any thread).
 
 Before either comparison both answers are cleaned by `extraction.clean_answer`: MATH's
 spellings of one value made one (matrix row separators kept, thousands separators
@@ -65,17 +65,15 @@ from grpo_core.verify.extraction import (
     gold_from_math_solution,
     normalise_gold,
 )
-from grpo_core.verify.quick_value import quick_profile, quick_unequal
-from grpo_core.verify.safe_eval import (
-    TIMED_OUT,
-    call_with_deadline,
+from grpo_core.verify.math_verify_adapter import (
     cannot_be_equal,
     math_verify_fns,
     mv_parse,
     profile,
-    risky_reason,
     warm_up,
 )
+from grpo_core.verify.quick_value import quick_profile, quick_unequal
+from grpo_core.verify.safe_eval import TIMED_OUT, call_with_deadline, risky_reason
 from grpo_core.verify.scorer_errors import (
     SCORER_ERRORS,
     ScorerError,

@@ -27,7 +27,7 @@ import re
 MAX_CHARS = 200
 MAX_EXPONENT = 64.0
 INFINITY = 1e300
-_POINTS = (0.5772156649015329, 1.3247179572447460)  # generic points, as safe_eval.profile
+_POINTS = (0.5772156649015329, 1.3247179572447460)  # generic points, as math_verify_adapter.profile
 _TOKEN = re.compile(
     r"\s*(?:(\d+(?:\.\d+)?|\.\d+)|\\(frac|dfrac|tfrac|sqrt|pi|infty|cdot|times|left|right)(?![A-Za-z])"
     r"|([A-Za-z])|([-+*/^{}()\[\],]))"
