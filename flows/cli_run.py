@@ -138,7 +138,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                     m = res["metrics"].get(configs[0].eval.primary_metric) or {}
                     typer.echo(f"{bench}: {configs[0].eval.primary_metric} {m.get('mean')} "
                                f"[{m.get('lo')}, {m.get('hi')}]")
-                from grpo_core.train.diagnosis import count_findings
+                from grpo_core.train.findings import count_findings
 
                 typer.echo(count_findings(out["findings"]))
                 for f in out["findings"]:

@@ -27,7 +27,7 @@ def summary(kind: str, result: Any, primary: str = "") -> str:
     throughput (GRPO) and peak memory (grpo_core.train.throughput) when measured."""
     if not isinstance(result, dict):
         return str(result)
-    from grpo_core.train.diagnosis import count_findings
+    from grpo_core.train.findings import count_findings
     from grpo_core.train.throughput import format_memory, format_throughput
 
     figures = " | ".join(f for f in (format_throughput(result.get("throughput")),
@@ -35,7 +35,7 @@ def summary(kind: str, result: Any, primary: str = "") -> str:
     key = _key(kind, result, primary)
     if kind in ("sft", "grpo"):
         diagnosis = result.get("diagnosis", "none")  # the rules' codes, info ones too
-        # the same count as the round's page and the parent's (diagnosis.count_findings)
+        # the same count as the round's page and the parent's (findings.count_findings)
         said = count_findings(result["findings"]) if result.get("findings") else ""
         return (key + (f"; {figures}" if figures else "") + (f"; {said}" if said else "")
                 + (f"; diagnosis: {diagnosis}" if diagnosis != "none" else ""))
@@ -95,7 +95,7 @@ def log_findings(log, findings: list[str]) -> None:
     """Each finding (worth a human's look) as a line of the terminal and the Prefect run
     log, where `grpo run` over both recipes shows them nowhere else: after their count by
     severity, info ones at INFO, the others at WARNING."""
-    from grpo_core.train.diagnosis import count_findings, severity_of
+    from grpo_core.train.findings import count_findings, severity_of
 
     if findings:
         log.info("findings: %s", count_findings(findings))

@@ -13,7 +13,8 @@ from grpo_core.train.batch_patterns import (
     repeated_patterns,
     share_metrics,
 )
-from grpo_core.train.diagnosis import ACTIONS, diagnose
+from grpo_core.train.diagnosis import diagnose
+from grpo_core.train.findings import ACTIONS
 
 pytest_plugins = ["fixtures_models"]
 

@@ -14,14 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from grpo_core.config import ConfigError, PipelineConfig, config_from_dict
-from grpo_core.train.diagnosis import (
-    ACTIONS,
-    RoundMonitor,
-    codes_tag,
-    diagnose,
-    parse_history,
-    step_ranges,
-)
+from grpo_core.train.diagnosis import RoundMonitor, diagnose, parse_history
+from grpo_core.train.findings import ACTIONS, codes_tag, step_ranges
 
 DATA = Path(__file__).resolve().parent / "data"
 STEPS = list(range(1, 21))

@@ -1,0 +1,98 @@
+"""A diagnosis finding and how it is said: the one vocabulary the rules
+(grpo_core/train/diagnosis.py) write and every stage, the CLI and the tracking pages read.
+
+- `Finding`: a stable `code`, a `severity` (SEVERITIES: info|warn|stop), the `steps`, the
+  `evidence`, and the `action` (ACTIONS: the fix, one per code); `line()` says it in one line.
+- `count_findings(lines)` / `severity_of(line)`: the one count of finding lines by severity,
+  said the same on the round, the parent, the stage line and the report.
+- `codes_tag(findings)`: the round's `diagnosis` tag."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+SEVERITIES = ("info", "warn", "stop")
+
+ACTIONS = {
+    "reward_collapse_zero": "too hard: re-filter (filter.refilter_each_round), lower filter.band, "
+                            "or SFT first (sft_stage.enabled)",
+    "reward_collapse_one": "too easy: re-filter (filter.refilter_each_round) or raise filter.band",
+    "no_diversity": "completions of a prompt agree: raise grpo.temperature or grpo.num_generations",
+    "reward_fn_constant": "this reward teaches nothing (saturated or never hit): change its weight "
+                          "(rewards.weights) or drop it; for a format never hit, SFT first",
+    "length_shrinking": "check the length reward's sign and weight (rewards.length, "
+                        "rewards.weights) and grpo.loss_type (grpo's per-sequence mean favours short)",
+    "length_exploding": "check the length reward's sign and weight (rewards.length, "
+                        "rewards.weights); add the soft_overlong reward (rewards.funcs)",
+    "truncation": "raise grpo.max_completion_length, set grpo.mask_truncated_completions: "
+                  "true, or add the soft_overlong reward (rewards.funcs, rewards.soft_overlong)",
+    "format_dropping": "raise the format reward's weight (rewards.weights)",
+    "kl_rising": "the policy drifts from the reference: lower grpo.learning_rate, raise grpo.beta "
+                 "(or a rounds.kl_schedule), or set rounds.kl_ceiling",
+    "reward_hacking_suspect": "a reward pays something other than the task (a shaping reward rises "
+                              "while accuracy falls, or one wrong completion repeats across the "
+                              "batch's prompts): lower that reward's weight or drop it, and read the "
+                              "completions (the rollouts table)",
+    "nonfinite": "the round stopped at the last good checkpoint: lower grpo.learning_rate, set "
+                 "grpo.max_grad_norm, check the reward functions",
+    "kl_ceiling": "the round stopped at the last good checkpoint: lower grpo.learning_rate or "
+                  "raise grpo.beta",
+}
+"""code -> the fix, one per rule (the README's "When things go wrong" lists the codes)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str  # info | warn | stop
+    steps: list[int]
+    evidence: dict
+    summary: str = field(default="", compare=False)  # the evidence in words, for line()
+
+    @property
+    def action(self) -> str:
+        return ACTIONS[self.code]
+
+    def as_dict(self) -> dict:
+        return {"code": self.code, "severity": self.severity, "steps": list(self.steps),
+                "evidence": dict(self.evidence), "action": self.action}
+
+    def line(self) -> str:
+        return f"{self.code} [{self.severity}] steps {step_ranges(self.steps)}: {self.summary} -> {self.action}"
+
+
+def step_ranges(steps: Sequence[int]) -> str:
+    """[1, 2, 3, 7, 9, 10] -> "1-3, 7, 9-10"."""
+    parts: list[str] = []
+    for s in sorted(set(steps)):
+        if parts and s == parts[-1][1] + 1:
+            parts[-1][1] = s
+        else:
+            parts.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts) or "-"
+
+
+def severity_of(line: str) -> str:
+    """The severity a finding line states (`Finding.line`: "code [info] ..."); a line of
+    another stage (contamination, health gate, an in-round note) is a warn."""
+    m = re.search(r"\[(" + "|".join(SEVERITIES) + r")\]", line)
+    return m.group(1) if m else "warn"
+
+
+def count_findings(lines: Iterable[str]) -> str:
+    """The one count of findings, by severity, said the same on the round, the parent, the
+    stage line and the report: "no findings", "1 finding (1 info)", "3 findings (1 warn,
+    2 info)" (the most severe first)."""
+    by = Counter(severity_of(x) for x in lines)
+    total = sum(by.values())
+    if not total:
+        return "no findings"
+    parts = ", ".join(f"{by[s]} {s}" for s in reversed(SEVERITIES) if by[s])
+    return f"{total} finding{'s' if total > 1 else ''} ({parts})"
+
+
+def codes_tag(findings: Sequence[Finding]) -> str:
+    """The `diagnosis` tag: the codes, comma-separated, each once; "none" when none fired."""
+    return ",".join(dict.fromkeys(f.code for f in findings)) or "none"
