@@ -74,8 +74,8 @@ def check_round_size(n_problems: int, cfg: PipelineConfig) -> None:
 def trl_stop_kwargs(stops: tuple[str, ...], use_vllm: bool) -> dict:
     """generation_kwargs that stop TRL's vLLM rollouts at the template's closing tag (vLLM
     matches text, however many tokens the tag is, and keeps it). The transformers path
-    cannot take a stopping criterion through GenerationConfig: trainer.stop_at_text puts it on
-    the policy's generate instead. Either way the trainer cuts the ids
+    cannot take a stopping criterion through GenerationConfig: trainer_setup.stop_at_text
+    puts it on the policy's generate instead. Either way the trainer cuts the ids
     (grpo_core.train.trainer)."""
     return {"stop": list(stops), "include_stop_str_in_output": True} if stops and use_vllm else {}
 
@@ -168,7 +168,8 @@ def run_grpo_round(
     from grpo_core.train.algorithms import ALGORITHMS
     from grpo_core.train.callbacks import bind, round_callbacks
     from grpo_core.train.dynamic_sampling import dynamic_sampler
-    from grpo_core.train.trainer import quiet_trainer, set_logprob_tile, stop_at_text
+    from grpo_core.train.trainer import set_logprob_tile
+    from grpo_core.train.trainer_setup import quiet_trainer, stop_at_text
     from grpo_core.train.vllm_engine import release_engine, seeded_engines
 
     configure_threads()

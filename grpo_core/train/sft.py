@@ -62,7 +62,8 @@ def run_sft(
     """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final."""
     from grpo_core.modeling.loading import configure_threads, load_tokenizer
     from grpo_core.train.callbacks import LossHistory
-    from grpo_core.train.trainer import PipelineSFTTrainer, quiet_trainer
+    from grpo_core.train.trainer import PipelineSFTTrainer
+    from grpo_core.train.trainer_setup import quiet_trainer
 
     configure_threads()
     usable = [p for p in problems if p.solution or p.source.startswith("synthetic")]

@@ -13,13 +13,14 @@ pins each name below against the installed versions and scans the project for ot
 - Functions for what the rest of grpo_core needs from a trainer's internals: its step
   metrics (`log_metric`, `drop_metric`), its logged rewards (`step_rewards`), its tokenizer
   (`tokenizer_of`), one generate-score pass (`generate_and_score`), its sampling
-  (`wrap_generate`), a skipped optimizer step (`skip_optimizer_step`), stop strings on
-  `model.generate` (`stop_at_text`), a single-completion GRPOConfig
-  (`one_completion_per_prompt`), TRL's NaN-ignoring std (`reward_std`), the weighted
-  reward total (`weighted_rewards`), no log printing (`quiet_trainer`), and the step's
+  (`wrap_generate`), a skipped optimizer step (`skip_optimizer_step`), TRL's NaN-ignoring
+  std (`reward_std`), the weighted reward total (`weighted_rewards`), and the step's
   throughput counts and TRL's step time (`take_step_counts`, `step_time`), the step a
   batch generated now trains (`batch_step`, from 1 as the logs count), and the tile of
   TRL's fused log-prob head (`set_logprob_tile`).
+
+A trainer's settings through public API alone (stop strings on `model.generate`, no log
+printing, one completion per prompt) are grpo_core/train/trainer_setup.py's.
 
 PRIVATE lists every private member used here, with the owner it is read from."""
 from __future__ import annotations
@@ -158,13 +159,6 @@ def skip_optimizer_step(trainer) -> None:
     trainer.accelerator.gradient_state._set_sync_gradients(False)
 
 
-def one_completion_per_prompt(args):
-    """`args` (a GRPOConfig validated with a group) run with one completion per prompt:
-    GRPOConfig checks num_generations >= 2 in __post_init__ only."""
-    args.num_generations = 1
-    return args
-
-
 def logprob_tile() -> tuple[int, int]:
     """(positions, vocabulary columns) per tile of TRL's fused LM head as now set."""
     return trl_chunked_logprob.TOKEN_CHUNK_SIZE, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
@@ -179,37 +173,6 @@ def set_logprob_tile(tokens: int, vocab: int) -> None:
     tests/test_trl_contract.py); the setting is per process, as the trainer is."""
     trl_chunked_logprob.TOKEN_CHUNK_SIZE = int(tokens)
     trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = int(vocab)
-
-
-def quiet_trainer(trainer) -> None:
-    """With disable_tqdm, transformers prints every log dict to stdout (PrinterCallback):
-    the metrics go to MLflow and the history instead."""
-    from transformers.trainer_callback import PrinterCallback
-
-    trainer.remove_callback(PrinterCallback)
-
-
-def stop_at_text(model, tokenizer, stops: tuple[str, ...]) -> None:
-    """Make `model.generate` (what TRL calls, unwrapped, for transformers rollouts) end each
-    row once its generated text holds a stop string: the criterion the hf rollout backend
-    uses for filter and eval, so training samples stop where they do."""
-    if not stops:
-        return
-    from transformers import StoppingCriteriaList
-
-    from grpo_core.generation.rollout import text_stop_criterion
-
-    generate = model.generate
-
-    def generate_stopping_at_text(*args, **kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            crit = text_stop_criterion(tokenizer, stops, ids.shape[1])
-            kwargs["stopping_criteria"] = StoppingCriteriaList(
-                [*(kwargs.get("stopping_criteria") or []), crit])
-        return generate(*args, **kwargs)
-
-    model.generate = generate_stopping_at_text
 
 
 # ----------------------------------------------------------------------------- mixins
