@@ -126,7 +126,7 @@ def missing_services() -> list[str]:
 
 
 def run_pipeline(s: dict, rec: dict, timeout: float = 300) -> None:
-    """The part (gpu_smoke.PART_FUNCS["pipeline"]): fills rec, appends failed checks."""
+    """The part (gpu_smoke_parts.PART_FUNCS["pipeline"]): fills rec, appends failed checks."""
     from grpo_core.modeling.memory_plan import memory_plan
     from grpo_core.train.throughput import PREFIX, format_throughput
 

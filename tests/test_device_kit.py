@@ -101,7 +101,9 @@ def test_weight_probe_sees_a_1e6_step_in_fp32_and_tokens_per_s():
 
     import torch
 
-    smoke = _smoke_module()
+    _smoke_module()  # puts bench/ on the path, as the script itself does
+    import gpu_smoke_measure as smoke
+
     model = torch.nn.Linear(4, 4)
     args = types.SimpleNamespace(bf16=True, fp16=False, learning_rate=1e-6)
     probe = smoke.weight_probe()
