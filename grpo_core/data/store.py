@@ -19,7 +19,6 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -36,6 +35,7 @@ from grpo_core.data.db import (
     now,
     transaction,
 )
+from grpo_core.data.decontam_sql import contaminated_rows
 from grpo_core.data.problems import Problem
 from grpo_core.data.validation import (  # noqa: F401 - re-exported: callers import these from store
     GOLD_DEADLINE_S,
@@ -199,35 +199,23 @@ class Store:
         """Flag what this ingest can newly contaminate (flags are only ever added)."""
         evals_sql = decontam.eval_predicate()
         if decontam.is_eval(report.source, report.split):
-            evals = self._texts("source = ? AND split = ?", [report.source, report.split])
-            train = self._texts(f"NOT ({evals_sql}) AND NOT contaminated", [])
+            flags = contaminated_rows(self.con, f"NOT ({evals_sql}) AND NOT contaminated",
+                                      "source = ? AND split = ?",
+                                      [report.source, report.split], n, min_coverage)
+            report.flagged_existing += flags.num_rows
         else:
-            evals = self._texts(evals_sql, [])
-            train = self._texts("ingest_id = ?", [ingest_id])
-        flags = decontam.find_contaminated(train, evals, n=n, min_coverage=min_coverage)
+            flags = contaminated_rows(self.con, "ingest_id = ?", evals_sql, [ingest_id], n,
+                                      min_coverage)
+            report.contaminated += flags.num_rows
+            for label, count in Counter(flags["label"].to_pylist()).items():
+                report.contaminated_with[label] = report.contaminated_with.get(label, 0) + count
         self._flag(flags)
-        for label in flags.values():
-            if decontam.is_eval(report.source, report.split):
-                report.flagged_existing += 1
-            else:
-                report.contaminated += 1
-                report.contaminated_with[label] = report.contaminated_with.get(label, 0) + 1
 
-    def _texts(self, where: str, params: list) -> Iterator[tuple[tuple, str]]:
-        """((source, split, fingerprint), problem) of the rows matching `where`, fetched
-        in batches when iterated (a million training texts are never all in memory)."""
-        cur = self.con.execute(
-            f"SELECT source, split, fingerprint, problem FROM problems WHERE {where}", params)
-        while rows := cur.fetchmany(10_000):
-            for s, sp, fp, text in rows:
-                yield (s, sp, fp), text
-
-    def _flag(self, flags: dict[tuple, str]) -> None:
-        if not flags:
+    def _flag(self, flags: pa.Table) -> None:
+        """Mark the (source, split, fingerprint, label) rows of `flags` contaminated."""
+        if not flags.num_rows:
             return
-        table = pa.table({"source": [k[0] for k in flags], "split": [k[1] for k in flags],
-                          "fingerprint": [k[2] for k in flags], "label": list(flags.values())})
-        self.con.register("_flags", table)
+        self.con.register("_flags", flags)
         try:
             self.con.execute(
                 "UPDATE problems SET contaminated = TRUE, contaminated_with = f.label FROM _flags f "
@@ -242,11 +230,10 @@ class Store:
         evals_sql = decontam.eval_predicate()
         with transaction(self.con):
             self.con.execute("UPDATE problems SET contaminated = FALSE, contaminated_with = NULL")
-            flags = decontam.find_contaminated(self._texts(f"NOT ({evals_sql})", []),
-                                               self._texts(evals_sql, []), n=ngram,
-                                               min_coverage=min_coverage)
+            flags = contaminated_rows(self.con, f"NOT ({evals_sql})", evals_sql, [], ngram,
+                                      min_coverage)
             self._flag(flags)
-        return dict(Counter(flags.values()))
+        return dict(Counter(flags["label"].to_pylist()))
 
     # -- reading ------------------------------------------------------------------
 
