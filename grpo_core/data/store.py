@@ -26,7 +26,7 @@ import duckdb
 import pyarrow as pa
 
 from grpo_core.data import decontam
-from grpo_core.data.adapters import Adapter, Rejection
+from grpo_core.data.adapters import Adapter
 from grpo_core.data.db import (
     PROBLEM_SCHEMA,
     QUARANTINE_SCHEMA,
@@ -132,26 +132,18 @@ class Store:
         t0 = time.perf_counter()
         report = IngestReport(adapter.source, adapter.split, adapter.origin)
         src, split = adapter.source, adapter.split
-        stored = {r[0] for r in self.con.execute(
-            "SELECT fingerprint FROM problems WHERE source = ? AND split = ?",
-            [src, split]).fetchall()}
-        accepted: list[tuple[int, Problem]] = []
-        rejected: list[tuple[int, Rejection, Any]] = []
         ingest_id, started = uuid.uuid4().hex[:12], now()
         bar = Bar(None, f"ingest {src}/{split}", enabled=progress)
 
-        def flush() -> None:
+        def write(accepted: list, rejected: list) -> None:
             self._insert(adapter, ingest_id, started, accepted, rejected)
             report.ingested += len(accepted)
             bar.advance(len(accepted) + len(rejected))
-            accepted.clear()
-            rejected.clear()
 
         try:
             with transaction(self.con), patient_gold_parsing():
-                check_rows(adapter, report, stored, accepted, rejected, max_problem_chars,
-                           flush=flush, every=batch_rows)
-                flush()
+                check_rows(adapter, report, max_problem_chars, self._known(src, split), write,
+                           batch_rows)
                 if report.total_rows:
                     self._decontaminate_new(report, ingest_id, ngram, min_coverage)
                     self.con.execute(
@@ -166,13 +158,28 @@ class Store:
             report.duplicates, "ingest lost rows"
         return report
 
+    def _known(self, source: str, split: str):
+        """validation.Known for one source split: which of a batch's fingerprints and text
+        keys the store holds (earlier batches of this ingest included), by two joins in
+        DuckDB rather than a set of the whole source in Python."""
+        def known(fingerprints: list[str], keys: list[str]) -> tuple[set[str], set[str]]:
+            found = self.con.execute(
+                "WITH b AS (SELECT unnest(?::VARCHAR[]) AS fingerprint, unnest(?::VARCHAR[]) "
+                "AS text_key), p AS (SELECT fingerprint, text_key FROM problems WHERE "
+                "source = ? AND split = ?) "
+                "SELECT DISTINCT 'f', fingerprint FROM p SEMI JOIN b USING (fingerprint) "
+                "UNION ALL SELECT DISTINCT 'k', text_key FROM p SEMI JOIN b USING (text_key)",
+                [fingerprints, keys, source, split]).fetchall()
+            return {v for t, v in found if t == "f"}, {v for t, v in found if t == "k"}
+        return known
+
     def _insert(self, adapter: Adapter, ingest_id: str, started, accepted, rejected) -> None:
         """One batch of an ingest's rows and quarantined rows (inside its transaction)."""
         src, split = adapter.source, adapter.split
         problems = pa.Table.from_pylist(
             [dict(zip(PROBLEM_SCHEMA.names, (src, split, p.fingerprint, p.id, p.problem,
-                                              p.answer, p.solution, p.level, p.subject, i)))
-             for i, p in accepted], schema=PROBLEM_SCHEMA)
+                                              p.answer, p.solution, p.level, p.subject, i, key)))
+             for i, p, key in accepted], schema=PROBLEM_SCHEMA)
         bad = pa.Table.from_pylist(
             [dict(zip(QUARANTINE_SCHEMA.names, (src, split, i, w.code, str(w), _raw_json(raw))))
              for i, w, raw in rejected], schema=QUARANTINE_SCHEMA)
@@ -180,11 +187,11 @@ class Store:
         con.register("_new_problems", problems)
         con.register("_new_quarantine", bad)
         try:
+            # rows are distinct from the store's already (check_rows asked `_known`)
             con.execute(
                 "INSERT INTO problems (source, split, fingerprint, id, problem, answer, solution,"
-                " level, subject, row_index, ingest_id, ingested_at) SELECT n.*, ?, ? FROM "
-                "_new_problems n ANTI JOIN problems p USING (source, split, fingerprint)",
-                [ingest_id, started])
+                " level, subject, row_index, text_key, ingest_id, ingested_at) SELECT n.*, ?, ?"
+                " FROM _new_problems n", [ingest_id, started])
             con.execute(
                 "INSERT INTO quarantine SELECT q.*, ?, ?, ? FROM _new_quarantine q WHERE NOT "
                 "EXISTS (SELECT 1 FROM quarantine o WHERE o.source = q.source AND o.split = "

@@ -6,13 +6,13 @@ the public names; this module imports nothing of the store."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_core.data.adapters import Adapter, BadRow, Rejection
-from grpo_core.data.problems import Problem
+from grpo_core.data.problems import Problem, text_key
 
 MAX_PROBLEM_CHARS = 20000
 MAX_ANSWER_CHARS = 1000
@@ -124,8 +124,9 @@ class IngestReport:
     origin: str
     total_rows: int = 0
     ingested: int = 0
-    duplicates: int = 0  # same fingerprint as an earlier row of this ingest or the store
+    duplicates: int = 0  # an earlier row's (this ingest's or the store's) fingerprint or text
     already_stored: int = 0  # of the duplicates, those already in the store
+    near_duplicates: int = 0  # of the duplicates, same problem text with another gold
     quarantined: dict[str, int] = field(default_factory=dict)  # reason code -> rows
     contaminated: int = 0  # ingested rows flagged as overlapping an eval set
     contaminated_with: dict[str, int] = field(default_factory=dict)  # eval set -> rows
@@ -149,27 +150,65 @@ class IngestReport:
             self.first_reasons.append(f"row {index}: {why}")
 
 
-def check_rows(adapter: Adapter, report: IngestReport, stored: set[str], accepted: list,
-               rejected: list, max_chars: int, flush=None, every: int = 0) -> None:
-    """Sort every row into accepted, rejected or duplicate (counted in `report`).
-    `flush()`: called (to write and empty both lists) whenever they hold `every` rows."""
-    seen: set[str] = set()
+Known = Callable[[list[str], list[str]], tuple[set[str], set[str]]]
+
+
+def check_rows(adapter: Adapter, report: IngestReport, max_chars: int, known: Known,
+               write: Callable[[list, list], None], every: int) -> None:
+    """Sort every row into accepted, rejected or duplicate (counted in `report`), `every`
+    rows at a time, so memory holds one batch whatever the source's size:
+    `known(fingerprints, text_keys)` says which of a batch's are already stored (earlier
+    batches included) and `write(accepted, rejected)` stores one batch. A duplicate has
+    the fingerprint (normalised problem and answer) of a stored or earlier row; a near
+    duplicate only its normalised problem text (the same problem, its gold written
+    another way): both are counted and dropped, the first occurrence kept."""
+    pending: list[tuple[int, Problem, bool, str, Any]] = []
+    rejected: list[tuple[int, Rejection, Any]] = []
+
+    def flush() -> None:
+        accepted = _distinct_with_gold(pending, report, known, rejected)
+        rejected.sort(key=lambda r: r[0])  # reasons reported in row order
+        for index, why, _ in rejected:
+            report.reject(index, why)
+        write(accepted, rejected)
+        pending.clear()
+        rejected.clear()
+
     for index, raw in adapter.rows():
-        if flush is not None and len(accepted) + len(rejected) >= every:
-            flush()
         report.total_rows += 1
         checked = _validate(adapter, index, raw, max_chars)
-        if not isinstance(checked, Rejection):
-            p, repaired = checked
-            if p.fingerprint in stored or p.fingerprint in seen:
-                report.duplicates += 1
-                report.already_stored += p.fingerprint in stored
-                continue
-            checked = check_gold(p)  # the costly check runs once per distinct row
-            if checked is None:
-                seen.add(p.fingerprint)
-                report.repaired += repaired
-                accepted.append((index, p))
-                continue
-        report.reject(index, checked)
-        rejected.append((index, checked, raw.raw if isinstance(raw, BadRow) else raw))
+        if isinstance(checked, Rejection):
+            rejected.append((index, checked, raw.raw if isinstance(raw, BadRow) else raw))
+        else:
+            pending.append((index, *checked, text_key(checked[0].problem), raw))
+        if len(pending) + len(rejected) >= every:
+            flush()
+    flush()
+
+
+def _distinct_with_gold(pending: list, report: IngestReport, known: Known,
+                        rejected: list) -> list[tuple[int, Problem, str]]:
+    """The batch's rows that are neither duplicates nor near duplicates, and whose gold
+    parses (the costly check, run once per distinct row)."""
+    if not pending:
+        return []
+    stored_fps, stored_keys = known([r[1].fingerprint for r in pending],
+                                    [r[3] for r in pending])
+    seen_fps: set[str] = set()
+    seen_keys: set[str] = set()
+    accepted = []
+    for index, p, repaired, key, raw in pending:
+        if p.fingerprint in stored_fps or p.fingerprint in seen_fps:
+            report.duplicates += 1
+            report.already_stored += p.fingerprint in stored_fps
+        elif key in stored_keys or key in seen_keys:
+            report.duplicates += 1
+            report.near_duplicates += 1
+        elif (why := check_gold(p)) is not None:
+            rejected.append((index, why, raw))
+        else:
+            seen_fps.add(p.fingerprint)
+            seen_keys.add(key)
+            report.repaired += repaired
+            accepted.append((index, p, key))
+    return accepted
