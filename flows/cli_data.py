@@ -54,8 +54,9 @@ def _print_report(r: IngestReport) -> None:
     console.print(f"{r.source}/{r.split} from {r.origin}: {r.total_rows} rows "
                   f"in {r.seconds:.1f}s")
     console.print(f"  ingested:     {r.ingested}")
-    console.print(f"  duplicates:   {r.duplicates} ({r.already_stored} already in the store, "
-                  f"{r.near_duplicates} near: the same problem text, another gold)")
+    near = (f", {r.near_duplicates} near: the same problem text, another gold"
+            if r.near_duplicates else "")
+    console.print(f"  duplicates:   {r.duplicates} ({r.already_stored} already in the store{near})")
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.quarantined.items()))
     console.print(f"  quarantined:  {r.quarantined_total}" + (f" ({reasons})" if reasons else ""))
     with_ = ", ".join(f"{k} {v}" for k, v in sorted(r.contaminated_with.items()))
