@@ -27,8 +27,13 @@ _MOJIBAKE = re.compile("[\u00c2-\u00f4][\u0080-\u00bf\u0152\u0153\u0160\u0161\u0
                        "\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122]+")
 
 
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def undecodable(text: str) -> str | None:
     """Why `text` is not clean Unicode text (None if it is)."""
+    if text.isascii() and not _ASCII_CONTROL.search(text):
+        return None  # most rows: and no surrogate, U+FFFD or mojibake can hide in ASCII
     if "\x00" in text:
         return "NUL byte"
     if m := _SURROGATE.search(text):
@@ -73,6 +78,7 @@ def check_size(p: Problem, max_chars: int) -> Rejection | None:
 
 
 GOLD_DEADLINE_S = 2.0  # per gold at ingest; the reward-time deadline is far tighter
+GOLD_MEMO = 100_000  # distinct answer texts remembered as parsing during one ingest
 
 
 @contextmanager
@@ -95,13 +101,19 @@ def patient_gold_parsing(seconds: float = GOLD_DEADLINE_S) -> Iterator[None]:
             answers.GOLD_DEADLINE_S = old
 
 
-def check_gold(p: Problem) -> Rejection | None:
+def check_gold(p: Problem, parses: dict[str, bool] | None = None) -> Rejection | None:
+    """None when the gold parses. `parses` (answer text -> parses?) spares asking again for
+    an answer seen before: golds repeat ("6", "12") across a large pool."""
     from grpo_core.verify.answers import parse_gold
 
-    try:
-        ok = parse_gold(p.answer) is not None
-    except Exception:  # noqa: BLE001 - a gold that crashes the parser is unparseable
-        ok = False
+    ok = parses.get(p.answer) if parses is not None else None
+    if ok is None:
+        try:
+            ok = parse_gold(p.answer) is not None
+        except Exception:  # noqa: BLE001 - a gold that crashes the parser is unparseable
+            ok = False
+        if parses is not None and ok:  # a failure may be a deadline: asked again next time
+            parses[p.answer] = ok
     return None if ok else Rejection("unparseable_answer", f"gold {p.answer[:80]!r} does not parse")
 
 
@@ -164,9 +176,12 @@ def check_rows(adapter: Adapter, report: IngestReport, max_chars: int, known: Kn
     another way): both are counted and dropped, the first occurrence kept."""
     pending: list[tuple[int, Problem, bool, str, Any]] = []
     rejected: list[tuple[int, Rejection, Any]] = []
+    parses: dict[str, bool] = {}
 
     def flush() -> None:
-        accepted = _distinct_with_gold(pending, report, known, rejected)
+        if len(parses) > GOLD_MEMO:
+            parses.clear()  # bounded: memory holds one batch and this memo, whatever the size
+        accepted = _distinct_with_gold(pending, report, known, rejected, parses)
         rejected.sort(key=lambda r: r[0])  # reasons reported in row order
         for index, why, _ in rejected:
             report.reject(index, why)
@@ -186,8 +201,8 @@ def check_rows(adapter: Adapter, report: IngestReport, max_chars: int, known: Kn
     flush()
 
 
-def _distinct_with_gold(pending: list, report: IngestReport, known: Known,
-                        rejected: list) -> list[tuple[int, Problem, str]]:
+def _distinct_with_gold(pending: list, report: IngestReport, known: Known, rejected: list,
+                        parses: dict[str, bool]) -> list[tuple[int, Problem, str]]:
     """The batch's rows that are neither duplicates nor near duplicates, and whose gold
     parses (the costly check, run once per distinct row)."""
     if not pending:
@@ -204,7 +219,7 @@ def _distinct_with_gold(pending: list, report: IngestReport, known: Known,
         elif key in stored_keys or key in seen_keys:
             report.duplicates += 1
             report.near_duplicates += 1
-        elif (why := check_gold(p)) is not None:
+        elif (why := check_gold(p, parses)) is not None:
             rejected.append((index, why, raw))
         else:
             seen_fps.add(p.fingerprint)
