@@ -54,7 +54,9 @@ def _print_report(r: IngestReport) -> None:
     console.print(f"{r.source}/{r.split} from {r.origin}: {r.total_rows} rows "
                   f"in {r.seconds:.1f}s")
     console.print(f"  ingested:     {r.ingested}")
-    console.print(f"  duplicates:   {r.duplicates} ({r.already_stored} already in the store)")
+    near = (f", {r.near_duplicates} near: the same problem text, another gold"
+            if r.near_duplicates else "")
+    console.print(f"  duplicates:   {r.duplicates} ({r.already_stored} already in the store{near})")
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.quarantined.items()))
     console.print(f"  quarantined:  {r.quarantined_total}" + (f" ({reasons})" if reasons else ""))
     with_ = ", ".join(f"{k} {v}" for k, v in sorted(r.contaminated_with.items()))
@@ -72,7 +74,7 @@ def _print_report(r: IngestReport) -> None:
 def ingest(
     source: Annotated[str, typer.Argument(help=(
         f"Preset ({', '.join(PRESETS)}), synthetic:arith, a .jsonl/.json/.parquet/.csv "
-        "file, or a hub id owner/name."))],
+        "file or folder of shards, or a hub id owner/name (streamed)."))],
     db: DB = None,
     workdir: WORKDIR = None,
     split: Annotated[str | None, typer.Option(
@@ -88,6 +90,9 @@ def ingest(
         "[,solution=COL,id=COL,level=COL,subject=COL].")] = None,
     name: Annotated[str | None, typer.Option(
         "--name", help="Source name to store a file under [default: the file stem].")] = None,
+    config: Annotated[str | None, typer.Option(
+        "--config", help="Hub dataset (or a local copy of its repository): which config to "
+        "read; ingest each config you want.")] = None,
     max_problem_chars: Annotated[int, typer.Option(
         "--max-problem-chars", min=100, help="Longer problems are quarantined.")
     ] = MAX_PROBLEM_CHARS,
@@ -102,7 +107,7 @@ def ingest(
     chosen = parse_levels(levels, [source])
     try:
         adapter = resolve_source(source, split=split, data_dir=data_dir, columns=columns,
-                                 limit=limit, name=name, levels=chosen)
+                                 limit=limit, name=name, levels=chosen, config=config)
     except SourceError as exc:
         _fail(str(exc), 2)
     except SourceUnreadable as exc:

@@ -86,17 +86,29 @@ def test_preset_errors_are_one_line(tmp_path):
         assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_hub_presets_go_through_load_dataset(shared_data, monkeypatch):
+def _fake_hub(monkeypatch, rows_for):
+    """The hub as the network would serve it, replaced (no network here): a builder whose
+    stream is an in-memory dataset's. `rows_for(path, name, split)` gives the rows (or
+    raises, as an unreachable hub does). Calls are recorded in the returned list."""
     datasets = pytest.importorskip("datasets")
+    from types import SimpleNamespace
+
     calls = []
 
-    def fake_load(path, name=None, split=None):
-        calls.append((path, name, split))
-        rows = [json.loads(x) for x in (shared_data / "aime24/test.jsonl").open()][:3]
-        return datasets.Dataset.from_list(rows)
+    def builder(path, name=None):
+        def stream(split):
+            calls.append((path, name, split))
+            return datasets.Dataset.from_list(rows_for(path, name, split)).to_iterable_dataset()
+        return SimpleNamespace(hash=f"rev-{path}-{name}", as_streaming_dataset=stream)
 
     monkeypatch.delenv("GRPO_DATA_DIR", raising=False)
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr(datasets, "load_dataset_builder", builder)
+    return calls
+
+
+def test_hub_presets_are_streamed_from_the_hub(shared_data, monkeypatch):
+    calls = _fake_hub(monkeypatch, lambda *a: [
+        json.loads(x) for x in (shared_data / "aime24/test.jsonl").open()][:3])
     adapter = resolve_source("aime24")
     assert calls == [("HuggingFaceH4/aime_2024", None, "train")]  # the hub's only split
     assert (adapter.source, adapter.split) == ("aime24", "test")
@@ -109,45 +121,22 @@ def test_hub_presets_go_through_load_dataset(shared_data, monkeypatch):
     assert set(PRESETS) == {"gsm8k", "math", "math500", "aime24", "aime25", "amc23"}
 
 
-def test_hub_version_is_the_cache_path_below_the_root_or_the_content():
-    datasets = pytest.importorskip("datasets")
-    from types import SimpleNamespace
-
-    from grpo_core.data.adapters import hub_version
-
-    def cached(root, revision):
-        return SimpleNamespace(cache_files=[{"filename": f"{root}/openai___gsm8k/main/0.0.0/"
-                                                         f"{revision}/gsm8k-test.arrow"}])
-
-    assert hub_version(cached("/home/a/.cache", "e53f")) == hub_version(cached("/srv/hf", "e53f"))
-    assert hub_version(cached("/srv/hf", "e53f")) != hub_version(cached("/srv/hf", "9a01"))
-    rows = [{"q": "1+1", "a": "2"}]
-    same = hub_version(datasets.Dataset.from_list(rows))
-    assert same == hub_version(datasets.Dataset.from_list(rows))
-    assert same != hub_version(datasets.Dataset.from_list([{"q": "1+2", "a": "3"}]))
-
-
 def test_hub_math_with_or_without_an_answer_column(monkeypatch):
-    datasets = pytest.importorskip("datasets")
     rows = [{"problem": "P?", "solution": "so $\\boxed{7}$", "answer": None, "level": "Level 2",
              "type": "Algebra"},
             {"problem": "Q?", "solution": "long", "answer": "\\frac{1}{3}", "level": "Level ?",
              "type": "Geometry"}]
-    monkeypatch.delenv("GRPO_DATA_DIR", raising=False)
-    monkeypatch.setattr(datasets, "load_dataset",
-                        lambda *a, **k: datasets.Dataset.from_list(rows))
+    _fake_hub(monkeypatch, lambda *a: rows)
     p, q = _problems(resolve_source("math", split="test"))
     assert (p.answer, p.level, p.subject, p.split) == ("7", 2, "Algebra", "test")
     assert (q.answer, q.level, q.subject) == ("\\frac{1}{3}", None, "Geometry")
 
 
 def test_unreachable_hub_id_is_a_source_error(monkeypatch):
-    datasets = pytest.importorskip("datasets")
-
-    def offline(*a, **k):
+    def offline(*a):
         raise ConnectionError("Couldn't reach the Hugging Face Hub\nmore lines")
 
-    monkeypatch.setattr(datasets, "load_dataset", offline)
+    _fake_hub(monkeypatch, offline)
     with pytest.raises(SourceError, match=r"cannot load hub dataset owner/name \(train\): "
                                           r"Couldn't reach the Hugging Face Hub$"):
         resolve_source("owner/name")

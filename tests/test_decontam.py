@@ -85,3 +85,57 @@ def test_gsm8k_train_test_overlap_is_measured(shared_data):
     print(f"\nGSM8K train vs test: {len(flags)} contaminated; coverage >= t: {counts}")
     assert len(flags) == 0  # measured: no train problem reproduces a test problem
     assert counts[0.0] == 70 and counts[0.5] == 2
+
+
+def test_sql_index_flags_the_same_rows_as_the_python_index():
+    """The DuckDB join (what the store runs) against the in-Python index on 400 training rows
+    made here: verbatim, embedded, re-cased and re-spaced copies (tabs, newlines, \\v, full
+    width letters and ligatures that only NFKC folds), one-word siblings around the
+    threshold, short texts and rows sharing only stock phrases."""
+    import random
+
+    import duckdb
+
+    from grpo_core.data.db import STORE_SQL
+    from grpo_core.data.decontam_sql import contaminated_rows
+
+    rng = random.Random(0)
+    vocab = [f"w{i}" for i in range(300)] + ["apples", "pears", "total", "ﬁnd", "Ｆｉｎｄ"]
+    evals = {f"{src}/test": [" ".join(rng.choices(vocab, k=rng.randint(3, 30)))
+                             for _ in range(20)] for src in ("aime24", "amc23")}
+
+    def variant(text: str, kind: int) -> str:
+        words = text.split()
+        if kind == 0:
+            return text
+        if kind == 1:
+            return "Solve this: " + text.upper() + " Show your work."
+        if kind == 2:
+            return "\t".join(words[:3]) + "\n\x0b  " + " ".join(words[3:]) + "  "
+        if kind == 3:  # one word changed: coverage just under or over the threshold
+            words[rng.randrange(len(words))] = "changed"
+            return " ".join(words)
+        if kind == 4:
+            return " ".join(words[: max(1, len(words) // 2)])  # half of it
+        return text.replace("fi", "ﬁ").replace("F", "Ｆ")  # NFKC folds both back
+
+    train = []
+    for i in range(400):
+        label = rng.choice(sorted(evals))
+        text = rng.choice(evals[label]) if i % 4 else " ".join(rng.choices(vocab, k=12))
+        train.append((("mine", "train", f"fp{i}"), variant(text, i % 6)))
+    want = decontam.find_contaminated(train, [(label, t) for label, ts in evals.items()
+                                             for t in ts])
+    con = duckdb.connect()
+    con.execute(STORE_SQL)
+    rows = [(k[0], k[1], k[2], t) for k, t in train]
+    rows += [(label.split("/")[0], "test", f"e{j}-{label}", t)
+             for label, ts in evals.items() for j, t in enumerate(ts)]
+    con.executemany("INSERT INTO problems (source, split, fingerprint, problem, answer) "
+                    "VALUES (?, ?, ?, ?, '1')", rows)
+    flags = contaminated_rows(con, "split = 'train'", "split = 'test'")
+    got = {("mine", "train", fp): label for fp, label in
+           zip(flags["fingerprint"].to_pylist(), flags["label"].to_pylist())}
+    assert 150 < len(want) < 300, len(want)  # near-misses on both sides of the threshold
+    assert got.keys() == want.keys(), sorted(got.keys() ^ want.keys())[:5]
+    assert got == want  # and the labels (no eval text here is in both sets: no ties)

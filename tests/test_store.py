@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from grpo_core.data import decontam
+from grpo_core.data import store as store_module
 from grpo_core.data.adapters import resolve_source
 from grpo_core.data.problems import Problem
 from grpo_core.data.store import (
@@ -207,7 +207,7 @@ def test_failed_ingest_rolls_back(store, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(decontam, "find_contaminated", boom)
+    monkeypatch.setattr(store_module, "contaminated_rows", boom)
     more = _jsonl(tmp_path / "more.jsonl", [{"problem": "Brand new: what is 9 times 9?",
                                              "answer": "81"}, b"{bad\n"])
     with pytest.raises(RuntimeError, match="disk on fire"):

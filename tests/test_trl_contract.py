@@ -249,7 +249,7 @@ def test_a_moved_parameter_fails_naming_the_member(monkeypatch):
 
 
 def _outside_the_door() -> list[str]:
-    # and datasets' Dataset._fingerprint (grpo_core.data.adapters.hub_version reads public ones)
+    # and datasets' Dataset._fingerprint (grpo_core.data.hub reads the builder's public hash)
     names = {name for _, name in door.PRIVATE} | {"_fingerprint"}
     found = []
     for pkg in SCANNED:

@@ -5,7 +5,8 @@
     `data_dir` / $GRPO_DATA_DIR laid out like shared/data, else the Hugging Face hub;
   - `synthetic:arith` (grpo_core.data.synthetic);
   - a file (.jsonl / .json / .parquet / .csv) with an optional column mapping;
-  - any other hub id, through `datasets.load_dataset`.
+  - any other hub id (or a local copy of a hub repo, with `config`), streamed
+    (grpo_core.data.hub).
 The adapter yields (row index, raw row) pairs; `convert` makes each raw row a `Problem` or
 a `Rejection` (reason code + detail). Rows that cannot even be read (malformed JSON,
 invalid UTF-8) arrive as `BadRow`. Whole-source problems raise `SourceError` (usage: a
@@ -17,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -224,7 +224,7 @@ def parse_columns(spec: str | dict[str, str] | None) -> dict[str, str]:
     return dict(spec)
 
 
-def _mapping(where: str, present: set[str] | None, explicit: dict[str, str],
+def column_mapping(where: str, present: set[str] | None, explicit: dict[str, str],
              base: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
     cols = {f: (explicit[f],) if f in explicit else base.get(f, ()) for f in FIELDS}
     if present is None:
@@ -242,7 +242,8 @@ def _mapping(where: str, present: set[str] | None, explicit: dict[str, str],
     return cols
 
 
-def _fp(*parts: Any) -> str:
+def content_fingerprint(*parts: Any) -> str:
+    """A short stable hash of JSON-able parts: what names a source's content and reading."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -283,12 +284,12 @@ def file_adapter(path: str | Path, *, split: str | None = None, name: str | None
     present = {k for _, r in head if isinstance(r, dict) for k in r} or None
     explicit = parse_columns(columns)
     base = preset.columns if preset and not explicit else AUTO_COLUMNS
-    cols = _mapping(str(path), present, explicit, base)
+    cols = column_mapping(str(path), present, explicit, base)
     gold = preset.gold if preset and not explicit else "auto"
     digest = [file_digest(f) for f in shards]
     return Adapter(source=source, split=split, origin=str(path),
-                   fingerprint=_fp(digest[0] if len(digest) == 1 else digest, split, cols,
-                                   gold, limit),
+                   fingerprint=content_fingerprint(digest[0] if len(digest) == 1 else digest,
+                                                   split, cols, gold, limit),
                    read=lambda: itertools.islice(read_shards(shards, fmt), limit),
                    columns=cols, gold=gold)
 
@@ -308,54 +309,10 @@ def preset_adapter(name: str, *, split: str | None = None, data_dir: str | Path 
         if not path.is_file():
             raise SourceError(f"preset {name} ({split}): {path} not found (data dir {root})")
         return file_adapter(path, split=split, limit=limit, preset=preset)
+    from grpo_core.data.hub import hub_adapter
+
     return hub_adapter(preset.hub_id, split=split, config=preset.hub_config, limit=limit,
                        preset=preset)
-
-
-def hub_adapter(hub_id: str, *, split: str | None = None, config: str | None = None,
-                columns: str | dict[str, str] | None = None, limit: int | None = None,
-                preset: Preset | None = None) -> Adapter:
-    import datasets
-
-    split = split or "train"
-    hub_split = preset.hub_splits.get(split, split) if preset else split
-    quiet = [logging.getLogger(n) for n in ("huggingface_hub", "datasets", "fsspec")]
-    levels = [q.level for q in quiet]
-    for q in quiet:  # offline, the hub client logs every retry: the error below says it all
-        q.setLevel(logging.ERROR)
-    try:
-        ds = datasets.load_dataset(hub_id, config, split=hub_split)
-    except Exception as exc:  # noqa: BLE001 - offline, missing, gated: all one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        hint = " (offline? point --data-dir at local copies)" if preset else ""
-        raise SourceError(f"cannot load hub dataset {hub_id} ({hub_split}): {first}{hint}"
-                          ) from None
-    finally:
-        for q, level in zip(quiet, levels):
-            q.setLevel(level)
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
-    explicit = parse_columns(columns)
-    base = preset.columns if preset and not explicit else AUTO_COLUMNS
-    cols = _mapping(hub_id, set(ds.column_names), explicit, base)
-    gold = preset.gold if preset and not explicit else "auto"
-    version = hub_version(ds)
-    return Adapter(source=preset.name if preset else hub_id, split=split, origin=hub_id,
-                   fingerprint=_fp(hub_id, config, hub_split, version, cols, gold, limit),
-                   read=lambda: enumerate(ds), columns=cols, gold=gold)
-
-
-def hub_version(ds) -> str:
-    """What identifies a loaded hub split's data, from public attributes: its cache files'
-    paths below the cache root (dataset/config/version/revision hash/file: what datasets'
-    own fingerprint hashes), so it is the same on every machine and moves with the hub
-    revision; an in-memory dataset (no cache files) is hashed whole."""
-    files = [Path(f["filename"]).parts[-5:] for f in ds.cache_files]
-    if files:
-        return _fp(*["/".join(parts) for parts in files])
-    from datasets.fingerprint import Hasher
-
-    return Hasher.hash(ds.data.table)
 
 
 def synthetic_adapter(source: str, *, split: str | None = None, limit: int | None = None,
@@ -375,7 +332,7 @@ def synthetic_adapter(source: str, *, split: str | None = None, limit: int | Non
 
     want = "eval" if split in ("eval", "test") else "train"
     return Adapter(source=source, split=want, origin=source,
-                   fingerprint=_fp(source, want, n, levels, seed), read=read)
+                   fingerprint=content_fingerprint(source, want, n, levels, seed), read=read)
 
 
 def resolve_source(source: str, *, split: str | None = None,
@@ -391,7 +348,12 @@ def resolve_source(source: str, *, split: str | None = None,
         return synthetic_adapter(source, split=split, limit=limit, levels=levels, seed=seed)
     if source in PRESETS and not columns:
         return preset_adapter(source, split=split, data_dir=data_dir, limit=limit)
+    from grpo_core.data.hub import hub_adapter
+
     path = Path(source).expanduser()
+    if path.is_dir() and config:  # a local copy of a hub dataset repo, one of its configs
+        return hub_adapter(str(path), split=split, config=config, columns=columns, limit=limit,
+                           name=name)
     if path.exists():
         parent = PRESETS.get(path.parent.name)
         preset = parent if parent and not columns and not name and any(

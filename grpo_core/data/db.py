@@ -31,6 +31,9 @@ CREATE TABLE IF NOT EXISTS problems (
     ingested_at TIMESTAMP, contaminated BOOLEAN NOT NULL DEFAULT FALSE,
     contaminated_with VARCHAR,
     PRIMARY KEY (source, split, fingerprint));
+-- Added with near-duplicate detection (issue 25): the normalised problem text's hash; rows
+-- of stores made before have NULL and are checked for exact duplicates only.
+ALTER TABLE problems ADD COLUMN IF NOT EXISTS text_key VARCHAR;
 CREATE TABLE IF NOT EXISTS quarantine (
     source VARCHAR, split VARCHAR, row_index BIGINT, code VARCHAR, reason VARCHAR,
     raw VARCHAR, source_fingerprint VARCHAR, ingest_id VARCHAR, quarantined_at TIMESTAMP);
@@ -52,7 +55,7 @@ PROBLEM_SCHEMA = pa.schema([
     ("source", pa.string()), ("split", pa.string()), ("fingerprint", pa.string()),
     ("id", pa.string()), ("problem", pa.string()), ("answer", pa.string()),
     ("solution", pa.string()), ("level", pa.int32()), ("subject", pa.string()),
-    ("row_index", pa.int64())])
+    ("row_index", pa.int64()), ("text_key", pa.string())])
 QUARANTINE_SCHEMA = pa.schema([
     ("source", pa.string()), ("split", pa.string()), ("row_index", pa.int64()),
     ("code", pa.string()), ("reason", pa.string()), ("raw", pa.string())])

@@ -13,6 +13,10 @@ and 70 GSM8K train problems against GSM8K test, although these sets are disjoint
 also holds templated siblings that differ in one number or word ("... letters of the word
 CIRCLE" / "ELLIPSE"); their coverage reaches 0.92, hence the default of 0.95.
 Lower `min_coverage` to catch looser rephrasings at the price of flagging siblings.
+
+The store runs this test as a DuckDB join (grpo_core.data.decontam_sql: no Python loop over
+a million training rows); `find_contaminated` here is its reference, checked to flag the
+same rows, and serves texts that are not in a store.
 """
 from __future__ import annotations
 

@@ -18,6 +18,13 @@ def fingerprint(problem: str, answer: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+def text_key(problem: str) -> str:
+    """Content hash of a problem's text alone: equal keys with different golds are near
+    duplicates (the same problem, its answer written another way)."""
+    return hashlib.sha256(normalise_text(problem).encode("utf-8", "surrogatepass")
+                          ).hexdigest()[:16]
+
+
 @dataclass
 class Problem:
     """One verifiable math problem, whatever dataset it came from."""

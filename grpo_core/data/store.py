@@ -19,7 +19,6 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -27,7 +26,7 @@ import duckdb
 import pyarrow as pa
 
 from grpo_core.data import decontam
-from grpo_core.data.adapters import Adapter, Rejection
+from grpo_core.data.adapters import Adapter
 from grpo_core.data.db import (
     PROBLEM_SCHEMA,
     QUARANTINE_SCHEMA,
@@ -36,6 +35,7 @@ from grpo_core.data.db import (
     now,
     transaction,
 )
+from grpo_core.data.decontam_sql import contaminated_rows
 from grpo_core.data.problems import Problem
 from grpo_core.data.validation import (  # noqa: F401 - re-exported: callers import these from store
     GOLD_DEADLINE_S,
@@ -132,26 +132,18 @@ class Store:
         t0 = time.perf_counter()
         report = IngestReport(adapter.source, adapter.split, adapter.origin)
         src, split = adapter.source, adapter.split
-        stored = {r[0] for r in self.con.execute(
-            "SELECT fingerprint FROM problems WHERE source = ? AND split = ?",
-            [src, split]).fetchall()}
-        accepted: list[tuple[int, Problem]] = []
-        rejected: list[tuple[int, Rejection, Any]] = []
         ingest_id, started = uuid.uuid4().hex[:12], now()
         bar = Bar(None, f"ingest {src}/{split}", enabled=progress)
 
-        def flush() -> None:
+        def write(accepted: list, rejected: list) -> None:
             self._insert(adapter, ingest_id, started, accepted, rejected)
             report.ingested += len(accepted)
             bar.advance(len(accepted) + len(rejected))
-            accepted.clear()
-            rejected.clear()
 
         try:
             with transaction(self.con), patient_gold_parsing():
-                check_rows(adapter, report, stored, accepted, rejected, max_problem_chars,
-                           flush=flush, every=batch_rows)
-                flush()
+                check_rows(adapter, report, max_problem_chars, self._known(src, split), write,
+                           batch_rows)
                 if report.total_rows:
                     self._decontaminate_new(report, ingest_id, ngram, min_coverage)
                     self.con.execute(
@@ -166,13 +158,33 @@ class Store:
             report.duplicates, "ingest lost rows"
         return report
 
+    def _known(self, source: str, split: str):
+        """validation.Known for one source split: which of a batch's fingerprints and text
+        keys the store holds (earlier batches of this ingest included), by two joins in
+        DuckDB rather than a set of the whole source in Python."""
+        def known(fingerprints: list[str], keys: list[str]) -> tuple[set[str], set[str]]:
+            batch = pa.table({"fingerprint": pa.array(fingerprints, pa.string()),
+                              "text_key": pa.array(keys, pa.string())})
+            self.con.register("_batch_keys", batch)
+            try:
+                found = self.con.execute(
+                    "WITH p AS (SELECT fingerprint, text_key FROM problems WHERE source = ? AND "
+                    "split = ?) SELECT DISTINCT 'f', fingerprint FROM p SEMI JOIN _batch_keys "
+                    "USING (fingerprint) UNION ALL SELECT DISTINCT 'k', text_key FROM p SEMI "
+                    "JOIN _batch_keys USING (text_key)", [source, split]).fetchall()
+            finally:
+                self.con.unregister("_batch_keys")
+            return {v for t, v in found if t == "f"}, {v for t, v in found if t == "k"}
+        return known
+
     def _insert(self, adapter: Adapter, ingest_id: str, started, accepted, rejected) -> None:
         """One batch of an ingest's rows and quarantined rows (inside its transaction)."""
         src, split = adapter.source, adapter.split
-        problems = pa.Table.from_pylist(
-            [dict(zip(PROBLEM_SCHEMA.names, (src, split, p.fingerprint, p.id, p.problem,
-                                              p.answer, p.solution, p.level, p.subject, i)))
-             for i, p in accepted], schema=PROBLEM_SCHEMA)
+        columns = list(zip(*((src, split, p.fingerprint, p.id, p.problem, p.answer, p.solution,
+                              p.level, p.subject, i, key) for i, p, key in accepted))) or \
+            [()] * len(PROBLEM_SCHEMA)  # column by column: from_pylist's dicts cost 2x
+        problems = pa.Table.from_arrays([pa.array(c, f.type) for c, f in
+                                         zip(columns, PROBLEM_SCHEMA)], schema=PROBLEM_SCHEMA)
         bad = pa.Table.from_pylist(
             [dict(zip(QUARANTINE_SCHEMA.names, (src, split, i, w.code, str(w), _raw_json(raw))))
              for i, w, raw in rejected], schema=QUARANTINE_SCHEMA)
@@ -180,11 +192,11 @@ class Store:
         con.register("_new_problems", problems)
         con.register("_new_quarantine", bad)
         try:
+            # rows are distinct from the store's already (check_rows asked `_known`)
             con.execute(
                 "INSERT INTO problems (source, split, fingerprint, id, problem, answer, solution,"
-                " level, subject, row_index, ingest_id, ingested_at) SELECT n.*, ?, ? FROM "
-                "_new_problems n ANTI JOIN problems p USING (source, split, fingerprint)",
-                [ingest_id, started])
+                " level, subject, row_index, text_key, ingest_id, ingested_at) SELECT n.*, ?, ?"
+                " FROM _new_problems n", [ingest_id, started])
             con.execute(
                 "INSERT INTO quarantine SELECT q.*, ?, ?, ? FROM _new_quarantine q WHERE NOT "
                 "EXISTS (SELECT 1 FROM quarantine o WHERE o.source = q.source AND o.split = "
@@ -199,35 +211,23 @@ class Store:
         """Flag what this ingest can newly contaminate (flags are only ever added)."""
         evals_sql = decontam.eval_predicate()
         if decontam.is_eval(report.source, report.split):
-            evals = self._texts("source = ? AND split = ?", [report.source, report.split])
-            train = self._texts(f"NOT ({evals_sql}) AND NOT contaminated", [])
+            flags = contaminated_rows(self.con, f"NOT ({evals_sql}) AND NOT contaminated",
+                                      "source = ? AND split = ?",
+                                      [report.source, report.split], n, min_coverage)
+            report.flagged_existing += flags.num_rows
         else:
-            evals = self._texts(evals_sql, [])
-            train = self._texts("ingest_id = ?", [ingest_id])
-        flags = decontam.find_contaminated(train, evals, n=n, min_coverage=min_coverage)
+            flags = contaminated_rows(self.con, "ingest_id = ?", evals_sql, [ingest_id], n,
+                                      min_coverage)
+            report.contaminated += flags.num_rows
+            for label, count in Counter(flags["label"].to_pylist()).items():
+                report.contaminated_with[label] = report.contaminated_with.get(label, 0) + count
         self._flag(flags)
-        for label in flags.values():
-            if decontam.is_eval(report.source, report.split):
-                report.flagged_existing += 1
-            else:
-                report.contaminated += 1
-                report.contaminated_with[label] = report.contaminated_with.get(label, 0) + 1
 
-    def _texts(self, where: str, params: list) -> Iterator[tuple[tuple, str]]:
-        """((source, split, fingerprint), problem) of the rows matching `where`, fetched
-        in batches when iterated (a million training texts are never all in memory)."""
-        cur = self.con.execute(
-            f"SELECT source, split, fingerprint, problem FROM problems WHERE {where}", params)
-        while rows := cur.fetchmany(10_000):
-            for s, sp, fp, text in rows:
-                yield (s, sp, fp), text
-
-    def _flag(self, flags: dict[tuple, str]) -> None:
-        if not flags:
+    def _flag(self, flags: pa.Table) -> None:
+        """Mark the (source, split, fingerprint, label) rows of `flags` contaminated."""
+        if not flags.num_rows:
             return
-        table = pa.table({"source": [k[0] for k in flags], "split": [k[1] for k in flags],
-                          "fingerprint": [k[2] for k in flags], "label": list(flags.values())})
-        self.con.register("_flags", table)
+        self.con.register("_flags", flags)
         try:
             self.con.execute(
                 "UPDATE problems SET contaminated = TRUE, contaminated_with = f.label FROM _flags f "
@@ -242,11 +242,10 @@ class Store:
         evals_sql = decontam.eval_predicate()
         with transaction(self.con):
             self.con.execute("UPDATE problems SET contaminated = FALSE, contaminated_with = NULL")
-            flags = decontam.find_contaminated(self._texts(f"NOT ({evals_sql})", []),
-                                               self._texts(evals_sql, []), n=ngram,
-                                               min_coverage=min_coverage)
+            flags = contaminated_rows(self.con, f"NOT ({evals_sql})", evals_sql, [], ngram,
+                                      min_coverage)
             self._flag(flags)
-        return dict(Counter(flags.values()))
+        return dict(Counter(flags["label"].to_pylist()))
 
     # -- reading ------------------------------------------------------------------
 

@@ -6,13 +6,13 @@ the public names; this module imports nothing of the store."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_core.data.adapters import Adapter, BadRow, Rejection
-from grpo_core.data.problems import Problem
+from grpo_core.data.problems import Problem, text_key
 
 MAX_PROBLEM_CHARS = 20000
 MAX_ANSWER_CHARS = 1000
@@ -27,8 +27,13 @@ _MOJIBAKE = re.compile("[\u00c2-\u00f4][\u0080-\u00bf\u0152\u0153\u0160\u0161\u0
                        "\u2020-\u2022\u2026\u2030\u2039\u203a\u20ac\u2122]+")
 
 
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def undecodable(text: str) -> str | None:
     """Why `text` is not clean Unicode text (None if it is)."""
+    if text.isascii() and not _ASCII_CONTROL.search(text):
+        return None  # most rows: and no surrogate, U+FFFD or mojibake can hide in ASCII
     if "\x00" in text:
         return "NUL byte"
     if m := _SURROGATE.search(text):
@@ -73,6 +78,7 @@ def check_size(p: Problem, max_chars: int) -> Rejection | None:
 
 
 GOLD_DEADLINE_S = 2.0  # per gold at ingest; the reward-time deadline is far tighter
+GOLD_MEMO = 100_000  # distinct answer texts remembered as parsing during one ingest
 
 
 @contextmanager
@@ -95,13 +101,19 @@ def patient_gold_parsing(seconds: float = GOLD_DEADLINE_S) -> Iterator[None]:
             answers.GOLD_DEADLINE_S = old
 
 
-def check_gold(p: Problem) -> Rejection | None:
+def check_gold(p: Problem, parses: dict[str, bool] | None = None) -> Rejection | None:
+    """None when the gold parses. `parses` (answer text -> parses?) spares asking again for
+    an answer seen before: golds repeat ("6", "12") across a large pool."""
     from grpo_core.verify.answers import parse_gold
 
-    try:
-        ok = parse_gold(p.answer) is not None
-    except Exception:  # noqa: BLE001 - a gold that crashes the parser is unparseable
-        ok = False
+    ok = parses.get(p.answer) if parses is not None else None
+    if ok is None:
+        try:
+            ok = parse_gold(p.answer) is not None
+        except Exception:  # noqa: BLE001 - a gold that crashes the parser is unparseable
+            ok = False
+        if parses is not None and ok:  # a failure may be a deadline: asked again next time
+            parses[p.answer] = ok
     return None if ok else Rejection("unparseable_answer", f"gold {p.answer[:80]!r} does not parse")
 
 
@@ -124,8 +136,9 @@ class IngestReport:
     origin: str
     total_rows: int = 0
     ingested: int = 0
-    duplicates: int = 0  # same fingerprint as an earlier row of this ingest or the store
+    duplicates: int = 0  # an earlier row's (this ingest's or the store's) fingerprint or text
     already_stored: int = 0  # of the duplicates, those already in the store
+    near_duplicates: int = 0  # of the duplicates, same problem text with another gold
     quarantined: dict[str, int] = field(default_factory=dict)  # reason code -> rows
     contaminated: int = 0  # ingested rows flagged as overlapping an eval set
     contaminated_with: dict[str, int] = field(default_factory=dict)  # eval set -> rows
@@ -149,27 +162,68 @@ class IngestReport:
             self.first_reasons.append(f"row {index}: {why}")
 
 
-def check_rows(adapter: Adapter, report: IngestReport, stored: set[str], accepted: list,
-               rejected: list, max_chars: int, flush=None, every: int = 0) -> None:
-    """Sort every row into accepted, rejected or duplicate (counted in `report`).
-    `flush()`: called (to write and empty both lists) whenever they hold `every` rows."""
-    seen: set[str] = set()
+Known = Callable[[list[str], list[str]], tuple[set[str], set[str]]]
+
+
+def check_rows(adapter: Adapter, report: IngestReport, max_chars: int, known: Known,
+               write: Callable[[list, list], None], every: int) -> None:
+    """Sort every row into accepted, rejected or duplicate (counted in `report`), `every`
+    rows at a time, so memory holds one batch whatever the source's size:
+    `known(fingerprints, text_keys)` says which of a batch's are already stored (earlier
+    batches included) and `write(accepted, rejected)` stores one batch. A duplicate has
+    the fingerprint (normalised problem and answer) of a stored or earlier row; a near
+    duplicate only its normalised problem text (the same problem, its gold written
+    another way): both are counted and dropped, the first occurrence kept."""
+    pending: list[tuple[int, Problem, bool, str, Any]] = []
+    rejected: list[tuple[int, Rejection, Any]] = []
+    parses: dict[str, bool] = {}
+
+    def flush() -> None:
+        if len(parses) > GOLD_MEMO:
+            parses.clear()  # bounded: memory holds one batch and this memo, whatever the size
+        accepted = _distinct_with_gold(pending, report, known, rejected, parses)
+        rejected.sort(key=lambda r: r[0])  # reasons reported in row order
+        for index, why, _ in rejected:
+            report.reject(index, why)
+        write(accepted, rejected)
+        pending.clear()
+        rejected.clear()
+
     for index, raw in adapter.rows():
-        if flush is not None and len(accepted) + len(rejected) >= every:
-            flush()
         report.total_rows += 1
         checked = _validate(adapter, index, raw, max_chars)
-        if not isinstance(checked, Rejection):
-            p, repaired = checked
-            if p.fingerprint in stored or p.fingerprint in seen:
-                report.duplicates += 1
-                report.already_stored += p.fingerprint in stored
-                continue
-            checked = check_gold(p)  # the costly check runs once per distinct row
-            if checked is None:
-                seen.add(p.fingerprint)
-                report.repaired += repaired
-                accepted.append((index, p))
-                continue
-        report.reject(index, checked)
-        rejected.append((index, checked, raw.raw if isinstance(raw, BadRow) else raw))
+        if isinstance(checked, Rejection):
+            rejected.append((index, checked, raw.raw if isinstance(raw, BadRow) else raw))
+        else:
+            pending.append((index, *checked, text_key(checked[0].problem), raw))
+        if len(pending) + len(rejected) >= every:
+            flush()
+    flush()
+
+
+def _distinct_with_gold(pending: list, report: IngestReport, known: Known, rejected: list,
+                        parses: dict[str, bool]) -> list[tuple[int, Problem, str]]:
+    """The batch's rows that are neither duplicates nor near duplicates, and whose gold
+    parses (the costly check, run once per distinct row)."""
+    if not pending:
+        return []
+    stored_fps, stored_keys = known([r[1].fingerprint for r in pending],
+                                    [r[3] for r in pending])
+    seen_fps: set[str] = set()
+    seen_keys: set[str] = set()
+    accepted = []
+    for index, p, repaired, key, raw in pending:
+        if p.fingerprint in stored_fps or p.fingerprint in seen_fps:
+            report.duplicates += 1
+            report.already_stored += p.fingerprint in stored_fps
+        elif key in stored_keys or key in seen_keys:
+            report.duplicates += 1
+            report.near_duplicates += 1
+        elif (why := check_gold(p, parses)) is not None:
+            rejected.append((index, why, raw))
+        else:
+            seen_fps.add(p.fingerprint)
+            seen_keys.add(key)
+            report.repaired += repaired
+            accepted.append((index, p, key))
+    return accepted
