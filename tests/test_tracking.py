@@ -378,8 +378,10 @@ def test_finish_pipeline_and_compare_table(store):
     # ... and the experiment opens on the runs table showing them.
     exp = client.get_experiment(p.info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    view = json.loads(exp.tags["mlflow.sharedViewState.grpo-headline"])
-    assert "metrics.`synthetic/final`" in view["selectedColumns"]
+    view, _ = T.headline.read_view(exp.tags["mlflow.sharedViewState.grpo-headline"])
+    assert "tags.`synthetic greedy_accuracy final`" in view["selectedColumns"]
+    # the column's text: the value with its CI, rounded to it
+    assert p.data.tags["synthetic greedy_accuracy final"] == "0.50 [0.40, 0.60]"
     links = results["r1_zero"]["links"]
     assert links["runs_table"].endswith(f"/#/experiments/{exp.experiment_id}/runs?workflowType="
                                         "machine_learning&viewStateShareKey=grpo-headline")
