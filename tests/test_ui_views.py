@@ -68,6 +68,9 @@ def test_headline_view_saved_under_views_over_http(tmp_path, template_db):
         assert "tags.`synthetic avg_at_8 delta paired`" in cols
         assert "metrics.`synthetic/final`" not in cols and cols[-1] == "metrics.`findings`"
         assert state["columnOrder"] == cols
+        # wide enough for a value and its CI (MLflow's default width cuts them)
+        assert state["columnWidths"]["tags.`synthetic avg_at_8 base`"] >= 200
+        assert set(state["columnWidths"]) == {c for c in cols if c.startswith("tags.")}
         # saved again (a second pipeline): still one view, created when it first was
         headline.set_experiment_view(client, exp_id, ["synthetic"], "avg@8")
         again = json.loads(client.get_experiment(exp_id).tags[tag])

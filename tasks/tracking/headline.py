@@ -48,6 +48,7 @@ WORKFLOW = "machine_learning"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui`'s default address, for a local store
 _STATS = ("grpo_steps", "sft_steps", "wall_min", "findings")
+CELL_PX, DELTA_PX = 210, 300  # runs-table widths of a headline cell, of the delta cell
 
 
 def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, Any],
@@ -202,7 +203,11 @@ def set_experiment_view(client: MlflowClient, exp_id: str, benchmarks: Iterable[
             *stats]
     view = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False,
             "startTime": "ALL", "lifecycleFilter": "Active", "modelVersionFilter": "All Runs",
-            "datasetsFilter": [], "selectedColumns": cols, "columnOrder": cols}
+            "datasetsFilter": [], "selectedColumns": cols, "columnOrder": cols,
+            # MLflow's default column (~90 px) cuts "0.054 [0.035, 0.072]" to "0.054 [0.03...":
+            # wide enough for a value with its CI, and the comparison's recipe names
+            "columnWidths": {c: DELTA_PX if c.endswith(" paired`") else CELL_PX
+                             for c in cols if c.startswith("tags.")}}
     client.set_experiment_tag(exp_id, tag, saved_view(view, VIEW_NAME, created))
     return VIEW_KEY
 
