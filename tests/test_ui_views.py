@@ -123,3 +123,4 @@ def test_round_charts_readable_loss_and_headline_copies():
     assert sorted(["0 headline/accuracy_in_round_eval", "0 headline/accuracy",
                    "0 headline/mean_length"])[1] == "0 headline/accuracy_in_round_eval"
     assert "kl" not in out
+    assert "loss_x1e6" not in chart_copies({"loss": 2.3}, grpo=False)  # SFT's loss reads as is

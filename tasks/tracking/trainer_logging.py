@@ -64,11 +64,13 @@ HEADLINE_CURVES = {"reward": "0 headline/reward", "rewards/accuracy/mean": "0 he
 SCALED = {"loss": ("loss_x1e6", 1e6)}
 
 
-def chart_copies(flat: dict[str, float]) -> dict[str, float]:
+def chart_copies(flat: dict[str, float], grpo: bool = True) -> dict[str, float]:
     """The extra keys a point is also sent under: HEADLINE_CURVES (sorted first on the
-    run's chart tab) and SCALED (a readable axis)."""
+    run's chart tab) and, for a GRPO trainer's points, SCALED (a readable axis; SFT's
+    cross-entropy loss reads well as it is)."""
     out = {HEADLINE_CURVES[k]: v for k, v in flat.items() if k in HEADLINE_CURVES}
-    out.update({SCALED[k][0]: v * SCALED[k][1] for k, v in flat.items() if k in SCALED})
+    if grpo:
+        out.update({SCALED[k][0]: v * SCALED[k][1] for k, v in flat.items() if k in SCALED})
     return out
 
 
@@ -123,7 +125,8 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
                 self.summary.update({k: v for k, v in logs.items() if k in RUN_SUMMARY})
                 logs = {k: v for k, v in logs.items() if k not in RUN_SUMMARY}
                 flat = flatten_metrics(logs)
-                flat.update(chart_copies(flat))
+                # a GRPO trainer's arguments say how many completions per prompt
+                flat.update(chart_copies(flat, grpo=hasattr(args, "num_generations")))
                 for k, v in {**flat, **self.scorer_errors()}.items():
                     if not _zero_by_construction(args, k, v):
                         self.buffer.append((sanitize_key(k), v, ts, int(state.global_step)))
