@@ -274,7 +274,8 @@ def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequ
     landing = [f"Verdict: {said}" if said else "Recipe comparison", "",
                f"- [comparison run]({link(run_id)}): the table, stage by stage, and the chart",
                f"- parent runs: {parents}",
-               f"- [headline runs table]({table}) (base, final and paired delta per recipe)",
+               f"- [headline runs table]({table}) (base, final and paired delta per recipe; "
+               f"also the runs table's Views menu: \"{VIEW_NAME}\")",
                *([f"- {prefect_link}"] if prefect_link else [])]
     c.set_experiment_tag(exp_id, "mlflow.note.content", "\n".join(landing))
 
