@@ -473,12 +473,15 @@ def test_step_logger(store):
     grpo = T.child_run(parent, "grpo/round-1")
     logger = T.StepLogger(grpo, flush_every_s=60)
     state = SimpleNamespace(is_world_process_zero=True, global_step=1)
-    logger.on_log(SimpleNamespace(num_iterations=1), state, None,
-                  logs={"reward": 0.5, "rewards/accuracy/mean": 0.25, "completions/mean_length": 20.0})
+    logger.on_log(SimpleNamespace(num_iterations=1, num_generations=8), state, None,
+                  logs={"reward": 0.5, "rewards/accuracy/mean": 0.25, "completions/mean_length": 20.0,
+                        "loss": 2e-8})
     logger.close()
     got = c.get_run(grpo).data.metrics
     assert got["0 headline/reward"] == got["reward"] == 0.5
     assert got["0 headline/accuracy"] == 0.25 and got["0 headline/mean_length"] == 20.0
+    # GRPO's ~1e-8 loss also on a scale the chart axis labels; the SFT trainer's is not scaled
+    assert got["loss_x1e6"] == pytest.approx(0.02) and "loss_x1e6" not in run.data.metrics
     import mlflow
 
     assert mlflow.active_run() is None
