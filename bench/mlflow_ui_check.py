@@ -24,12 +24,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from common import ROOT
 
 from grpo_core.eval.metric_names import HEADLINE, benchmarks_in
-from tasks.tracking.headline import ui_links
+from tasks.tracking.headline import VIEW_NAME, headline_tag, ui_links
 
 ASSISTANT_CLOSED = ("localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
                     "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');")
@@ -86,16 +87,29 @@ class Checker:
     def __init__(self, page, out: Path):
         self.page, self.out, self.failed, self.n = page, out, 0, 0
 
-    def visit(self, name: str, url: str, wait_for: str | None = None) -> str:
+    def visit(self, name: str, url: str, wait_for: str | None = None,
+              rows: Sequence[str] = ()) -> str:
+        """Open `url`, wait for `wait_for`, then for every text of `rows` (a table's cells:
+        the runs table fetches its rows, then their tags, after the page has drawn), each
+        up to 60 s, then a short settle for the charts; screenshot; the page's text."""
         self.page.goto(url)
         if wait_for:
             with contextlib.suppress(Exception):
                 self.page.get_by_text(wait_for, exact=False).first.wait_for(timeout=30_000)
+        self.wait_rows(rows)
         time.sleep(SETTLE_S)
+        return self.shoot(name)
+
+    def wait_rows(self, rows: Sequence[str]) -> None:
+        for text in rows:
+            with contextlib.suppress(Exception):
+                self.page.get_by_text(text, exact=False).first.wait_for(timeout=60_000)
+
+    def shoot(self, name: str) -> str:
         self.n += 1
         shot = self.out / f"{self.n:02d}-{name}.png"
         self.page.screenshot(path=str(shot), full_page=True)
-        print(f"[page] {name}: {url}\n       -> {self.page.url}\n       screenshot {shot}")
+        print(f"[page] {name}: {self.page.url}\n       screenshot {shot}")
         return self.page.inner_text("body")
 
     def check(self, what: str, ok: bool) -> None:
@@ -113,6 +127,40 @@ def readable(page, said: str | None) -> bool:
         el.wait_for(timeout=10_000)
         return el.is_visible() and el.evaluate("e => e.scrollWidth <= e.clientWidth + 1")
     return False
+
+
+def not_cut(page, text: str) -> bool:
+    """`text` on screen whole: neither its element nor any box up to its table cell cuts
+    it off (the runs table ellipsises what its column width does not hold)."""
+    with contextlib.suppress(Exception):
+        el = page.get_by_text(text, exact=True).first
+        return el.is_visible() and el.evaluate(
+            """e => { for (let x = e; x; x = x.parentElement) {
+                          if (x.scrollWidth > x.clientWidth + 1) return false;
+                          if (x.classList.contains('ag-cell')) return true; }
+                      return true; }""")
+    return False
+
+
+def check_views_menu(c: Checker, runs_url: str, filled: Sequence[str]) -> None:
+    """The headline view found without a link: the runs table's "Views" menu (no share
+    key in the address) lists it by name, and choosing it shows the headline columns."""
+    page = c.page
+    page.goto(runs_url)
+    listed = shown_cols = False
+    with contextlib.suppress(Exception):
+        page.get_by_test_id("saved-views-trigger").first.click(timeout=30_000)
+        item = page.get_by_text(VIEW_NAME, exact=True).first
+        item.wait_for(timeout=15_000)
+        listed = item.is_visible()
+        c.shoot("views-menu")
+        item.click(timeout=10_000)
+        c.wait_rows(filled[:1])
+        shown_cols = bool(filled) and filled[0] in page.inner_text("body")
+    c.check(f"runs table's Views menu lists {VIEW_NAME!r}", listed)
+    c.shoot("views-menu-chosen")
+    c.check(f"choosing it shows the headline cells (url {page.url.split('#')[-1][:90]})",
+            shown_cols and "viewStateShareKey=" in page.url)
 
 
 def check_issue27(c: Checker, browser, base: str, exp, client, parents: dict, comps: list,
@@ -223,17 +271,24 @@ def main() -> int:
         print(f"  [info] without the printed link a new browser lands on "
               f"{page.url.split('#')[1][:80]} (MLflow 3.17 starts in its GenAI mode)")
 
-        text = c.visit("runs-table", link()["runs_table"], wait_for=next(iter(parents), None))
+        metric = next(iter(parents.values())).data.params.get("eval.primary_metric", "")
+        cells = {r.info.run_name: {col: r.data.tags.get(headline_tag(bench, metric, col))
+                                   for bench in benches for col in HEADLINE}
+                 for r in [*parents.values(), *comps[:1]]}
+        filled = [v for by_col in cells.values() for v in by_col.values() if v]
+        text = c.visit("runs-table", link()["runs_table"], wait_for=next(iter(parents), None),
+                       rows=filled)
         c.check("runs table, not the GenAI overview", "Run Name" in text and "Traces\n0" not in text)
         for bench in benches:
-            for col in ("base", "final", "delta"):
-                c.check(f"runs table shows column {bench}/{col}", f"{bench}/{col}" in text)
-        for recipe, p in parents.items():
-            c.check(f"runs table lists {p.info.run_name}", p.info.run_name in text)
-            for bench in benches:
-                v = p.data.metrics.get(f"{bench}/final")
-                c.check(f"runs table shows {recipe} {bench}/final = {v}",
-                        v is not None and any(s in text for s in shown(v)))
+            for col in HEADLINE:
+                tag = headline_tag(bench, metric, col)
+                c.check(f"runs table shows column {tag!r}", tag in text)
+        for run_name, by_col in cells.items():
+            c.check(f"runs table lists {run_name}", run_name in text)
+            for col, v in by_col.items():
+                c.check(f"runs table: {run_name} {col} = {v!r} (value with its CI, not cut)",
+                        bool(v) and "[" in v and v in text and not_cut(page, v))
+        check_views_menu(c, link()["runs_table"].split("&viewStateShareKey")[0], filled)
 
         for recipe, p in parents.items():
             text = c.visit(f"parent-{recipe}", link(p.info.run_id)["run"], wait_for="Metrics")
@@ -265,7 +320,8 @@ def main() -> int:
                                wait_for="Version")
                 c.check(f"{name} v{mv.version}: a model page with a schema (not a 404)",
                         "Schema" in text and not re.search(r"Inputs\s*\(0\)", text)
-                        and "404" not in text and "not found" not in text.lower())
+                        # a word: the protocol hash tag may hold "404" ("ad48a404f6...")
+                        and not re.search(r"\b404\b", text) and "not found" not in text.lower())
                 c.check(f"{name} v{mv.version}: alias champion shown", "champion" in text)
         browser.close()
     print(f"{c.n} pages, {c.failed} failed checks; screenshots in {out}")

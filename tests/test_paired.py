@@ -315,6 +315,7 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     assert page.startswith(f"**{said}**") and sft_grpo["parent_run"] in page and "prefect-run-id" in page
     exp = c.get_experiment(c.get_run(run).info.experiment_id)
     assert exp.tags["mlflow.note.content"].startswith(f"Verdict: {said}") and run in exp.tags["mlflow.note.content"]
+    assert T.headline.VIEW_NAME in exp.tags["mlflow.note.content"]  # where the view is listed
     from typer.testing import CliRunner
 
     from flows.cli import app

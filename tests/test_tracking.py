@@ -378,8 +378,10 @@ def test_finish_pipeline_and_compare_table(store):
     # ... and the experiment opens on the runs table showing them.
     exp = client.get_experiment(p.info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    view = json.loads(exp.tags["mlflow.sharedViewState.grpo-headline"])
-    assert "metrics.`synthetic/final`" in view["selectedColumns"]
+    view, _ = T.headline.read_view(exp.tags["mlflow.sharedViewState.grpo-headline"])
+    assert "tags.`synthetic greedy_accuracy final`" in view["selectedColumns"]
+    # the column's text: the value with its CI, rounded to it
+    assert p.data.tags["synthetic greedy_accuracy final"] == "0.50 [0.40, 0.60]"
     links = results["r1_zero"]["links"]
     assert links["runs_table"].endswith(f"/#/experiments/{exp.experiment_id}/runs?workflowType="
                                         "machine_learning&viewStateShareKey=grpo-headline")
@@ -471,12 +473,15 @@ def test_step_logger(store):
     grpo = T.child_run(parent, "grpo/round-1")
     logger = T.StepLogger(grpo, flush_every_s=60)
     state = SimpleNamespace(is_world_process_zero=True, global_step=1)
-    logger.on_log(SimpleNamespace(num_iterations=1), state, None,
-                  logs={"reward": 0.5, "rewards/accuracy/mean": 0.25, "completions/mean_length": 20.0})
+    logger.on_log(SimpleNamespace(num_iterations=1, num_generations=8), state, None,
+                  logs={"reward": 0.5, "rewards/accuracy/mean": 0.25, "completions/mean_length": 20.0,
+                        "loss": 2e-8})
     logger.close()
     got = c.get_run(grpo).data.metrics
     assert got["0 headline/reward"] == got["reward"] == 0.5
     assert got["0 headline/accuracy"] == 0.25 and got["0 headline/mean_length"] == 20.0
+    # GRPO's ~1e-8 loss also on a scale the chart axis labels; the SFT trainer's is not scaled
+    assert got["loss_x1e6"] == pytest.approx(0.02) and "loss_x1e6" not in run.data.metrics
     import mlflow
 
     assert mlflow.active_run() is None

@@ -126,10 +126,17 @@ def test_child_runs_last_as_long_as_their_stage(mlflow_side):
 def test_experiment_opens_on_the_headline_table(mlflow_side):
     stdout, client, exp, runs = mlflow_side
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    view = json.loads(exp.tags["mlflow.sharedViewState.grpo-headline"])
-    cols = [f"metrics.`{k}`" for k in HEADLINE]
+    envelope = json.loads(exp.tags["mlflow.sharedViewState.grpo-headline"])
+    assert envelope["name"]  # listed under the runs table's Views menu by this name
+    view = json.loads(envelope["state"])
+    cols = [f"tags.`synthetic avg_at_2 {c}`" for c in ("base", "final", "delta paired")]
     assert view["selectedColumns"][1:4] == cols and view["columnOrder"] == view["selectedColumns"]
     (comp,) = [r for r in runs if r.data.tags.get("grpo.pipeline") == "comparison"]
+    # every row of the view filled: the parents' cells and the comparison's, with CIs
+    for run in [*_parents(runs).values(), comp]:
+        for col in cols:
+            assert re.search(r"\d \[-?\d", run.data.tags[col[6:-1]]), (run.info.run_name, col)
+    assert comp.data.tags["synthetic avg_at_2 delta paired"].startswith("sft_grpo - r1_zero ")
     base = rf"http://127\.0\.0\.1:5000/#/experiments/{exp.experiment_id}/runs"
     assert re.search(rf"comparison run: {base}/{comp.info.run_id}\?workflowType=machine_learning",
                      stdout), stdout[-2000:]

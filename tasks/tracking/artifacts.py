@@ -15,6 +15,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from tasks.tracking.comparison import comparison_metrics, comparison_params
+from tasks.tracking.headline import comparison_tags
 from tasks.tracking.mlflow_client import (
     connect,
     experiment_id,
@@ -186,4 +187,5 @@ def _log_comparison_numbers(run_id: str, rows: list[dict], markdown: str, c: Mlf
     # whose numbers are the same, so a clash means nothing new to say.
     with contextlib.suppress(MlflowException):
         log_params(run_id, comparison_params(rows), c)
-    set_tags(run_id, {"mlflow.note.content": markdown}, c)
+    # its row of the runs table: the headline columns, recipe against recipe
+    set_tags(run_id, {**comparison_tags(rows), "mlflow.note.content": markdown}, c)

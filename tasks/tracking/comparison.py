@@ -198,7 +198,7 @@ def table_row(recipe: str, benchmark: str, metric: str, base: Triple, final: Tri
                                       d, dlo, dhi), strict=True))
 
 
-def _num(x) -> float | None:
+def cell_number(x) -> float | None:
     """A table cell as a number: rows read back from CSV hold strings, "" for none."""
     if x is None or x == "":
         return None
@@ -224,7 +224,7 @@ def comparison_metrics(rows: Iterable[Mapping]) -> dict[str, float]:
         prefix = sanitize_key(f"{r['recipe']}/{r['benchmark']}")
         for col in HEADLINE:
             for cell in ci_cells(col):
-                x = _num(r.get(cell))
+                x = cell_number(r.get(cell))
                 if x is not None:
                     out[f"{prefix}/{cell}"] = shown(x)
     return out
@@ -234,7 +234,7 @@ def comparison_params(rows: Sequence[Mapping]) -> dict[str, str]:
     """The comparison table as readable params, one per row ("base 0.054 [0.035, 0.072]
     -> final 0.136 [...]; delta +0.082 [...]"), and the metric the table is on."""
     def cell(r, col, sign=""):
-        return ci_text(*(_num(r.get(cell)) for cell in ci_cells(col)), sign=sign)
+        return ci_text(*(cell_number(r.get(cell)) for cell in ci_cells(col)), sign=sign)
 
     out = {"metric": rows[0]["metric"]} if rows else {}
     for r in rows:

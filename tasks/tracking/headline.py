@@ -4,18 +4,28 @@
   and on its primary metric: `<bench>/base`, `<bench>/final`, `<bench>/delta` (paired,
   final minus base), each with `_lo` / `_hi` (95% CI), then `grpo_steps`, `sft_steps`,
   `wall_min` and `findings` (how many).
+- `headline_tags`: the same numbers as text tags whose names say the metric, each value
+  with its CI and rounded to it ("synthetic avg_at_8 final" = "0.121 [0.089, 0.153]"):
+  MLflow's runs table shows tags as columns, so the table reads like the report (a metric
+  column shows the raw float and no CI). `comparison_tags` fills the comparison run's
+  row under the same names, recipe against recipe, each cell naming its recipe.
 - `set_experiment_view`: the experiment is tagged as model development (MLflow's
-  `mlflow.experimentKind`) and given a saved runs-table view (MLflow's own "share view"
-  mechanism, an experiment tag read through `?viewStateShareKey=`) whose columns are the
-  headline metrics, first: the link `grpo run` prints opens the runs table with those
-  numbers showing, in MLflow's model-training mode (`?workflowType=machine_learning`:
-  MLflow 3.17 ignores the kind tag and opens every experiment in its GenAI view).
+  `mlflow.experimentKind`) and given a saved runs-table view whose columns are the
+  headline tags, first. MLflow 3.17 keeps a runs-table view as the experiment tag
+  `mlflow.sharedViewState.<id>`; a value in its saved-view envelope ({"name",
+  "createdAt", "updatedAt", "state": the view as a JSON string}, the web app's
+  `experiment-page` saved views) is listed under the runs table's "Views" menu by its
+  name, and opens through `?viewStateShareKey=<id>` too (a bare state only through the
+  link). The link `grpo run` prints asks for MLflow's model-training mode
+  (`?workflowType=machine_learning`: MLflow 3.17 ignores the kind tag and opens every
+  experiment in its GenAI view).
 - `ui_links`: the UI addresses of the runs table, a run and a model version.
 
 No Prefect import; the MLflow client comes from the caller."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -24,12 +34,13 @@ from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.attribution import ci_phrase, phases_phrase
 from grpo_core.eval.metric_names import HEADLINE, ci_cells, shown
-from tasks.tracking.comparison import ci_text
+from tasks.tracking.comparison import cell_number, ci_text
 from tasks.tracking.mlflow_client import current_uri, get_client, sanitize_key, set_tags
 from tasks.tracking.tracking_store import strip_userinfo
 
 EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
 VIEW_KEY = "grpo-headline"
+VIEW_NAME = "Headline: base, final, paired delta (95% CI)"  # as the Views menu lists it
 # MLflow 3.17's UI starts in its GenAI mode whatever the experiment's kind tag says (the
 # mode is a browser-wide switch, remembered in local storage): links ask for the model
 # training mode explicitly. Checked in Chromium (bench/mlflow_ui_check.py).
@@ -37,6 +48,7 @@ WORKFLOW = "machine_learning"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui`'s default address, for a local store
 _STATS = ("grpo_steps", "sft_steps", "wall_min", "findings")
+CELL_PX, DELTA_PX = 210, 300  # runs-table widths of a headline cell, of the delta cell
 
 
 def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, Any],
@@ -100,35 +112,103 @@ def _delta(deltas: Mapping[str, Any], bench: str, metric: str) -> tuple:
     return d.get("delta"), d.get("lo"), d.get("hi")
 
 
-def headline_columns(benchmarks: Iterable[str]) -> list[str]:
-    """The runs table's columns for the headline (MLflow's `metrics.\\`name\\`` ids):
-    base, final and delta per benchmark, then the run's size. CIs stay on the run page:
-    nine columns per benchmark would push the deltas off screen."""
-    cols = ["attributes.`Models`"]
+def headline_tag(bench: str, metric: str, col: str) -> str:
+    """The tag (a runs-table column) of one headline cell: "synthetic avg_at_8 final";
+    the delta says it is paired ("... delta paired")."""
+    return sanitize_key(f"{bench} {metric} {col}" + (" paired" if col == "delta" else ""))
+
+
+def cell_text(value: float | None, lo: float | None, hi: float | None, signed: bool = False) -> str:
+    """"0.121 [0.089, 0.153]": a value rounded to the precision its CI supports (the
+    verdict's rounding), "" without a value."""
+    if value is None:
+        return ""
+    return ci_phrase({"delta": value, "lo": lo, "hi": hi}, signed=signed)
+
+
+def headline_tags(benchmarks: Sequence[str], metric: str, numbers: Mapping[str, float]
+                  ) -> dict[str, str]:
+    """headline_metrics' numbers as text tags with CIs, for the runs table's columns."""
+    out = {}
     for bench in benchmarks:
         b = sanitize_key(bench)
-        cols += [f"metrics.`{b}/{name}`" for name in HEADLINE]
+        for col in HEADLINE:
+            text = cell_text(*(numbers.get(k) for k in ci_cells(f"{b}/{col}")),
+                             signed=col == "delta")
+            if text:
+                out[headline_tag(bench, metric, col)] = text
+    return out
+
+
+def comparison_tags(rows: Iterable[Mapping]) -> dict[str, str]:
+    """The comparison run's row of the runs table: for each recipe-vs-recipe row ("A vs
+    B", whose base is B's final and final A's), base and final name their recipe and the
+    paired delta names both ("sft_grpo - r1_zero +0.080 [0.047, 0.113]"). `rows`:
+    COMPARE_COLUMNS rows, numbers or CSV strings."""
+    out = {}
+    for r in rows:
+        a, vs, b = str(r["recipe"]).partition(" vs ")
+        if not vs or " - " in a:
+            continue
+        cells = {col: cell_text(*(cell_number(r.get(k)) for k in ci_cells(col)), signed=col == "delta")
+                 for col in HEADLINE}
+        said = {"base": f"{b} {cells['base']}", "final": f"{a} {cells['final']}",
+                "delta": f"{a} - {b} {cells['delta']}"}
+        out.update({headline_tag(r["benchmark"], r["metric"], col): said[col]
+                    for col in HEADLINE if cells[col]})
+    return out
+
+
+def headline_columns(benchmarks: Iterable[str], metric: str) -> list[str]:
+    """The runs table's columns for the headline (MLflow ids "tags.`<name>`"): base,
+    final and paired delta per benchmark, each with its CI, then the run's size."""
+    cols = ["attributes.`Models`"]
+    for bench in benchmarks:
+        cols += [f"tags.`{headline_tag(bench, metric, name)}`" for name in HEADLINE]
     return cols + [f"metrics.`{s}`" for s in _STATS]
 
 
-def set_experiment_view(client: MlflowClient, exp_id: str, benchmarks: Iterable[str]) -> str:
+def saved_view(state: Mapping[str, Any], name: str, created_ms: int | None = None) -> str:
+    """A runs-table view as MLflow 3.17's web app saves one (listed under "Views")."""
+    now = int(time.time() * 1000)
+    return json.dumps({"name": name, "createdAt": created_ms or now, "updatedAt": now,
+                       "state": json.dumps(state)})
+
+
+def read_view(value: str | None) -> tuple[dict, int | None]:
+    """(the view's state, when it was created) of a `mlflow.sharedViewState.*` tag, in
+    the saved-view envelope or bare (as earlier versions of this pipeline wrote it)."""
+    try:
+        found = json.loads(value) if value else {}
+        if isinstance(found.get("state"), str):
+            return json.loads(found["state"]), found.get("createdAt")
+        return found, None
+    except (ValueError, AttributeError):
+        return {}, None
+
+
+def set_experiment_view(client: MlflowClient, exp_id: str, benchmarks: Iterable[str],
+                        metric: str) -> str:
     """Tag the experiment as model development and save the headline runs-table view
     (columns of earlier configs' benchmarks are kept: one experiment, one table).
     Returns the view key for `ui_links`."""
     client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT)
     tag = VIEW_TAG_PREFIX + VIEW_KEY
-    old = client.get_experiment(exp_id).tags.get(tag)
-    try:
-        kept = json.loads(old).get("selectedColumns", []) if old else []
-    except (ValueError, AttributeError):
-        kept = []
-    cols = list(dict.fromkeys([*kept, *headline_columns(benchmarks)]))
+    old, created = read_view(client.get_experiment(exp_id).tags.get(tag))
+    # metric columns of an earlier version's view gave way to the tags
+    kept = [c for c in old.get("selectedColumns", []) if c.startswith("tags.")]
+    cols = list(dict.fromkeys([*kept, *headline_columns(benchmarks, metric)]))
     stats = [f"metrics.`{s}`" for s in _STATS]  # the run's size after every benchmark
-    cols = [c for c in cols if c not in stats] + stats
+    cols = ["attributes.`Models`", *(c for c in cols if c not in (*stats, "attributes.`Models`")),
+            *stats]
     view = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False,
             "startTime": "ALL", "lifecycleFilter": "Active", "modelVersionFilter": "All Runs",
-            "datasetsFilter": [], "selectedColumns": cols, "columnOrder": cols}
-    client.set_experiment_tag(exp_id, tag, json.dumps(view))
+            "datasetsFilter": [], "selectedColumns": cols, "columnOrder": cols,
+            # MLflow's default column (~90 px) cuts "0.054 [0.035, 0.072]" to "0.054 [0.03...":
+            # wide enough for a value with its CI, and the comparison's recipe names
+            "columnWidths": {c: DELTA_PX if c.endswith(" paired`") else CELL_PX
+                             for c in cols if c.startswith("tags.")}}
+    client.set_experiment_tag(exp_id, tag, saved_view(view, VIEW_NAME, created))
     return VIEW_KEY
 
 
@@ -194,7 +274,8 @@ def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequ
     landing = [f"Verdict: {said}" if said else "Recipe comparison", "",
                f"- [comparison run]({link(run_id)}): the table, stage by stage, and the chart",
                f"- parent runs: {parents}",
-               f"- [headline runs table]({table}) (base, final and paired delta per recipe)",
+               f"- [headline runs table]({table}) (base, final and paired delta per recipe; "
+               f"also the runs table's Views menu: \"{VIEW_NAME}\")",
                *([f"- {prefect_link}"] if prefect_link else [])]
     c.set_experiment_tag(exp_id, "mlflow.note.content", "\n".join(landing))
 

@@ -132,7 +132,7 @@ def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_r
     tags = {"recipe": recipe, "config_hash": config_hash, "git_commit": git_commit,
             "prefect_flow_run_id": flow_run_id or "", "grpo.pipeline": "parent",
             "project": cfg.project.name}
-    headline.set_experiment_view(client, exp_id, cfg.eval.benchmarks)
+    headline.set_experiment_view(client, exp_id, cfg.eval.benchmarks, cfg.eval.primary_metric)
     run = _usable_run(client, state.get("run_id"), exp_id)
     if run is not None:
         run_id = run.info.run_id
@@ -322,7 +322,8 @@ def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[s
         cfg.eval.benchmarks, cfg.eval.primary_metric, base or {}, final, deltas,
         grpo_steps=steps["grpo"], sft_steps=steps["sft"], wall_s=wall_s, findings=len(findings))
     log_metrics(parent_id, numbers, client=c)
-    set_tags(parent_id, {"mlflow.note.content": f"**{cfg.project.recipe}**: {summary}.\n\n"
+    tags = headline.headline_tags(cfg.eval.benchmarks, cfg.eval.primary_metric, numbers)
+    set_tags(parent_id, {**tags, "mlflow.note.content": f"**{cfg.project.recipe}**: {summary}.\n\n"
                          + headline.headline_table(cfg.eval.benchmarks,
                                                    cfg.eval.primary_metric, numbers,
                                                    count_findings(findings))

@@ -54,7 +54,24 @@ RUN_SUMMARY = frozenset({"train_runtime", "train_samples_per_second", "train_ste
 # learned are also sent under a prefix that sorts first (checked in Chromium by
 # bench/mlflow_ui_check.py); their original keys stay for anyone who reads them by name.
 HEADLINE_CURVES = {"reward": "0 headline/reward", "rewards/accuracy/mean": "0 headline/accuracy",
-                   "completions/mean_length": "0 headline/mean_length"}
+                   "completions/mean_length": "0 headline/mean_length",
+                   # in_round_eval.every: the held-out points beside the training accuracy
+                   "in_round_eval/accuracy": "0 headline/accuracy_in_round_eval"}
+
+# GRPO's loss on a small model is mostly beta x KL, ~1e-8 per token: MLflow's chart axis
+# rounds such values to "0 0 0 0". It is also sent multiplied by a fixed power of ten
+# (fixed, so runs stay comparable; the factor is in the name): ~1e-8 reads 0.01.
+SCALED = {"loss": ("loss_x1e6", 1e6)}
+
+
+def chart_copies(flat: dict[str, float], grpo: bool = True) -> dict[str, float]:
+    """The extra keys a point is also sent under: HEADLINE_CURVES (sorted first on the
+    run's chart tab) and, for a GRPO trainer's points, SCALED (a readable axis; SFT's
+    cross-entropy loss reads well as it is)."""
+    out = {HEADLINE_CURVES[k]: v for k, v in flat.items() if k in HEADLINE_CURVES}
+    if grpo:
+        out.update({SCALED[k][0]: v * SCALED[k][1] for k, v in flat.items() if k in SCALED})
+    return out
 
 
 def summary_tags(summary: dict) -> dict[str, str]:
@@ -108,7 +125,8 @@ def StepLogger(run_id: str, flush_every_s: float = 5.0, client: MlflowClient | N
                 self.summary.update({k: v for k, v in logs.items() if k in RUN_SUMMARY})
                 logs = {k: v for k, v in logs.items() if k not in RUN_SUMMARY}
                 flat = flatten_metrics(logs)
-                flat.update({HEADLINE_CURVES[k]: v for k, v in flat.items() if k in HEADLINE_CURVES})
+                # a GRPO trainer's arguments say how many completions per prompt
+                flat.update(chart_copies(flat, grpo=hasattr(args, "num_generations")))
                 for k, v in {**flat, **self.scorer_errors()}.items():
                     if not _zero_by_construction(args, k, v):
                         self.buffer.append((sanitize_key(k), v, ts, int(state.global_step)))
