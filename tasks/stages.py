@@ -392,28 +392,50 @@ def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
         problem_sets = {b: fingerprint(benchmark_problems(b, ctx.cfg, store, ctx.cfg.eval.limit))
                         for b in benchmarks}
     # Sharding changes where records are computed, not what they are: not in the key.
-    key = eval_key(ctx.cfg, model_fingerprint(model_path), benchmarks, problem_sets)
+    model_fp = model_fingerprint(model_path)
+    key = eval_key(ctx.cfg, model_fp, benchmarks, problem_sets)
 
     def compute(run):
+        out = scored_already(ctx, model_fp, benchmarks, problem_sets, run)
+        todo = [b for b in benchmarks if b not in out]
         backend = tokenizer = None
-        if scorer is None:  # the workers load the model themselves
+        if scorer is None and todo:  # the workers load the model themselves
             backend, tokenizer = build_backend(model_path, ctx.cfg, progress=ctx.progress)
-        out = {}
         with ctx.store() as store:
-            for bench in benchmarks:
+            for bench in todo:
                 res = run_eval(model_path, bench, ctx.cfg, store=store, backend=backend,
                                tokenizer=tokenizer, progress=ctx.progress, scorer=scorer)
                 out[bench] = {"metrics": res.metrics, "protocol_hash": res.protocol_hash,
                               "eval_run_id": res.run_id, "split": res.protocol["split"],
                               "problems_hash": res.protocol["problems_hash"]}
                 tracking.log_eval_table(run, res.per_problem, f"eval/{bench}.json")
+        out = {b: out[b] for b in benchmarks}
         tracking.set_tags(run, {f"{b}.{k}": v[k] for b, v in out.items()
                                 for k in ("split", "problems_hash", "eval_run_id")})
         return {"benchmarks": out}
 
     # Cached by content: the same model under the same protocol is evaluated once, even
-    # when two labels ask for it (the last round's eval and the final eval).
+    # when two labels ask for it (the last round's eval and the final eval; with more
+    # benchmarks, the final eval reads back the one the round scored: scored_already).
     return _cached(ctx, key, label, compute, metrics=lambda v: tracking.eval_metrics(v["benchmarks"]))
+
+
+def scored_already(ctx: Ctx, model_fp: str, benchmarks: list[str], problem_sets: dict[str, str],
+                   run: str) -> dict:
+    """The benchmarks of a multi-benchmark evaluation that this model was already scored on,
+    under the same protocol, by a one-benchmark evaluation (the last round's eval, asked
+    again by the final eval with the other benchmarks): their results, read back from that
+    stage's cache entry with its per-problem table, instead of generating them again."""
+    if len(benchmarks) < 2:
+        return {}  # a one-benchmark evaluation is its own cache entry
+    out = {}
+    for bench in benchmarks:
+        done = ctx.cache.get(eval_key(ctx.cfg, model_fp, [bench], {bench: problem_sets[bench]}))
+        if done and bench in done.get("benchmarks", {}):
+            out[bench] = done["benchmarks"][bench]
+            if done.get("mlflow_run"):
+                tracking.copy_artifacts(done["mlflow_run"], run)
+    return out
 
 
 def _tokenizer(path: str):
