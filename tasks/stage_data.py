@@ -8,12 +8,17 @@ only the rows its work needs, by query; nothing here is as large as the pool:
     SFT                                  the first rows with a reference solution, as many as
                                          its steps can use (sft_problem_budget)
 
-The rows read are also what the stage's cache key fingerprints (tasks/stage_keys.py), so
-a cache hit costs the stage's selection, not the pool (tests/test_data_scale.py)."""
+A stage's cache key holds the pool's content fingerprint (computed once, at ingest) with
+these bounds, not the rows: a cache hit reads nothing of the pool (stage_input), and a
+stage that computes reads only its rows (tests/test_data_scale.py)."""
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 from grpo_core.data.pool import PoolRef
 from grpo_core.data.problems import Problem
+from tasks.stage_keys import problems_fingerprint
 
 
 def pool_of(data: dict) -> PoolRef:
@@ -62,3 +67,18 @@ def filter_candidates(ctx, selection: PoolRef | list[str]) -> list[Problem]:
     """What the filter considers (each round's re-filter too): of a whole pool, its first
     filter.max_problems rows, a seeded sample stratified by source and level."""
     return stage_problems(ctx, "filter", selection)
+
+
+def stage_input(ctx, stage: str, selection: PoolRef | list[str]
+                ) -> tuple[str, Callable[[], list[Problem]]]:
+    """(fingerprint for the cache key, problems()) of what `stage` works on. A stored
+    pool's fingerprint covers its content in order, so with the stage's bounds it names
+    the rows exactly: the key reads nothing, and problems() reads the rows once, when the
+    stage computes. A list of ids: the content of those problems (an id names a row of a
+    source, not its content)."""
+    if isinstance(selection, PoolRef):
+        limit, keep = stage_reads(ctx.cfg, stage)
+        read = functools.cache(lambda: stage_problems(ctx, stage, selection))
+        return f"pool {selection.pool}: first {limit} {getattr(keep, '__name__', 'rows')}", read
+    problems = pool_problems(ctx, selection)
+    return problems_fingerprint(problems), lambda: problems

@@ -32,7 +32,6 @@ from tasks.stage_keys import (
     filter_key,
     grpo_key,
     ingest_key,
-    problems_fingerprint,
     sft_key,
 )
 from tasks.vllm_server import vllm_server
@@ -184,16 +183,17 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str
     from grpo_core.eval.difficulty import run_filter
     from grpo_core.eval.evidence import evidence_fingerprint, rollout_priors
 
-    problems = stage_data.filter_candidates(ctx, problem_ids)
+    problems_fp, read = stage_data.stage_input(ctx, "filter", problem_ids)
     priors = {}
     if evidence_run and ctx.cfg.filter.rollout_evidence_weight > 0:
         with ctx.store() as store:
-            priors = rollout_priors(store, evidence_run, problems, ctx.cfg)
+            priors = rollout_priors(store, evidence_run, read(), ctx.cfg)
     # Sharding changes where estimates are computed, not what they are: not in the key.
-    key = filter_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems),
+    key = filter_key(ctx.cfg, model_fingerprint(model_path), problems_fp,
                      evidence_fingerprint(priors))
 
     def compute(run):
+        problems = read()
         with ctx.store() as store:
             report = run_filter(model_path, problems, ctx.cfg, store=store, progress=ctx.progress,
                                 models_cache=str(ctx.ws.models), fresh=fresh or [],
@@ -219,10 +219,11 @@ def sft(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str]) -> dict:
     from grpo_core.prompts import resolve_template
     from grpo_core.train.sft import SFTResult, run_sft
 
-    problems = stage_data.stage_problems(ctx, "sft", problem_ids)
-    key = sft_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems))
+    problems_fp, read = stage_data.stage_input(ctx, "sft", problem_ids)
+    key = sft_key(ctx.cfg, model_fingerprint(model_path), problems_fp)
 
     def compute(run):
+        problems = read()
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"sft-{key[-8:]}")
         plan = require_plan(ctx.cfg)
@@ -254,11 +255,11 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
     from grpo_core.train.grpo import last_checkpoint, run_grpo_round
     from grpo_core.train.throughput import round_summary
 
-    problems = stage_data.stage_problems(ctx, "grpo", problem_ids)
-    key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems),
-                   round_no)
+    problems_fp, read = stage_data.stage_input(ctx, "grpo", problem_ids)
+    key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fp, round_no)
 
     def compute(run):
+        problems = read()
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"grpo-{key[-8:]}")
         with ctx.store() as store:
