@@ -268,3 +268,24 @@ def test_ingest_key_keeps_a_deleted_files_digest_and_sees_edits(tmp_path):
     f0 = ingest_key(folder, digests=memo)
     _write_rows(shards / "train-1.jsonl", [{"question": "1+1?", "answer": "5"}])
     assert ingest_key(folder, digests=memo) != f0
+
+
+def test_unchanged_source_is_only_stat_ed(tmp_path):
+    """The data stage's key reads a source's digest from the memo while its size and
+    modification time match: content swapped behind an unchanged stat keeps the key (the
+    file was not read again), a touched file is read and gets its new key."""
+    import os
+
+    from tasks.stage_keys import ingest_key
+
+    memo = tmp_path / "cache" / "file-digests.json"
+    src = tmp_path / "mine.jsonl"
+    _write_rows(src, [{"question": "1+1?", "answer": "2"}])
+    cfg = _cfg(str(src))
+    k0 = ingest_key(cfg, digests=memo)
+    st = src.stat()
+    _write_rows(src, [{"question": "1+1?", "answer": "3"}])  # same size
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert ingest_key(cfg, digests=memo) == k0
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert ingest_key(cfg, digests=memo) != k0
