@@ -1,6 +1,6 @@
 """How the pipeline's cost grows with the training pool (issue 25).
 
-    .venv/bin/python bench/data_scale.py [--sizes 10000,100000,1000000] [--no-run]
+    .venv/bin/python bench/data_scale.py [--sizes 10000,100000,1000000] [--no-run | --run-only]
 
 For each size, in a temporary folder (never committed): a pool of that many rows, half
 GSM8K-shaped (question, "... #### n") and half MATH-shaped (problem, solution with
@@ -9,8 +9,11 @@ from os.wait4):
   ingest    the five benchmarks' eval splits (../shared/data), then the two files (each
             new training row checked against every eval set), then the pool (SQL)
   decontam  `grpo data decontam`: every flag recomputed from scratch
-  grpo run  the quickstart shape on that pool: filter.max_problems 64 x k 4, 2 GRPO steps,
-            20 eval problems; then the same command again (served from the cache)
+  grpo run  the quickstart shape on that pool, with the SFT cold start: SFT on 64 traces
+            (4 steps), filter.max_problems 64 x k 4, 2 GRPO steps, 20 eval problems; then
+            the same command again (served from the cache). Its data stage ingests the
+            files into the run's own store (`--run-only`: the grpo runs alone, without the
+            separate ingest and decontam steps above)
 Prints per-stage seconds and peak RSS per size, and the ratio of the largest size to the
 smallest. The targets (issue 25): ingest + decontamination at 1M within 3 min and 3 GB;
 filter, GRPO and eval within 1.2x of their 10k time; the cached rerun's memory within 1.2x;
@@ -105,6 +108,9 @@ def run_config(folder: Path, files: list[Path], n: int) -> Path:
            "project": {"name": f"scale-{n}", "recipe": "r1_zero"},
            "data": {"train": [{"source": str(f)} for f in files]},
            "filter": {"k": 4, "band": [0.3, 0.7], "max_problems": 64},
+           # the SFT stage reads its 64 traces of the pool, not the pool (tasks/stage_data.py)
+           "sft_stage": {"enabled": True, "max_examples": 64},
+           "sft": {"max_steps": 4, "per_device_train_batch_size": 16},
            "grpo": {"max_steps": 2, "save_steps": 1},
            "eval": {"benchmarks": ["synthetic"], "limit": 20, "samples": 4}}
     path = folder / "scale.yaml"
@@ -112,24 +118,22 @@ def run_config(folder: Path, files: list[Path], n: int) -> Path:
     return path
 
 
-def stage_seconds(log: str) -> dict[str, float]:
+def stage_seconds(log: str, how: str = "computed|cached") -> dict[str, float]:
+    """{stage: seconds} of the stage end lines of a `grpo run` log; `how`: "cached" keeps
+    the cache hits only ("model" only names the model's folder: never cached)."""
     return {s: float(t) for s, _, t in
-            re.findall(r" - (\S+): (computed|cached) in ([0-9.]+) s", log)}
+            re.findall(rf" - (\S+): ({how}) in ([0-9.]+) s", log)}
 
 
-def one_size(n: int, root: Path, run: bool) -> dict:
+def one_size(n: int, root: Path, run: bool, ingest: bool = True) -> dict:
     folder = root / f"n{n}"
     folder.mkdir()
     files = write_pool(folder, n)
     size_mb = sum(f.stat().st_size for f in files) / 1e6
     py = [sys.executable]
-    text, ingest_s, ingest_gb = measured(py + [__file__, "--child-ingest", str(folder / "s.duckdb"),
-                                               *map(str, files)])
-    res = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
-    _, decontam_s, decontam_gb = measured(py + ["-m", "flows.cli", "data", "decontam", "--db",
-                                                str(folder / "s.duckdb")])
-    row = {"rows": n, "file_mb": round(size_mb, 1), "ingest_s": ingest_s, "ingest_gb": ingest_gb,
-           **res, "decontam_s": decontam_s, "decontam_gb": decontam_gb}
+    row = {"rows": n, "file_mb": round(size_mb, 1)}
+    if ingest:
+        row.update(ingest_steps(folder, files, py))
     if run:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
         env.update(GRPO_WORKDIR=str(folder / "ws"), PYTHONUNBUFFERED="1")
@@ -137,9 +141,19 @@ def one_size(n: int, root: Path, run: bool) -> dict:
         log, run_s, run_gb = measured(cmd, env)
         again, rerun_s, rerun_gb = measured(cmd, env)
         row.update(run_s=run_s, run_gb=run_gb, rerun_s=rerun_s, rerun_gb=rerun_gb,
-                   stages=stage_seconds(log), cached=stage_seconds(again))
+                   stages=stage_seconds(log), cached=stage_seconds(again, "cached"))
     print(f"[{n} rows done at load {load()}] {json.dumps(row)}", flush=True)
     return row
+
+
+def ingest_steps(folder: Path, files: list[Path], py: list[str]) -> dict:
+    text, ingest_s, ingest_gb = measured(py + [__file__, "--child-ingest", str(folder / "s.duckdb"),
+                                               *map(str, files)])
+    res = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+    _, decontam_s, decontam_gb = measured(py + ["-m", "flows.cli", "data", "decontam", "--db",
+                                                str(folder / "s.duckdb")])
+    return {"ingest_s": ingest_s, "ingest_gb": ingest_gb, **res, "decontam_s": decontam_s,
+            "decontam_gb": decontam_gb}
 
 
 def table(rows: list[dict]) -> str:
@@ -154,38 +168,60 @@ def table(rows: list[dict]) -> str:
         ratio = f"{vals[-1] / vals[0]:.2f}x" if vals[0] else "-"
         lines.append(f"| {label} | " + " | ".join(fmt.format(v) for v in vals) + f" | {ratio} |")
 
-    add("source files (MB)", lambda r: r["file_mb"], "{:.1f}")
-    add("ingest + decontam + pool (s)", lambda r: r["ingest_s"])
-    add("  of which training rows (s)", lambda r: r["train_ingest_s"])
-    add("  of which pool build (s)", lambda r: r["pool_s"])
-    add("ingest peak RSS, pool build included (GB)", lambda r: r["ingest_gb"])
+    add("source files (MB)", lambda r: r.get("file_mb"), "{:.1f}")
+    add("ingest + decontam + pool (s)", lambda r: r.get("ingest_s"))
+    add("  of which training rows (s)", lambda r: r.get("train_ingest_s"))
+    add("  of which pool build (s)", lambda r: r.get("pool_s"))
+    add("ingest peak RSS, pool build included (GB)", lambda r: r.get("ingest_gb"))
     add("  peak before the pool build (GB)", lambda r: r.get("ingest_only_gb"))
-    add("`grpo data decontam`, all flags again (s)", lambda r: r["decontam_s"])
-    add("decontam peak RSS (GB)", lambda r: r["decontam_gb"])
+    add("`grpo data decontam`, all flags again (s)", lambda r: r.get("decontam_s"))
+    add("decontam peak RSS (GB)", lambda r: r.get("decontam_gb"))
     if "stages" in last:
         for stage in last["stages"]:
             add(f"run: {stage} (s)", lambda r, s=stage: r["stages"].get(s))
         add("run: whole `grpo run` (s)", lambda r: r["run_s"])
         add("run: peak RSS (GB)", lambda r: r["run_gb"])
         add("rerun: slowest cache hit (s)", lambda r: max(r["cached"].values()))
+        for stage in last["cached"]:
+            add(f"rerun: {stage} from the cache (s)", lambda r, s=stage: r["cached"].get(s))
         add("rerun: whole `grpo run` (s)", lambda r: r["rerun_s"])
         add("rerun: peak RSS (GB)", lambda r: r["rerun_gb"])
     return "\n".join(lines)
+
+
+# The issue's targets for the stages after ingest (largest size against the smallest).
+STAGE_TARGETS = ("sft", "filter/round-1", "grpo/round-1", "eval/round-1")
+
+
+def targets(rows: list[dict]) -> str:
+    first, last = rows[0], rows[-1]
+    if "stages" not in last:
+        return ""
+    out = [f"{s} {last['stages'][s] / first['stages'][s]:.2f}x (<= 1.2x)"
+           for s in STAGE_TARGETS if s in last["stages"] and first["stages"].get(s)]
+    out.append(f"cached-rerun peak RSS {last['rerun_gb'] / first['rerun_gb']:.2f}x (<= 1.2x)")
+    stage, hit = max(last["cached"].items(), key=lambda kv: kv[1])
+    out.append(f"slowest cache hit at {last['rows']:,} rows {hit:.2f} s, {stage} (< 1 s)")
+    return f"targets, {last['rows']:,} vs {first['rows']:,} rows: " + "; ".join(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--no-run", action="store_true", help="Ingest and decontam only.")
+    ap.add_argument("--run-only", action="store_true",
+                    help="The grpo runs only (their data stage ingests); no separate ingest step.")
     ap.add_argument("--child-ingest", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child_ingest:
         return child_ingest(a.child_ingest[0], a.child_ingest[1:])
     print(f"load average at start {load()}, {os.cpu_count()} CPUs", flush=True)
     with tempfile.TemporaryDirectory(prefix="grpo-data-scale-") as tmp:
-        rows = [one_size(int(n), Path(tmp), not a.no_run) for n in a.sizes.split(",")]
+        rows = [one_size(int(n), Path(tmp), not a.no_run, not a.run_only)
+                for n in a.sizes.split(",")]
     print(f"\nload average at end {load()}\n")
     print(table(rows))
+    print(targets(rows))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,15 @@ VERBOSE = Annotated[bool, typer.Option(
 OUT = Annotated[Path | None, typer.Option("--out", help="Output folder [default: <workdir>/checkpoints/...].")]
 
 
-def _setup(config, overrides, workdir, model):
+def _setup(config, overrides, workdir, model, stage: str):
+    """`stage` ("sft" or "grpo"): the pool's rows it reads are what that stage can use
+    (tasks/stage_data.py: the same bounds as in the pipeline)."""
     from grpo_core.data.pool import ingest_sources, training_pool
     from grpo_core.data.store import Store, StoreError
     from grpo_core.modeling.loading import load_tokenizer, resolve_model_path
     from grpo_core.prompts import resolve_template
     from grpo_core.workspace import Workspace
+    from tasks.stage_data import stage_reads
 
     cfg = load_or_exit(config, overrides, workdir)
     cli_common.require_fetched_or_exit(model or cfg.model.name_or_path, cfg.project.workdir)
@@ -30,7 +33,7 @@ def _setup(config, overrides, workdir, model):
     path = resolve_model_path(model or cfg.model.name_or_path, ws.models, progress=True)
     try:
         with Store.open(ws.db_path, timeout=30) as store:
-            pool = training_pool(cfg, store, ingest_sources(cfg, store))
+            pool = training_pool(cfg, store, ingest_sources(cfg, store), *stage_reads(cfg, stage))
     except StoreError as exc:
         fail(str(exc), 1)
     template = resolve_template(cfg.model.template, load_tokenizer(path))
@@ -70,7 +73,7 @@ def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model:
     from tasks.launch import run_launched
 
     plan = plan_or_exit(load_or_exit(config, set_, workdir))
-    cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
+    cfg, ws, path, pool, template = _setup(config, set_, workdir, model, "sft")
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "sft"
     stop = StopOnSignal()  # in this process only: launched ranks get the default signals
     if plan.mode == "in-process":
@@ -110,7 +113,7 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
     from tasks.stages import launched_round
 
     plan = plan_or_exit(load_or_exit(config, set_, workdir))
-    cfg, ws, path, pool, template = _setup(config, set_, workdir, model)
+    cfg, ws, path, pool, template = _setup(config, set_, workdir, model, "grpo")
     out = out or ws.checkpoints / f"{cfg.project.name}-{cfg.hash()}" / "grpo-round-1"
     with Store.open(ws.db_path, timeout=30) as store:
         sink = rollout_sink(store, run_id=str(out), round=1)

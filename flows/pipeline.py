@@ -25,7 +25,7 @@ from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.grpo import prompts_per_update
 from grpo_core.train.throughput import PIPELINE_RSS_METRIC, rss_now_gb
 from grpo_core.workspace import Workspace
-from tasks import stages, tracking
+from tasks import stage_data, stages, tracking
 from tasks.launch import require_plan
 
 
@@ -141,7 +141,7 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolRef | list[str], 
     `training_prompts` choice, and the finding it notes (None when the band was enough).
     `evidence_run`: the previous round's GRPO run, whose rollouts count as weighted
     evidence (filter.rollout_evidence_weight; grpo_core.eval.evidence)."""
-    fresh = prefill_sharded(ctx.cfg, model, lambda: stages.filter_candidates(ctx, problem_ids),
+    fresh = prefill_sharded(ctx.cfg, model, lambda: stage_data.filter_candidates(ctx, problem_ids),
                             ctx.store, ctx.ws.root, evidence_run)
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
                      ctx, model, problem_ids, round_no, fresh, evidence_run)
@@ -172,18 +172,18 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     evaluated = [("eval/base", base["benchmarks"], model)]  # for the stage attribution
 
     if cfg.sft_stage.enabled:
-        sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, stages.pool_of(data))
+        sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, stage_data.pool_of(data))
         model = sft["model_dir"]
         findings += [f"sft: {f}" for f in sft.get("findings", [])]
         before = evaluate(model, "eval/sft", primary_bench)
         evaluated.append(("eval/sft", before["benchmarks"], model))
 
-    pool = stages.pool_of(data)  # the stored pool: stages read what they need of it
+    pool = stage_data.pool_of(data)  # the stored pool: stages read what they need of it
     pipeline_rss = []  # this process's RSS after each round (its eval included)
     evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
     for r in range(1, cfg.rounds.count + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
-            pool, note = filter_round(ctx, model, stages.pool_of(data), r, log, evidence_run)
+            pool, note = filter_round(ctx, model, stage_data.pool_of(data), r, log, evidence_run)
             if note:
                 findings.append(note)
         train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, model, pool, r)

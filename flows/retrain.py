@@ -22,7 +22,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace
-from tasks import stages, tracking
+from tasks import stage_data, stages, tracking
 from tasks.tracking import comparison
 
 
@@ -64,7 +64,7 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     cfg, ws = ctx.cfg, ctx.ws
     scorer = eval_scorer_for(cfg, ws)
     data = named(stages.ingest, "data")(ctx)
-    pool, findings = stages.pool_of(data), []
+    pool, findings = stage_data.pool_of(data), []
     if cfg.filter.enabled:
         pool, note = filter_round(ctx, champion_dir, pool, 1, log)
         findings += [note] if note else []

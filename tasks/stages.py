@@ -17,7 +17,6 @@ from prefect import task
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.pool import PoolRef
-from grpo_core.data.problems import Problem
 from grpo_core.data.store import Store
 from grpo_core.modeling.fetch import provenance_tags
 from grpo_core.modeling.gpu import peak_metrics, stage_memory
@@ -25,7 +24,7 @@ from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.train.throughput import PREFIX as THROUGHPUT
 from grpo_core.train.throughput import RSS_PEAK_METRIC, rss_peak
 from grpo_core.workspace import Workspace
-from tasks import tracking
+from tasks import stage_data, tracking
 from tasks.cache import StageCache
 from tasks.launch import LaunchPlan, read_rollouts_file, require_plan, run_launched
 from tasks.stage_keys import (
@@ -33,7 +32,6 @@ from tasks.stage_keys import (
     filter_key,
     grpo_key,
     ingest_key,
-    problems_fingerprint,
     sft_key,
 )
 from tasks.vllm_server import vllm_server
@@ -156,35 +154,12 @@ def ingest(ctx: Ctx) -> dict:
     return _cached(ctx, key, "data", compute, metrics=_data_metrics)
 
 
-def pool_of(data: dict) -> PoolRef:
-    """The training pool the data stage stored (its result's `pool` and `pool_size`)."""
-    return PoolRef(data["pool"], data["pool_size"])
-
-
 def _data_metrics(v: dict) -> dict:
     out = {f"data/{k}": v[k] for k in
            ("pool_size", "ingested", "quarantined", "duplicates", "contaminated")}
     for bench, counts in (v.get("contamination") or {}).items():
         out.update({f"data/contamination/{bench}/{k}": n for k, n in counts.items()})
     return out
-
-
-def pool_problems(ctx: Ctx, selection: PoolRef | list[str],
-                  limit: int | None = None) -> list[Problem]:
-    """The problems of `selection` (a stored pool's first `limit`, or these ids), read
-    from the store by query (grpo_core.data.pool.pool_problems)."""
-    from grpo_core.data.pool import pool_problems as read
-
-    with ctx.store() as store:
-        return read(store, selection, limit)
-
-
-def filter_candidates(ctx: Ctx, selection: PoolRef | list[str]) -> list[Problem]:
-    """What the filter considers: of a whole pool, its first filter.max_problems rows (a
-    seeded sample stratified by source and level); a list of ids whole (run_filter
-    subsamples it)."""
-    limit = ctx.cfg.filter.max_problems if isinstance(selection, PoolRef) else None
-    return pool_problems(ctx, selection, limit)
 
 
 @task(name="base-model", retries=1)
@@ -208,16 +183,17 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str
     from grpo_core.eval.difficulty import run_filter
     from grpo_core.eval.evidence import evidence_fingerprint, rollout_priors
 
-    problems = filter_candidates(ctx, problem_ids)
+    problems_fp, read = stage_data.stage_input(ctx, "filter", problem_ids)
     priors = {}
     if evidence_run and ctx.cfg.filter.rollout_evidence_weight > 0:
         with ctx.store() as store:
-            priors = rollout_priors(store, evidence_run, problems, ctx.cfg)
+            priors = rollout_priors(store, evidence_run, read(), ctx.cfg)
     # Sharding changes where estimates are computed, not what they are: not in the key.
-    key = filter_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems),
+    key = filter_key(ctx.cfg, model_fingerprint(model_path), problems_fp,
                      evidence_fingerprint(priors))
 
     def compute(run):
+        problems = read()
         with ctx.store() as store:
             report = run_filter(model_path, problems, ctx.cfg, store=store, progress=ctx.progress,
                                 models_cache=str(ctx.ws.models), fresh=fresh or [],
@@ -243,10 +219,11 @@ def sft(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str]) -> dict:
     from grpo_core.prompts import resolve_template
     from grpo_core.train.sft import SFTResult, run_sft
 
-    problems = pool_problems(ctx, problem_ids)
-    key = sft_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems))
+    problems_fp, read = stage_data.stage_input(ctx, "sft", problem_ids)
+    key = sft_key(ctx.cfg, model_fingerprint(model_path), problems_fp)
 
     def compute(run):
+        problems = read()
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"sft-{key[-8:]}")
         plan = require_plan(ctx.cfg)
@@ -275,16 +252,14 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
                round_no: int) -> dict:
     from grpo_core.data.records import drop_rollouts_after, rollout_sink
     from grpo_core.prompts import resolve_template
-    from grpo_core.train.grpo import last_checkpoint, round_problem_budget, run_grpo_round
+    from grpo_core.train.grpo import last_checkpoint, run_grpo_round
     from grpo_core.train.throughput import round_summary
 
-    # A whole pool: the round reads as many as its steps can draw, not the pool.
-    problems = pool_problems(ctx, problem_ids, round_problem_budget(ctx.cfg)
-                             if isinstance(problem_ids, PoolRef) else None)
-    key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fingerprint(problems),
-                   round_no)
+    problems_fp, read = stage_data.stage_input(ctx, "grpo", problem_ids)
+    key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fp, round_no)
 
     def compute(run):
+        problems = read()
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"grpo-{key[-8:]}")
         with ctx.store() as store:

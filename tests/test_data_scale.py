@@ -11,8 +11,9 @@ import pytest
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.adapters import resolve_source
-from grpo_core.data.pool import build_pool, pool_problems, training_sets
+from grpo_core.data.pool import PoolRef, build_pool, pool_problems, training_sets
 from grpo_core.data.store import Store
+from tasks import stage_data
 from tasks.stage_keys import problems_fingerprint
 
 
@@ -22,15 +23,17 @@ def _cfg(*sources, seed=0, **data):
         "data": {"train": [{"source": s} for s in sources], **data}})
 
 
-def _fill(store: Store, source: str, n: int, levels: int = 5) -> None:
+def _fill(store: Store, source: str, n: int, levels: int = 5, split: str = "train") -> None:
     """n distinct problems of `source` straight into the problems table (what ingest
-    stores), so a large pool is built in a second."""
+    stores), so a large pool is built in a second. Every fourth has no solution (SFT
+    cannot use it)."""
     store.con.execute(
         "INSERT INTO problems (source, split, fingerprint, id, problem, answer, solution, level,"
-        " subject, row_index) SELECT ?, 'train', md5(? || i::VARCHAR)[:16], ? || '/train/' || i,"
+        " subject, row_index) SELECT ?, ?, md5(? || i::VARCHAR)[:16], ? || '/' || ? || '/' || i,"
         " 'What is ' || i || ' plus ' || (i % 97) || '? Think about it step by step.', "
-        "(i + i % 97)::VARCHAR, '', (i % ?) + 1, NULL, i FROM range(?) t(i)",
-        [source, source, source, levels, n])
+        "(i + i % 97)::VARCHAR, CASE WHEN i % 4 = 0 THEN '' ELSE 'Add ' || i || ' and ' || "
+        "(i % 97) || '.' END, (i % ?) + 1, NULL, i FROM range(?) t(i)",
+        [source, split, source, source, split, levels, n])
 
 
 def test_pool_is_stored_once_seeded_and_stratified(tmp_path):
@@ -53,31 +56,115 @@ def test_pool_is_stored_once_seeded_and_stratified(tmp_path):
         assert [p.id for p in pool_problems(store, ids)] == ids[:5]
 
 
-def test_stage_reads_are_bounded_by_the_stage_not_the_pool(tmp_path):
-    """What a filter stage does with the pool (read its max_problems, fingerprint them for
-    the key): Python memory at 50k rows within 1.5x (+64 KiB) of 500 rows'. Reading the
-    pool whole, as stages did, takes ~100x at 50k."""
-    peaks = {}
+# What each stage reads of a whole pool: filter.max_problems 64, a GRPO round's budget
+# (2 steps x 4 prompts), SFT's max_examples 48 (rows with a solution only), eval's limit.
+_STAGE_CFG = {"filter": {"max_problems": 64}, "sft_stage": {"max_examples": 48},
+              "grpo": {"max_steps": 2, "per_device_train_batch_size": 32, "num_generations": 8},
+              "eval": {"benchmarks": ["gsm8k"], "limit": 40}}
+
+
+def _stage_reads(ctx, stage: str, pool: PoolRef) -> list:
+    """A stage's data access as tasks/stages.py does it: its problems (tasks.stage_data),
+    then their fingerprint for its cache key."""
+    from grpo_core.data.benchmarks import benchmark_problems, fingerprint
+
+    if stage == "eval":  # the evaluation set, never the pool
+        with ctx.store() as store:
+            problems = benchmark_problems("gsm8k", ctx.cfg, store, ctx.cfg.eval.limit)
+        fingerprint(problems)
+        return problems
+    problems = stage_data.stage_problems(ctx, stage, pool)
+    problems_fingerprint(problems)
+    return problems
+
+
+def test_no_stage_reads_more_of_the_pool_as_it_grows(tmp_path):
+    """Every stage but ingest (filter and each re-filter, GRPO round, SFT, eval), through
+    the stages' own data access: Python memory at 50k rows within 1.5x (+64 KiB) of 500
+    rows', the same number of problems. Reading the pool whole, as stages once did (SFT
+    until issue 25), takes ~100x at 50k."""
+    from grpo_core.workspace import Workspace
+    from tasks.stages import Ctx
+
+    cfg = PipelineConfig.model_validate({"data": {"train": [{"source": "big"}]}, **_STAGE_CFG})
+    peaks, sizes = {}, {}
     for n in (500, 50_000):
-        with Store.open(tmp_path / f"{n}.duckdb") as store:
+        ctx = Ctx(cfg, Workspace(tmp_path / str(n)).ensure(), parent_run="")
+        with ctx.store() as store:
             _fill(store, "big", n)
-            ref = build_pool(_cfg("big"), store, [("big", "train", None)])
-            pool_problems(store, ref, 64)  # warm: DuckDB's own caches, imports
+            _fill(store, "gsm8k", 300, split="test")
+            ref = build_pool(cfg, store, [("big", "train", None)])
+        for stage in ("filter", "grpo", "sft", "eval"):
+            _stage_reads(ctx, stage, ref)  # warm: DuckDB's own caches, imports
             tracemalloc.start()
-            problems = pool_problems(store, ref, 64)
-            problems_fingerprint(problems)
-            peaks[n] = tracemalloc.get_traced_memory()[1]
+            problems = _stage_reads(ctx, stage, ref)
+            peaks[stage, n] = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
-            assert len(problems) == 64
-            if n == 50_000:  # the check can fail: the whole pool costs far more
-                tracemalloc.start()
-                pool_problems(store, ref)
-                whole = tracemalloc.get_traced_memory()[1]
-                tracemalloc.stop()
-    print(f"stage read peak: 500 rows {peaks[500] / 1024:.0f} KiB, 50k rows "
-          f"{peaks[50_000] / 1024:.0f} KiB, whole 50k pool {whole / 1024:.0f} KiB")
-    assert peaks[50_000] <= 1.5 * peaks[500] + 64 * 1024
-    assert whole > 20 * peaks[50_000]
+            sizes[stage, n] = len(problems)
+        if n == 50_000:  # the check can fail: the whole pool costs far more
+            tracemalloc.start()
+            stage_data.pool_problems(ctx, ref)
+            whole = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    print(" | ".join(f"{s}: {peaks[s, 500] / 1024:.0f} -> {peaks[s, 50_000] / 1024:.0f} KiB"
+                     for s in ("filter", "grpo", "sft", "eval"))
+          + f" | whole 50k pool {whole / 1024:.0f} KiB")
+    assert sizes == {**{(s, n): k for s, k in (("filter", 64), ("grpo", 8), ("sft", 48),
+                                               ("eval", 40)) for n in (500, 50_000)}}
+    for stage in ("filter", "grpo", "sft", "eval"):
+        assert peaks[stage, 50_000] <= 1.5 * peaks[stage, 500] + 64 * 1024, stage
+        assert whole > 20 * peaks[stage, 50_000], stage
+
+
+def test_a_pool_stages_cache_key_reads_nothing_of_the_pool(tmp_path):
+    """A stage handed the stored pool keys on the pool's fingerprint (from ingest) and its
+    bounds: a cache hit opens no store (1M rows: ~0.3 s a read saved per stage); the rows
+    are read once, when the stage computes. Handed ids, the key is their content."""
+    from grpo_core.workspace import Workspace
+    from tasks.stages import Ctx
+
+    cfg = PipelineConfig.model_validate({"data": {"train": [{"source": "big"}]}, **_STAGE_CFG})
+    ctx = Ctx(cfg, Workspace(tmp_path).ensure(), parent_run="")
+    with ctx.store() as store:
+        _fill(store, "big", 2000)
+        ref = build_pool(cfg, store, [("big", "train", None)])
+        other = build_pool(_cfg("big", seed=1), store, [("big", "train", None)])
+
+    class NoStore(Ctx):
+        def store(self):
+            raise AssertionError("a cache key read the store")
+
+    blind = NoStore(cfg, ctx.ws, parent_run="")
+    keys = {stage: stage_data.stage_input(blind, stage, ref)[0] for stage in ("filter", "grpo", "sft")}
+    assert len(set(keys.values())) == 3
+    assert stage_data.stage_input(blind, "filter", other)[0] != keys["filter"]
+    assert stage_data.stage_input(blind, "filter", ref)[0] == keys["filter"]
+    bigger = PipelineConfig.model_validate({**cfg.model_dump(mode="json"), "filter": {"max_problems": 65}})
+    assert stage_data.stage_input(NoStore(bigger, ctx.ws, ""), "filter", ref)[0] != keys["filter"]
+    fp, read = stage_data.stage_input(ctx, "sft", ref)
+    assert [p.id for p in read()] == [p.id for p in stage_data.stage_problems(ctx, "sft", ref)]
+    ids = [p.id for p in read()[:5]]
+    fp_ids, read_ids = stage_data.stage_input(ctx, "grpo", ids)
+    assert fp_ids == problems_fingerprint(read_ids()) and [p.id for p in read_ids()] == ids
+
+
+def test_sft_reads_the_first_rows_with_a_solution(tmp_path):
+    """The SFT stage's rows: in pool order, those with a reference solution only, as many
+    as max_examples (else its steps) allow, across read blocks; the CLI's `grpo sft` the same."""
+    from grpo_core.train.sft import has_trace, sft_problem_budget
+
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _fill(store, "big", 10_000)
+        ref = build_pool(_cfg("big"), store, [("big", "train", None)])
+        order = pool_problems(store, ref)
+        want = [p.id for p in order if p.solution][:5000]  # a block of 5000 holds 3750
+        got = pool_problems(store, ref, 5000, keep=has_trace)
+        assert [p.id for p in got] == want
+        assert len(pool_problems(store, ref, 20_000, keep=has_trace)) == 7500  # all there are
+    small = PipelineConfig.model_validate({"sft": {"max_steps": 3, "per_device_train_batch_size": 4}})
+    assert sft_problem_budget(small) == 12  # 3 steps x 4
+    assert sft_problem_budget(small.model_copy(update={"sft_stage": small.sft_stage.model_copy(
+        update={"max_examples": 5})})) == 5
 
 
 def _write_rows(path, rows):
@@ -181,3 +268,24 @@ def test_ingest_key_keeps_a_deleted_files_digest_and_sees_edits(tmp_path):
     f0 = ingest_key(folder, digests=memo)
     _write_rows(shards / "train-1.jsonl", [{"question": "1+1?", "answer": "5"}])
     assert ingest_key(folder, digests=memo) != f0
+
+
+def test_unchanged_source_is_only_stat_ed(tmp_path):
+    """The data stage's key reads a source's digest from the memo while its size and
+    modification time match: content swapped behind an unchanged stat keeps the key (the
+    file was not read again), a touched file is read and gets its new key."""
+    import os
+
+    from tasks.stage_keys import ingest_key
+
+    memo = tmp_path / "cache" / "file-digests.json"
+    src = tmp_path / "mine.jsonl"
+    _write_rows(src, [{"question": "1+1?", "answer": "2"}])
+    cfg = _cfg(str(src))
+    k0 = ingest_key(cfg, digests=memo)
+    st = src.stat()
+    _write_rows(src, [{"question": "1+1?", "answer": "3"}])  # same size
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert ingest_key(cfg, digests=memo) == k0
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert ingest_key(cfg, digests=memo) != k0

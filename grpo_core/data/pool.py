@@ -8,6 +8,7 @@ Every evaluation set of `eval.benchmarks` is ingested first (role eval), so each
 training rows are checked against all the sets it will report, before any training."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -146,41 +147,63 @@ _PROBLEM_FIELDS = ("id", "source", "split", "problem", "answer", "solution", "le
                    "subject", "fingerprint")
 
 
-def pool_problems(store: Store, selection: PoolRef | list[str],
-                  limit: int | None = None) -> list[Problem]:
+def pool_problems(store: Store, selection: PoolRef | list[str], limit: int | None = None,
+                  keep: Callable[[Problem], bool] | None = None) -> list[Problem]:
     """The problems of `selection`, read from the store: a pool's first `limit` rows in its
     stratified order (a seeded sample, all of them when limit is None), or the problems
     with the given ids, in that order (unknown ids dropped; an id re-ingested with edited
-    content means its latest row). Reads only the rows asked for: the cost is the
-    selection's, not the pool's."""
+    content means its latest row). `keep` (pools only): the first `limit` rows it accepts,
+    read `limit` positions at a time (the SFT stage: rows with a reference solution).
+    Reads only the rows asked for: the cost is the selection's, not the pool's."""
+    if not isinstance(selection, PoolRef):
+        return _problems_by_id(store, selection, limit)
+    n = selection.size if limit is None else min(limit, selection.size)
+    if keep is None:
+        return _pool_rows(store, selection.pool, 0, n)
+    out: list[Problem] = []
+    start, block = 0, max(n, _MIN_BLOCK)  # one block when `keep` takes every row
+    while len(out) < n and start < selection.size:
+        out += [p for p in _pool_rows(store, selection.pool, start, start + block) if keep(p)]
+        start += block
+    return out[:n]
+
+
+_MIN_BLOCK = 256  # positions read at a time when rows are filtered (keep), at least
+
+
+def _pool_rows(store: Store, pool: str, start: int, stop: int) -> list[Problem]:
+    """The rows at positions [start, stop) of a stored pool, in order."""
     cols = ", ".join(f"p.{c}" for c in _PROBLEM_FIELDS)
-    if isinstance(selection, PoolRef):
-        n = selection.size if limit is None else min(limit, selection.size)
-        keys = store.con.execute(
-            "SELECT source, split, fingerprint FROM pool_rows WHERE pool = ? AND pos < ? "
-            "ORDER BY pos", [selection.pool, n]).fetchall()
-        # The fingerprints as an IN filter: DuckDB scans one column of `problems` for them
-        # (half the time of a join on three at a million rows), then reads the few rows.
-        found = {tuple(r[1:3]) + (r[-1],): r for r in store.con.execute(
-            f"SELECT {cols} FROM problems p WHERE fingerprint IN (SELECT unnest(?::VARCHAR[]))",
-            [[k[2] for k in keys]]).fetchall()}
-        rows = [found[k] for k in keys if k in found]
-    else:
-        ids = list(selection)[:limit] if limit is not None else list(selection)
-        want = pa.table({"ord": pa.array(range(len(ids)), pa.int64()),
-                         "id": pa.array(ids, pa.string())})
-        store.con.register("_want_ids", want)
-        try:
-            rows = store.con.execute(
-                f"SELECT {cols} FROM _want_ids w JOIN problems p ON p.id = w.id QUALIFY "
-                "row_number() OVER (PARTITION BY w.ord ORDER BY p.ingested_at DESC) = 1 "
-                "ORDER BY w.ord").fetchall()
-        finally:
-            store.con.unregister("_want_ids")
+    keys = store.con.execute(
+        "SELECT source, split, fingerprint FROM pool_rows WHERE pool = ? AND pos >= ? "
+        "AND pos < ? ORDER BY pos", [pool, start, stop]).fetchall()
+    # The fingerprints as an IN filter: DuckDB scans one column of `problems` for them
+    # (half the time of a join on three at a million rows), then reads the few rows.
+    found = {tuple(r[1:3]) + (r[-1],): r for r in store.con.execute(
+        f"SELECT {cols} FROM problems p WHERE fingerprint IN (SELECT unnest(?::VARCHAR[]))",
+        [[k[2] for k in keys]]).fetchall()}
+    return [Problem(**dict(zip(_PROBLEM_FIELDS, found[k]))) for k in keys if k in found]
+
+
+def _problems_by_id(store: Store, ids: list[str], limit: int | None) -> list[Problem]:
+    cols = ", ".join(f"p.{c}" for c in _PROBLEM_FIELDS)
+    ids = list(ids)[:limit] if limit is not None else list(ids)
+    want = pa.table({"ord": pa.array(range(len(ids)), pa.int64()),
+                     "id": pa.array(ids, pa.string())})
+    store.con.register("_want_ids", want)
+    try:
+        rows = store.con.execute(
+            f"SELECT {cols} FROM _want_ids w JOIN problems p ON p.id = w.id QUALIFY "
+            "row_number() OVER (PARTITION BY w.ord ORDER BY p.ingested_at DESC) = 1 "
+            "ORDER BY w.ord").fetchall()
+    finally:
+        store.con.unregister("_want_ids")
     return [Problem(**dict(zip(_PROBLEM_FIELDS, r))) for r in rows]
 
 
-def training_pool(cfg: PipelineConfig, store: Store,
-                  reports: list[IngestReport]) -> list[Problem]:
-    """The whole pool of the ingested `reports` as problems (`grpo train`/`grpo sft`)."""
-    return pool_problems(store, build_pool(cfg, store, training_sets(cfg, reports)))
+def training_pool(cfg: PipelineConfig, store: Store, reports: list[IngestReport],
+                  limit: int | None = None,
+                  keep: Callable[[Problem], bool] | None = None) -> list[Problem]:
+    """The pool of the ingested `reports`, its first `limit` rows that `keep` accepts
+    (`grpo train`/`grpo sft`: what the stage's steps can draw; pool_problems)."""
+    return pool_problems(store, build_pool(cfg, store, training_sets(cfg, reports)), limit, keep)

@@ -33,6 +33,25 @@ def sft_completion(p: Problem, prompt_ends_with_think: bool) -> str:
     return body if prompt_ends_with_think else f"<think>{body}"
 
 
+def has_trace(p: Problem) -> bool:
+    """A problem SFT can train on: a reference solution to write as a trace (synthetic
+    problems compose theirs from the answer)."""
+    return bool(p.solution) or p.source.startswith("synthetic")
+
+
+def sft_problem_budget(cfg: PipelineConfig) -> int | None:
+    """The most traces the SFT stage can use: sft_stage.max_examples, and at most what its
+    steps draw (sft.max_steps x examples per step) unless packing makes a step's count
+    depend on lengths. A stage handed a whole pool reads this many of it (None: all)."""
+    extra = cfg.sft.model_extra or {}
+    budget = cfg.sft_stage.max_examples
+    if not extra.get("packing"):
+        per_step = (cfg.sft.per_device_train_batch_size * cfg.train.num_processes
+                    * int(extra.get("gradient_accumulation_steps") or 1))
+        budget = min(budget or per_step * cfg.sft.max_steps, per_step * cfg.sft.max_steps)
+    return budget
+
+
 @dataclass
 class SFTResult:
     output_dir: str
@@ -66,7 +85,7 @@ def run_sft(
     from grpo_core.train.trainer_setup import quiet_trainer
 
     configure_threads()
-    usable = [p for p in problems if p.solution or p.source.startswith("synthetic")]
+    usable = [p for p in problems if has_trace(p)]
     if cfg.sft_stage.max_examples:
         usable = usable[: cfg.sft_stage.max_examples]
     if not usable:
