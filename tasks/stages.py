@@ -307,8 +307,9 @@ def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig,
     as diagnosis.json and their codes as the `diagnosis` tag of `run`. Returns the round's
     findings (the report's): `in_round` (the monitor's notes and stops) then every rule's
     line but the stops (the in-round ones already), info ones too; the run's description
-    counts that same list (diagnosis.count_findings) and lists every rule's line."""
-    from grpo_core.train.diagnosis import codes_tag, count_findings, diagnose
+    counts that same list (findings.count_findings) and lists every rule's line."""
+    from grpo_core.train.diagnosis import diagnose
+    from grpo_core.train.findings import codes_tag, count_findings
 
     found = diagnose(history, cfg)
     tracking.log_json(run, [f.as_dict() for f in found], "diagnosis.json")

@@ -24,9 +24,7 @@ from collections.abc import Iterable, Mapping
 
 from grpo_core.config import PipelineConfig
 from grpo_core.train.batch_patterns import SHARE_METRICS
-
-# codes_tag and count_findings are read here by tasks/stages.py and tasks/tracking/parent_run.py
-from grpo_core.train.findings import Finding, codes_tag, count_findings  # noqa: F401
+from grpo_core.train.findings import Finding
 from grpo_core.train.metric_series import (
     fit_change,
     mean_of,

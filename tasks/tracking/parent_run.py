@@ -35,7 +35,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.metric_names import FINAL_PREFIX, ci_block_keys, shown
-from grpo_core.train.diagnosis import count_findings
+from grpo_core.train.findings import count_findings
 from grpo_core.workspace import Workspace
 from tasks.tracking import comparison, headline
 from tasks.tracking.artifacts import log_json, log_text
