@@ -15,8 +15,9 @@ CIRCLE" / "ELLIPSE"); their coverage reaches 0.92, hence the default of 0.95.
 Lower `min_coverage` to catch looser rephrasings at the price of flagging siblings.
 
 The store runs this test as a DuckDB join (grpo_core.data.decontam_sql: no Python loop over
-a million training rows); `find_contaminated` here is its reference, checked to flag the
-same rows, and serves texts that are not in a store.
+a million training rows). `find_contaminated` here is the test written plainly, kept as
+that join's reference: tests/test_decontam.py checks both flag the same rows, and the
+measured overlaps above come from it. Nothing in the pipeline calls it.
 """
 from __future__ import annotations
 
