@@ -87,15 +87,22 @@ def peak_of(rec: dict, stage: str):
     rec.setdefault("gpu_peak_gb_by_stage", {})[stage] = mem.peak_gb
 
 
-def part_hf(s: dict, rec: dict) -> None:
+def _start_backend(s: dict, rec: dict, kind: str, seconds_key: str):
+    """(cfg, backend, tokenizer) of a generation part (`kind` hf or vllm), its start time in
+    rec[seconds_key]. Built outside the per-stage blocks: the part's block (run_part) owns
+    it and shuts it down."""
     from grpo_core.generation.sampling import build_backend
 
     _gpu_check(rec)
-    cfg = part_config("hf", s)
+    cfg = part_config(kind, s)
     t0 = time.perf_counter()
-    # Built outside the per-stage blocks: the part's block (run_part) owns it and shuts it down.
     backend, tok = build_backend(s["model_path"], cfg)
-    rec["load_s"] = round(time.perf_counter() - t0, 2)
+    rec[seconds_key] = round(time.perf_counter() - t0, 2)
+    return cfg, backend, tok
+
+
+def part_hf(s: dict, rec: dict) -> None:
+    cfg, backend, tok = _start_backend(s, rec, "hf", "load_s")
     rec["device"], rec["dtype"] = str(backend.model.device), str(backend.model.dtype)
     prompts = bench_prompts(s)
     with peak_of(rec, "generation"):
@@ -110,13 +117,8 @@ def part_hf(s: dict, rec: dict) -> None:
 
 def part_vllm(s: dict, rec: dict) -> None:
     from grpo_core.generation.rollout import VLLMBackend
-    from grpo_core.generation.sampling import build_backend
 
-    _gpu_check(rec)
-    cfg = part_config("vllm", s)
-    t0 = time.perf_counter()
-    backend, tok = build_backend(s["model_path"], cfg)
-    rec["engine_start_s"] = round(time.perf_counter() - t0, 2)
+    cfg, backend, tok = _start_backend(s, rec, "vllm", "engine_start_s")
     if not isinstance(backend, VLLMBackend):
         raise TypeError(f"rollout.backend=vllm built {type(backend).__name__}")
     try:
