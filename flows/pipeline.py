@@ -23,7 +23,12 @@ from grpo_core.data.locks import pipeline_lock
 from grpo_core.data.pool import PoolRef
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.grpo import prompts_per_update
-from grpo_core.train.throughput import PIPELINE_RSS_METRIC, rss_now_gb
+from grpo_core.train.throughput import (
+    PIPELINE_CHILDREN_METRIC,
+    PIPELINE_RSS_METRIC,
+    child_processes,
+    rss_now_gb,
+)
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
 from tasks.launch import require_plan
@@ -161,6 +166,8 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         return run_stage(log, label, "eval", stages.evaluate, ctx, model, label, benchmarks,
                          scorer, primary=primary)
 
+    # what this process runs beside the stages (e.g. Prefect's temporary server): step 0
+    tracking.log_metrics(parent, {PIPELINE_CHILDREN_METRIC: child_processes()}, step=0)
     data = run_stage(log, "data", "data", stages.ingest, ctx)
     findings: list[str] = contamination_findings(data.get("contamination") or {})
     for f in findings:
@@ -195,7 +202,8 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         findings += health_gate(r, train, before, after, cfg.eval.primary_metric)
         before = after
         pipeline_rss.append(rss_now_gb())
-        tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1]}, step=r)
+        tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1],
+                                      PIPELINE_CHILDREN_METRIC: child_processes()}, step=r)
 
     final = evaluate(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)

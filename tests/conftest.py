@@ -70,6 +70,30 @@ def tracked_config(tmp_path, template_db, monkeypatch):
     return cfg, wd
 
 
+# TRL's colocate mode writes the torch.distributed variables for vLLM's external launcher.
+_DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def restore_dist_env():
+    """Put the torch.distributed variables back after a test that ran TRL's colocate mode."""
+    saved = {k: os.environ.get(k) for k in _DIST_ENV}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def vllm_model_path(tmp_path_factory) -> str:
+    """builtin:proxy-qwen2-hd32: the smallest heads vLLM's CPU attention takes (vLLM tests)."""
+    from grpo_core.modeling.loading import resolve_model_path
+
+    return resolve_model_path("builtin:proxy-qwen2-hd32", tmp_path_factory.mktemp("models"))
+
+
 def pytest_collection_modifyitems(config, items):
     """Slow-marked tests (minutes of training, run on purpose) have no per-test timeout."""
     for item in items:

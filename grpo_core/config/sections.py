@@ -110,7 +110,8 @@ class DataConfig(Section):
 
 class RolloutConfig(Section):
     backend: Literal["auto", "hf", "vllm"] = "auto"
-    """auto: vllm when installed and a GPU is present, else hf."""
+    """auto: vllm where it can run (its CUDA build with a GPU, or its CPU build:
+    `make setup-vllm`), else hf."""
     batch_size: int = Field(default=64, ge=1)
     """Sequences generated per forward batch (hf backend)."""
     drop_finished_rows: bool = True
@@ -127,6 +128,11 @@ class RolloutConfig(Section):
     engine starts): for more throughput on a dense model, shard the filter/eval instead."""
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     """vLLM share of GPU memory."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """vLLM: the longest prompt + completion a request may hold. None: the model's own on a
+    GPU, 1024 on CPU (the CPU engine's start-up profile run is a forward pass that long)."""
+    cpu_kv_cache_gib: int = Field(default=1, ge=1)
+    """vLLM on CPU: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE; an exported value wins)."""
 
 
 class FilterConfig(Section):

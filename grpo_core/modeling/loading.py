@@ -1,4 +1,4 @@
-"""Resolve and load a policy: `builtin:tiny-arith`, `builtin:proxy-qwen2`, a fetched name
+"""Resolve and load a policy: `builtin:tiny-arith`, `builtin:proxy-qwen2` (and -hd32), a fetched name
 (`smollm2-135m-instruct`: modeling.fetch), a local folder, or a hub id."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from grpo_core.modeling.fetch import is_fetchable, resolve_fetched
-from grpo_core.modeling.proxy import PROXY_NAME, ensure_proxy, proxy_dir
+from grpo_core.modeling.proxy import ensure_proxy, proxy_dir, proxy_recipe
 from grpo_core.modeling.threads import configure_threads  # noqa: F401  (re-exported: callers import it from here)
 from grpo_core.modeling.tiny import BUILTIN_PREFIX, ensure_builtin, tiny_dir
 
@@ -17,8 +17,8 @@ _HASH_LIMIT = 256 * 2**20  # hash whole files up to this size; above it, sampled
 
 def builtin_dir(name: str, models_cache: str | Path) -> Path | None:
     """Where the built-in model `name` is cached, built or not; None for a folder or hub id."""
-    if name == BUILTIN_PREFIX + PROXY_NAME:
-        return proxy_dir(models_cache)
+    if proxy_recipe(name) is not None and name.startswith(BUILTIN_PREFIX):
+        return proxy_dir(models_cache, proxy_recipe(name))
     if name.startswith(BUILTIN_PREFIX):
         return tiny_dir(models_cache)
     return None
@@ -30,8 +30,8 @@ def resolve_model_path(name_or_path: str, models_cache: str | Path, progress: bo
     the fetch command otherwise: fetching downloads, so it is never implicit)."""
     if is_fetchable(name_or_path):
         return str(resolve_fetched(name_or_path, models_cache))
-    if name_or_path == BUILTIN_PREFIX + PROXY_NAME:
-        return str(ensure_proxy(models_cache))
+    if name_or_path.startswith(BUILTIN_PREFIX) and proxy_recipe(name_or_path) is not None:
+        return str(ensure_proxy(models_cache, proxy_recipe(name_or_path)))
     if name_or_path.startswith(BUILTIN_PREFIX):
         return str(ensure_builtin(name_or_path, models_cache, progress=progress))
     return name_or_path

@@ -163,9 +163,20 @@ def build_proxy_qwen2(out_dir: str | Path, recipe: ProxyRecipe = ProxyRecipe()) 
     return out
 
 
+# The built-in proxies by name. -hd32: attention heads of 32 (2 heads, 1 KV head), the
+# smallest vLLM's CPU attention takes (grpo_core.generation.vllm_cpu): the vLLM tests' model.
+PROXIES = {PROXY_NAME: ProxyRecipe(), f"{PROXY_NAME}-hd32": ProxyRecipe(num_heads=2, num_kv_heads=1)}
+
+
+def proxy_recipe(name: str) -> ProxyRecipe | None:
+    """The recipe of built-in proxy `name` (with or without "builtin:"), None for another."""
+    return PROXIES.get(name.removeprefix("builtin:"))
+
+
 def proxy_dir(cache_root: str | Path, recipe: ProxyRecipe = ProxyRecipe()) -> Path:
     """Where the proxy of `recipe` is cached, built or not."""
-    return Path(cache_root) / f"{PROXY_NAME}-{recipe.key()}"
+    name = next((n for n, r in PROXIES.items() if r == recipe), PROXY_NAME)
+    return Path(cache_root) / f"{name}-{recipe.key()}"
 
 
 def ensure_proxy(cache_root: str | Path, recipe: ProxyRecipe = ProxyRecipe()) -> Path:

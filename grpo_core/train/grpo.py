@@ -172,7 +172,7 @@ def run_grpo_round(
     from grpo_core.train.trainer_setup import quiet_trainer, stop_at_text
     from grpo_core.train.vllm_engine import release_engine, seeded_engines
 
-    configure_threads()
+    threads = configure_threads()
     set_logprob_tile(*logprob_tile(cfg, cpu=not torch.cuda.is_available()))
     held_out: list[Problem] = []
     if cfg.in_round_eval.every:  # the in-round eval's slice is never trained on
@@ -196,7 +196,8 @@ def run_grpo_round(
     funcs = _watch_finite(funcs, result.nonfinite_rewards)
     callbacks = round_callbacks(cfg, result, round_no) + list(extra_callbacks or [])
     tracker = _in_round_eval(cfg, held_out, template, out, ckpt, save_dtype, result, callbacks)
-    with seeded_engines(cfg.project.seed):  # TRL's colocated vLLM engine, if it builds one
+    # TRL's colocated vLLM engine, if it builds one
+    with seeded_engines(cfg.project.seed, cfg.rollout.cpu_kv_cache_gib, threads):
         trainer = algo.trainer(
             model=model,
             reward_funcs=funcs + [f for f, _ in extra_rewards],

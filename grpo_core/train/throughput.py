@@ -41,6 +41,8 @@ RSS_PEAK_METRIC = "system/rss_peak_gb"
 # The pipeline process's own resident memory after each round (step = round): flat from
 # round to round when no stage leaves memory behind in it (train.stage_process).
 PIPELINE_RSS_METRIC = "system/pipeline_rss_gb"
+# ... and how many processes it has left running then (0: no engine or worker outlived its stage)
+PIPELINE_CHILDREN_METRIC = "system/pipeline_child_processes"
 
 # bf16 dense peak TFLOP/s (no sparsity), by a substring of torch.cuda.get_device_name();
 # the first match wins, so the more specific names come first.
@@ -197,6 +199,38 @@ def rss_now_gb() -> float | None:
     except OSError:
         pass
     return None
+
+
+def child_processes() -> int | None:
+    """How many live processes descend from this one (Linux /proc), None elsewhere. Zombies
+    and multiprocessing's resource tracker (a helper that lives as long as its parent,
+    holding nothing) are not counted."""
+    import os
+
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    parents: dict[int, int] = {}
+    for d in proc.iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            if state != "Z" and b"resource_tracker" not in cmd:
+                parents[int(d.name)] = int(ppid)
+    mine, count = {os.getpid()}, 0
+    changed = True
+    while changed:  # every descendant, whatever the depth
+        changed = False
+        for pid, ppid in parents.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                count += 1
+                changed = True
+    return count
 
 
 @dataclass

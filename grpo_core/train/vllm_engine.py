@@ -26,9 +26,13 @@ def engine_seed(project_seed: int, trl_seed: int) -> int:
 
 
 @contextlib.contextmanager
-def seeded_engines(project_seed: int) -> Iterator[None]:
+def seeded_engines(project_seed: int, cpu_kv_cache_gib: int = 1,
+                   threads: int | None = None) -> Iterator[None]:
     """While the block runs (the trainer's construction), every colocated engine TRL builds
-    gets engine_seed(project_seed, TRL's seed). Without vLLM there is nothing to seed."""
+    gets engine_seed(project_seed, TRL's seed), and on a CPU the CPU engine's settings
+    (grpo_core.generation.vllm_cpu: plain weights for the push, eager mode, a short
+    max_model_len unless grpo.vllm_max_model_length sets one). Without vLLM there is
+    nothing to seed."""
     try:
         from trl.generation import vllm_generation as tv
     except ImportError:
@@ -39,9 +43,13 @@ def seeded_engines(project_seed: int) -> Iterator[None]:
         yield
         return
 
+    from grpo_core.generation import vllm_cpu
+
     def seeded(*args, **kwargs):
         kwargs["seed"] = engine_seed(project_seed, int(kwargs.get("seed") or 0))
-        return build(*args, **kwargs)
+        vllm_cpu.configure_process(threads, cpu_kv_cache_gib, in_process=False)
+        vllm_cpu.keep_plain_weights()
+        return build(*args, **vllm_cpu.engine_kwargs(kwargs))
 
     tv.LLM = seeded
     try:
