@@ -100,6 +100,30 @@ def test_vllm_backend_shutdown_stops_the_engine():
     assert FakeLLM.stopped == 1 and b.llm is None
 
 
+def test_a_dropped_vllm_backend_stops_its_engine():
+    """A stage that drops its backend before its end (no shutdown call): the engine's
+    worker processes must not outlive it (they did: tests/test_vllm_cpu.py counts them)."""
+    import gc
+
+    class FakeLLM:
+        stopped = 0
+
+        def shutdown(self):
+            FakeLLM.stopped += 1
+
+    b = VLLMBackend.__new__(VLLMBackend)
+    b.own_engine(FakeLLM())
+    del b
+    gc.collect()
+    assert FakeLLM.stopped == 1
+    kept = VLLMBackend.__new__(VLLMBackend)
+    kept.own_engine(FakeLLM())
+    kept.shutdown()
+    del kept
+    gc.collect()
+    assert FakeLLM.stopped == 2  # shut down once, not again when collected
+
+
 def test_vllm_backend_shutdown_older_engine_core():
     core = types.SimpleNamespace(calls=0)
     core.shutdown = lambda: setattr(core, "calls", core.calls + 1)

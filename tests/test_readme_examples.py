@@ -122,6 +122,6 @@ def test_project_seed_reaches_every_sampler(tmp_path, monkeypatch):
             seen.update(kwargs)
 
     monkeypatch.setattr(sampling, "VLLMBackend", FakeEngine)
-    monkeypatch.setattr("grpo_core.generation.rollout.resolve_backend_name", lambda name: name)
+    monkeypatch.setattr("grpo_core.generation.rollout.resolve_backend_name", lambda name, *_: name)
     sampling.build_backend("/m", cfg)
     assert seen["seed"] == 1234

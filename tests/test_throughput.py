@@ -58,7 +58,12 @@ def test_round_summary_weights_rows_by_their_seconds():
     assert s["gen_tokens_per_s"] == pytest.approx((300 + 500) / 4)
     assert s["train_tokens_per_s"] == pytest.approx((1000 + 3000) / 2)
     assert s["mfu"] == pytest.approx(0.3)
+    assert "is_ratio" not in s  # hf generation: TRL logs no importance-sampling ratio
     assert tp.round_summary([{"loss": 0.1}]) == {}
+    rows[0][tp.IS_RATIO], rows[1][tp.IS_RATIO] = 0.99, 1.01  # vLLM generation (TRL's metric)
+    s = tp.round_summary(rows)
+    assert s["is_ratio"] == pytest.approx(1.0)
+    assert tp.format_throughput(s).endswith("| IS ratio 1.000")
 
 
 def test_stage_line_carries_the_figures():

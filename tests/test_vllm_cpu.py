@@ -50,6 +50,7 @@ def test_the_cpu_build_is_recognised_and_chosen_by_auto():
 
     assert vllm_cpu.vllm_build() == "cpu" and vllm_cpu.on_cpu()
     assert resolve_backend_name("auto") == "vllm"
+    assert resolve_backend_name("hf") == "hf"
     assert machine_lock(gpu=False).name == "vllm-cpu.txt"
     assert any(s == "ok" and "(CPU build) in the range TRL" in t for s, t in doctor_lines(gpu=False))
 
@@ -77,7 +78,7 @@ def test_sleep_mode_and_server_weight_sync_are_refused_before_any_work(override,
     assert stage_plan(config_from_dict({}, ["grpo.use_vllm=true"])).mode != "refuse"
 
 
-def test_a_model_with_heads_too_small_is_refused_before_the_engine(tmp_path):
+def test_a_model_with_heads_too_small_is_refused_before_the_engine(tmp_path, vllm_model_path):
     from grpo_core.config import config_from_dict
     from grpo_core.generation.sampling import build_backend
     from grpo_core.modeling.loading import resolve_model_path
@@ -86,6 +87,12 @@ def test_a_model_with_heads_too_small_is_refused_before_the_engine(tmp_path):
     cfg = config_from_dict({"rollout": {"backend": "vllm"}})
     with pytest.raises(ValueError, match=r"head_dim >= 32; this llama model has 16"):
         build_backend(tiny, cfg)
+    # auto takes the hf backend for it (the main job's model), vLLM for one it can run
+    from grpo_core.generation.rollout import HFBackend, resolve_backend_name
+
+    backend, _ = build_backend(tiny, config_from_dict({"rollout": {"backend": "auto"}}))
+    assert isinstance(backend, HFBackend)
+    assert resolve_backend_name("auto", vllm_model_path) == "vllm"
 
 
 # ------------------------------------------------------------------ colocated training
@@ -229,7 +236,7 @@ def test_two_rounds_with_vllm_filter_eval_and_colocated_training(vllm_model_path
     assert set(rss) == {1, 2} and set(procs) == {0, 1, 2}, (rss, procs)
     assert procs[1] == procs[2] == procs[0], procs  # no engine process outlives its stage
     assert rss[2] - rss[1] <= 0.5, rss  # a second round's engines are not added to the first's
-    grpo_runs = [x for x in runs if x.data.tags.get("mlflow.runName", "").startswith("grpo/round")]
+    grpo_runs = [x for x in runs if "grpo/round-" in x.data.tags.get("mlflow.runName", "")]
     assert len(grpo_runs) == 2
     for run in grpo_runs:
         assert any(k.startswith("sampling/importance_sampling_ratio") for k in run.data.metrics), \

@@ -10,6 +10,7 @@ optional) has the same interface. Training generation is TRL's business, not thi
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -275,10 +276,17 @@ class VLLMBackend:
         kwargs = dict(model=model_path, tensor_parallel_size=tensor_parallel_size,
                       gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed,
                       max_model_len=max_model_len, **extra)
-        self.llm = LLM(**vllm_cpu.engine_kwargs(kwargs))
+        self.own_engine(LLM(**vllm_cpu.engine_kwargs(kwargs)))
         self.tokenizer = self.llm.get_tokenizer()
         self._stop = stop_token_ids(self.tokenizer, stop_strings)
         self.stop_strings = list(stop_strings)  # vLLM matches them on text, any token split
+
+    def own_engine(self, llm) -> None:
+        """Hold `llm`, and stop it when the backend is shut down or collected: the engine's
+        worker processes outlive a dropped LLM object (they stop when told, or when this
+        process exits), so a stage that drops its backend would leave them running."""
+        self.llm = llm
+        self._stop_engine = weakref.finalize(self, stop_vllm_engine, llm)
 
     def sampling_params(self, n: int, params: SamplingParams, seed: int):
         """vLLM's SamplingParams for n samples of one request: stops at eos, the single-token
@@ -298,7 +306,10 @@ class VLLMBackend:
         """Stop the engine and free its GPU memory (grpo_core.modeling.gpu.stage_memory calls this at a
         stage's end). Idempotent; the backend cannot sample afterwards."""
         llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
+        stop = getattr(self, "_stop_engine", None)
+        if stop is not None:
+            stop()  # the finalizer: stop_vllm_engine(llm), once
+        elif llm is not None:  # an engine set without own_engine
             stop_vllm_engine(llm)
 
 
@@ -337,8 +348,21 @@ def vllm_available() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve_backend_name(name: str) -> str:
-    if name == "auto":
-        return "vllm" if vllm_available() else "hf"
-    return name
+def resolve_backend_name(name: str, model_path: str | None = None) -> str:
+    """rollout.backend as it runs here: `auto` is vllm where vLLM can run and can take the
+    model (`model_path`: on CPU its attention heads must be wide enough), else hf."""
+    if name != "auto":
+        return name
+    if not vllm_available():
+        return "hf"
+    if model_path is not None:
+        from grpo_core.generation.vllm_cpu import check_head_dim
+
+        try:
+            from transformers import AutoConfig
+
+            check_head_dim(AutoConfig.from_pretrained(model_path).to_dict(), "auto")
+        except (ValueError, OSError):  # heads too small for the CPU engine, or no config
+            return "hf"
+    return "vllm"
 

@@ -159,7 +159,7 @@ def build_backend(model_path: str, cfg, progress: bool = False):
     from grpo_core.modeling.gpu import track
     from grpo_core.prompts import stop_strings
 
-    name = resolve_backend_name(cfg.rollout.backend)
+    name = resolve_backend_name(cfg.rollout.backend, model_path)
     stops = stop_strings(cfg.model.template)  # filter, eval and training stop alike
     if name == "vllm":
         from grpo_core.modeling.threads import configure_threads

@@ -50,13 +50,9 @@ def vllm_build() -> str | None:
 
 
 def on_cpu() -> bool:
-    """vLLM will run on the CPU here: its CPU build, or its CUDA build without a GPU
-    (which fails at engine start: vllm_available says no)."""
-    if vllm_build() == "cpu":
-        return True
-    import torch
-
-    return not torch.cuda.is_available()
+    """vLLM runs on the CPU here: its CPU build is installed. (Its CUDA build without a GPU
+    runs nothing: rollout.vllm_available says no.)"""
+    return vllm_build() == "cpu"
 
 
 def engine_kwargs(kwargs: dict, max_model_len: int | None = None) -> dict:

@@ -176,6 +176,7 @@ def stage_memory(restore_env: bool = True):
     finally:
         _ACTIVE.reset(token)
         _record_peak(rec)
+        gc.collect()  # a dropped backend in a reference cycle: collected (and stopped) now
         for ref in reversed(rec._engines):
             backend = ref()
             if backend is not None and release(backend):

@@ -38,6 +38,7 @@ GEN_TOK_S = PREFIX + "gen_tokens_per_s"
 TRAIN_TOK_S = PREFIX + "train_tokens_per_s"
 MFU = PREFIX + "mfu"
 RSS_PEAK_METRIC = "system/rss_peak_gb"
+IS_RATIO = "sampling/importance_sampling_ratio/mean"  # TRL's, with vLLM generation
 # The pipeline process's own resident memory after each round (step = round): flat from
 # round to round when no stage leaves memory behind in it (train.stage_process).
 PIPELINE_RSS_METRIC = "system/pipeline_rss_gb"
@@ -118,7 +119,6 @@ def round_summary(history: Sequence[dict]) -> dict[str, float]:
     time), gen_tokens_per_s and train_tokens_per_s (tokens over seconds, rows weighted by
     their seconds), mfu (mean of the rows that have one). {} when nothing was logged."""
     gen_s = train_s = gen_tok = train_tok = 0.0
-    mfus = []
     for row in history:
         g, t = row.get(GEN_SECONDS), row.get(TRAIN_SECONDS)
         if not (_finite(g) and _finite(t)):
@@ -128,8 +128,6 @@ def round_summary(history: Sequence[dict]) -> dict[str, float]:
             gen_tok += row[GEN_TOK_S] * g
         if _finite(row.get(TRAIN_TOK_S)):
             train_tok += row[TRAIN_TOK_S] * t
-        if _finite(row.get(MFU)):
-            mfus.append(row[MFU])
     if gen_s + train_s <= 0:
         return {}
     out = {"gen_share": gen_s / (gen_s + train_s),
@@ -138,9 +136,18 @@ def round_summary(history: Sequence[dict]) -> dict[str, float]:
         out["gen_tokens_per_s"] = gen_tok / gen_s
     if train_s > 0:
         out["train_tokens_per_s"] = train_tok / train_s
-    if mfus:
-        out["mfu"] = sum(mfus) / len(mfus)
+    for name, key in (("mfu", MFU), ("is_ratio", IS_RATIO)):
+        if (mean := _mean(history, key)) is not None:
+            out[name] = mean
     return {k: round(v, 4) for k, v in out.items()}
+
+
+def _mean(history: Sequence[dict], key: str) -> float | None:
+    """`key`'s mean over the rows that have it. For TRL's importance-sampling ratio (vLLM
+    generation): the trainer's probability of vLLM's samples over vLLM's, 1 when the engine
+    samples the policy the trainer holds."""
+    vals = [r[key] for r in history if _finite(r.get(key))]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _count(n: float) -> str:
@@ -148,7 +155,8 @@ def _count(n: float) -> str:
 
 
 def format_throughput(tp: dict | None) -> str:
-    """`gen 62% | 410 tok/s gen, 1.2k tok/s train | MFU 31%` (what is known of it)."""
+    """`gen 62% | 410 tok/s gen, 1.2k tok/s train | MFU 31% | IS ratio 1.000` (what is
+    known of it)."""
     if not tp:
         return ""
     parts = [f"gen {tp['gen_share']:.0%}"] if "gen_share" in tp else []
@@ -158,6 +166,8 @@ def format_throughput(tp: dict | None) -> str:
         parts.append(", ".join(rates))
     if "mfu" in tp:
         parts.append(f"MFU {tp['mfu']:.1%}")
+    if "is_ratio" in tp:
+        parts.append(f"IS ratio {tp['is_ratio']:.3f}")
     return " | ".join(parts)
 
 
