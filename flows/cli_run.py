@@ -221,8 +221,9 @@ def report(workdir: WORKDIR = None) -> None:
 
 
 def doctor(workdir: WORKDIR = None) -> None:
-    """Check installed versions against the lock (locks/), TRL's and vLLM's ranges,
-    torch/CUDA/vLLM, MLflow and Prefect reachability, workspace, data dir."""
+    """Check installed versions against the lock (locks/), TRL's and vLLM's ranges, the NVIDIA
+    driver against torch's CUDA, torch/CUDA/vLLM, MLflow and Prefect reachability, workspace,
+    data dir."""
     from grpo_core.config import PipelineConfig
     from grpo_core.generation.rollout import vllm_available
     from grpo_core.workspace import Workspace, resolve_data_dir

@@ -12,6 +12,8 @@ TRL nor torch (`grpo --help` stays fast), nor Prefect or MLflow.
   refusal at start-up of the training commands.
 - `vllm_problem`: a TRL/vLLM pair outside the vLLM range that TRL declares (its `vllm`
   extra, read from TRL's metadata; TRL 1.16: 0.22.0 to 0.31.0).
+- on a machine with an NVIDIA GPU, its driver against the one the CUDA build of torch needs
+  (grpo_core/driver.py, the table infra/setup.sh checks too).
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from grpo_core.driver import CUDA_DISTS, cuda_major, driver_check, read_driver_version
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKS = ROOT / "locks"
@@ -250,13 +254,36 @@ def vllm_problem(lookup: Lookup | None = None,
             f"(vllm{show_range(spec)})")
 
 
+def _shown(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def _driver_lines(lock: Lock | None, lookup: Lookup,
+                  driver: Callable[[], str | None]) -> list[tuple[str, str]]:
+    """The driver against the installed CUDA build of torch (a lock of the user's own, say a
+    CUDA 12 one, included), else against the machine's lock (what `make setup` installs)."""
+    installed = {name: lookup(name) for name in CUDA_DISTS}
+    if cuda_major(installed) is not None:
+        pins, source = installed, "the installed"
+    elif lock is not None:
+        pins, source = lock.pins, f"{_shown(lock.path)}'s"
+    else:
+        return []
+    found = driver_check(driver(), pins, source)
+    return [found] if found else []
+
+
 def doctor_lines(gpu: bool | None = None, lookup: Lookup | None = None,
-                 python: str | None = None) -> list[tuple[str, str]]:
+                 python: str | None = None,
+                 driver: Callable[[], str | None] | None = None) -> list[tuple[str, str]]:
     """(status, text) lines for `grpo doctor`: "ok", "FAIL" (TRL outside the project's
-    range, a TRL/vLLM pair outside TRL's range) and "WARN" (each installed version that
-    differs from the machine's lock: it runs, but not what was tested)."""
+    range, a TRL/vLLM pair outside TRL's range, an NVIDIA driver too old for the CUDA build
+    of torch) and "WARN" (each installed version that differs from the machine's lock: it
+    runs, but not what was tested). `driver`: the driver version's reader (nvidia-smi)."""
     import sys
 
+    if gpu is None:
+        gpu = machine_has_gpu()
     lookup = lookup or installed_version
     python = python or f"{sys.version_info[0]}.{sys.version_info[1]}"
     out: list[tuple[str, str]] = []
@@ -269,8 +296,10 @@ def doctor_lines(gpu: bool | None = None, lookup: Lookup | None = None,
             lock = parse_lock(path)
         except ValueError as exc:
             out.append(("FAIL", f"unreadable lock: {exc} (`make lock` writes it)"))
+    if gpu:  # first: nothing CUDA runs until it is fixed
+        out += _driver_lines(lock, lookup, driver or read_driver_version)
     if lock is not None:
-        rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        rel = _shown(path)
         if lock.python and lock.python != python:
             out.append(("WARN", f"Python {python}; {rel} is for Python {lock.python}"))
         diffs = lock_differences(lock, lookup)

@@ -5,7 +5,8 @@
 #                  GPU lock's versions (Python 3.12), for machines without a GPU.
 #   No NVIDIA GPU: locks/cpu.txt (Python 3.11; extras dev+dask; torch 2.13.0+cpu, a local
 #                  wheel from pip's find-links, so nothing pulls a multi-GB CUDA build).
-#   NVIDIA GPU:    locks/gpu.txt (Python 3.12; extras dev+dask+gpu: vLLM and its CUDA torch).
+#   NVIDIA GPU:    locks/gpu.txt (Python 3.12; extras dev+dask+gpu: vLLM and its CUDA torch, a
+#                  CUDA 13 build: the NVIDIA driver must be >= 580, checked first, exit 2 if not).
 # LOCK=locks/x.txt chooses another. The install is a sync: a package outside the lock is
 # removed, one at another version is replaced. uv (pinned in the lock) installs it, in
 # parallel; pip's constraint file and find-links stay in force. `make lock` refreshes the
@@ -32,6 +33,20 @@ if [ -z "${PY:-}" ]; then
               "$(command -v python3)"; do
     if runs "$cand"; then PY=$cand; break; fi
   done
+fi
+
+# The NVIDIA driver against the lock's CUDA build of torch (grpo_core/driver.py, standard library
+# only, the table `grpo doctor` uses): a too-old driver stops here, exit 2 with the fix, before
+# anything is created or installed. A lock without CUDA (cpu.txt) is not checked.
+driver_rc=0
+driver_msg=$(PYTHONPATH="$PWD" "$PY" -m grpo_core.driver "$LOCK" 2>&1) || driver_rc=$?
+if [ "$driver_rc" = 2 ]; then
+  echo "setup: $driver_msg" >&2
+  exit 2
+elif [ "$driver_rc" != 0 ]; then
+  echo "setup: the NVIDIA driver check did not run (exit $driver_rc): $driver_msg" >&2
+elif [ -n "$driver_msg" ]; then
+  echo "setup: $driver_msg"
 fi
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"

@@ -8,7 +8,8 @@
   images built from infra/docker/) and the lock-down: every port on loopback unless
   GRPO_BIND_ADDR / MINIO_BIND_ADDR say otherwise, no secret with a default, both servers
   behind authentication; infra/make_secrets.py (`make secrets`) writes what it requires.
-- infra/docker/Dockerfile.*: base images, install order, every COPY source exists.
+- infra/docker/Dockerfile.*: each installs exactly its lock (infra/setup.sh), the GPU image's
+  CUDA base is the locked torch's CUDA, the base's Python the lock's; every COPY source exists.
 - infra/k8s/base-job-template.json: Prefect's work-pool validation, then the Kubernetes
   worker's own rendering of a flow run's Job (GPU limit, node selector, tolerations).
 - infra/prefect.yaml, infra/k8s/prefect.yaml: Prefect's prefect.yaml model, entrypoints
@@ -34,6 +35,8 @@ from unittest import mock
 import pytest
 import yaml
 from accelerate.utils import DistributedType
+
+from grpo_core.versions import parse_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
@@ -521,21 +524,27 @@ def _package_roots() -> set[str]:
     return {p.rstrip("*") for p in include} | {project["project"]["readme"], "pyproject.toml", "configs"}
 
 
-@pytest.mark.parametrize("name,base,extras", [
-    ("Dockerfile.cpu", r"python:3\.11-slim", "dev"),
-    ("Dockerfile.gpu", r"nvidia/cuda:12\.\d+(\.\d+)?-(cudnn-)?runtime-ubuntu\d+\.\d+", "dev,gpu"),
-])
-def test_dockerfile(name, base, extras):
+# Base image -> the Python it brings: the lock's target Python must be that one (infra/setup.sh
+# refuses another, exit 2, in the build).
+IMAGE_PYTHON = {"python:3.11-slim": "3.11", "ubuntu24.04": "3.12", "ubuntu22.04": "3.10"}
+
+
+@pytest.mark.parametrize("name,lock", [("Dockerfile.cpu", "cpu.txt"), ("Dockerfile.gpu", "gpu.txt")])
+def test_dockerfile_installs_exactly_its_lock(name, lock):
+    """One install of the lock, by infra/setup.sh as `make setup` does (LOCK= given: no GPU
+    at build time), never the ranges (`pip install -e ".[...]"`); anything else installed is
+    constrained by the lock; the base image brings the lock's Python."""
     ins = _instructions(INFRA / "docker" / name)
-    froms = [a for i, a in ins if i == "FROM"]
-    assert len(froms) == 1 and re.fullmatch(base, froms[0]), froms
     runs = [a for i, a in ins if i == "RUN"]
-    install = [k for k, a in enumerate(runs) if f'pip install -e ".[{extras}]"' in a]
-    assert len(install) == 1, f'{name}: one `pip install -e ".[{extras}]"`'
-    if name == "Dockerfile.cpu":
-        torch_cpu = [k for k, a in enumerate(runs)
-                     if "torch==" in a and "download.pytorch.org/whl/cpu" in a]
-        assert torch_cpu and torch_cpu[0] < install[0], "CPU torch must be installed before the project"
+    setup = [a for a in runs if "infra/setup.sh" in a]
+    assert len(setup) == 1 and re.search(rf"\bLOCK=locks/{re.escape(lock)}\b", setup[0]), setup
+    ranges = [a for a in runs if re.search(r"pip install[^&]*(\s-e\s|--editable|\.\[)", a)]
+    assert not ranges, f"{name}: installs pyproject's ranges: {ranges}"
+    others = [a for a in runs if re.search(r"pip install", a)]
+    assert all(f"-c locks/{lock}" in a for a in others), f"{name}: unconstrained installs {others}"
+    (base,) = [a for i, a in ins if i == "FROM"]
+    flavour = base if base.startswith("python:") else base.rsplit("-", 1)[-1]
+    assert IMAGE_PYTHON[flavour] == parse_lock(ROOT / "locks" / lock).python, (base, lock)
     copied = set()
     for i, args in ins:
         if i == "COPY":
@@ -543,8 +552,24 @@ def test_dockerfile(name, base, extras):
             for src in sources:
                 assert (ROOT / src).exists(), f"{name}: COPY {src} does not exist"
                 copied.add(src.rstrip("/"))
-    assert _package_roots() <= copied, f"{name} misses {_package_roots() - copied}"
+    assert _package_roots() | {"locks", "infra"} <= copied, \
+        f"{name} misses {_package_roots() | {'locks', 'infra'} - copied}"
     assert ("WORKDIR", IMAGE_WORKDIR) in ins
+
+
+def test_gpu_image_cuda_is_the_locks_torch_cuda():
+    """The GPU image's CUDA base (nvidia/cuda:X.Y.Z-runtime-...) is the CUDA of the locked torch:
+    the major.minor of the locked CUDA runtime wheel, and the major grpo_core/driver.py reads
+    from the lock (the one the driver check uses)."""
+    from grpo_core.driver import cuda_major
+
+    (base,) = [a for i, a in _instructions(INFRA / "docker" / "Dockerfile.gpu") if i == "FROM"]
+    m = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-(?:cudnn-)?runtime-ubuntu\d+\.\d+", base)
+    assert m, base
+    pins = parse_lock(ROOT / "locks" / "gpu.txt").pins
+    runtime = pins["nvidia-cuda-runtime"].split(".")[:2]
+    assert [m.group(1), m.group(2)] == runtime, (base, pins["nvidia-cuda-runtime"])
+    assert int(m.group(1)) == cuda_major(pins), (base, cuda_major(pins))
 
 
 # --------------------------------------------------------------------------- Kubernetes
