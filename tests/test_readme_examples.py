@@ -1,7 +1,8 @@
-"""Presets and README examples that validate (issue 23, item 7): every fenced `grpo ...`
-command in the README that takes a config passes `grpo config show` with its `--set`s; the
-vLLM server's own memory share and data parallelism; the offline engine's data parallel on
-a dense model refused naming the field; project.seed reaching every sampler's arguments."""
+"""Presets and documented examples that validate (issue 23, item 7; issue 34, item 6): every
+fenced `grpo ...` command of the README and of docs/*.md that takes a config passes `grpo
+config show` with its `--set`s. Also: the vLLM server's own memory share and data
+parallelism; the offline engine's data parallel on a dense model refused naming the field;
+project.seed reaching every sampler's arguments."""
 import re
 import shlex
 from pathlib import Path
@@ -16,20 +17,30 @@ from tasks.launch import launch_plan
 from tasks.vllm_server import server_command
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TAKES_CONFIG = {("run",), ("sft",), ("train",), ("config", "show")}
 
 
-def readme_commands() -> list[list[str]]:
-    """Each fenced `grpo ...` line of the README (continuations joined, comments and
-    `[optional]` placeholders dropped), as argv after `grpo`."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def fenced_lines(path: Path) -> list[str]:
+    """The lines of a markdown file's fenced blocks, continuations (`\\` at the end) joined."""
+    text = path.read_text(encoding="utf-8")
+    return [line for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
+
+
+def grpo_lines(path: Path) -> list[str]:
+    """What follows `grpo` on each fenced `grpo ...` line (also `.venv/bin/grpo ...`)."""
+    return [m.group(1) for line in fenced_lines(path)
+            if (m := re.match(r"\s*(?:\S*/)?grpo\s+(.*)", line))]
+
+
+def readme_commands(path: Path) -> list[list[str]]:
+    """Each fenced `grpo ...` line of a doc (comments and `[optional]` placeholders dropped),
+    as argv after `grpo`."""
     cmds = []
-    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            m = re.match(r"\s*(?:\S*/)?grpo\s+(.*)", line)
-            if m:
-                argv = shlex.split(re.sub(r"\[[^\]]*\]", " ", m.group(1)), comments=True)
-                cmds.append([a for a in argv if a != "|"])
+    for rest in grpo_lines(path):
+        argv = shlex.split(re.sub(r"\[[^\]]*\]", " ", rest), comments=True)
+        cmds.append([a for a in argv if a != "|"])
     return cmds
 
 
@@ -43,17 +54,33 @@ def config_and_sets(argv: list[str]) -> tuple[str, list[str]] | None:
     return (configs[0], sets) if configs else None
 
 
-EXAMPLES = [c for c in map(config_and_sets, readme_commands()) if c]
+EXAMPLES = [(doc.relative_to(ROOT).as_posix(), *c) for doc in DOCS
+            for c in map(config_and_sets, readme_commands(doc)) if c]
 
 
-def test_the_readme_has_the_gpu_examples():
+def test_the_docs_are_read():
+    names = {d.relative_to(ROOT).as_posix() for d in DOCS}
+    assert {"README.md", "docs/gpus.md", "docs/configs.md", "docs/benchmarks.md"} <= names
+
+
+def test_the_readme_keeps_the_three_commands():
+    """Setup, the main job and the tests, as .ci/run and a newcomer run them."""
+    lines = [line.split("#")[0].split() for line in fenced_lines(ROOT / "README.md")]
+    assert ["make", "setup"] in lines and ["make", "test"] in lines
+    assert [".venv/bin/grpo", "run"] in lines  # the main job: no config, both recipes
+
+
+def test_the_docs_have_the_gpu_examples():
     assert len(EXAMPLES) >= 6
     assert any("train.vllm_server_gpus=2" in sets and "train.num_processes=6" in sets
-               for _, sets in EXAMPLES)  # the 8-GPU server example
+               for _, _, sets in EXAMPLES)  # the 8-GPU server example (docs/gpus.md)
+    readme = {c for doc, c, _ in EXAMPLES if doc == "README.md"}
+    assert {"configs/quickstart.yaml", "configs/models/qwen2.5-math-1.5b.yaml"} <= readme
 
 
-@pytest.mark.parametrize("config,sets", EXAMPLES, ids=[" ".join([c, *s]) for c, s in EXAMPLES])
-def test_readme_command_passes_config_show(config, sets):
+@pytest.mark.parametrize("doc,config,sets", EXAMPLES,
+                         ids=[" ".join([d, c, *s]) for d, c, s in EXAMPLES])
+def test_readme_command_passes_config_show(doc, config, sets):
     argv = ["config", "show", str(ROOT / config)]
     for s in sets:
         argv += ["--set", s]
@@ -63,7 +90,7 @@ def test_readme_command_passes_config_show(config, sets):
 
 
 def test_the_8_gpu_examples_fit_8_gpus():
-    for _, sets in EXAMPLES:
+    for _, _, sets in EXAMPLES:
         if "infra/accelerate/multi_gpu.yaml" not in " ".join(sets):
             continue
         cfg = config_from_dict({}, sets)
