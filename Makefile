@@ -25,7 +25,7 @@ test-vllm:
 	.venv-vllm/bin/python -m pytest -q -m vllm
 
 test-all:
-	$(BIN)/python -m pytest -q -m "not gpu"
+	$(BIN)/python -m pytest -q -m "not gpu and not vllm"
 
 lint:
 	$(BIN)/ruff check grpo_core tasks flows tests bench

@@ -19,7 +19,7 @@ beyond it decode to nothing, which a memory measurement does not mind).
     .venv/bin/python bench/memory_plan.py [--steps 2] [--models proxy,mid,qwen05]
 
 Measured 2026-12-01 on 2 cores under load 5-13: the proxy 128 s, mid 437 s, the 0.5B
-model 864 s (it peaks near 11.3 GiB above idle: run nothing big beside it). The README
+model 864 s (it peaks near 11.3 GiB above idle: run nothing big beside it). docs/benchmarks.md
 holds the table; `--json rows.json` saves a run, `--rows rows.json` reprints it.
 """
 from __future__ import annotations

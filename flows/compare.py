@@ -219,6 +219,6 @@ def publish_comparison(cfg: PipelineConfig, report: dict, parent_runs: list[str]
 def _prefect_run() -> dict:
     """This flow run's id and UI address: None under the temporary local server (no
     PREFECT_API_URL), whose address dies with the run (serve the workspace's history on
-    its own address instead: README "The workspace's own Prefect history")."""
+    its own address instead: docs/prefect.md, "The workspace's own Prefect history")."""
     url = flow_run.ui_url if os.environ.get("PREFECT_API_URL") else None
     return {"id": str(flow_run.id), "url": url}

@@ -7,7 +7,7 @@ infra/compose.yaml requires (`make secrets`). Standard library only.
   variables it lacks are appended (names printed, never values). A stack that is already
   running keeps working: its databases hold the passwords they were created with.
 - Rotating a credential is a deliberate edit of that one line plus the steps in the
-  README's "Security" section, not a re-run of this script.
+  "Rotating credentials" of docs/security.md, not a re-run of this script.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def write_secrets(path: Path = ENV_FILE) -> list[str]:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 - any python3
     if not path.exists():
         lines = [f"# Credentials of infra/compose.yaml, written by `make secrets` on {stamp}.",
-                 "# Keep private: mode 600, never committed (.gitignore). Rotation: README, Security."]
+                 "# Keep private: mode 600, never committed (.gitignore). Rotation: docs/security.md."]
         lines += [f"{name}={make()}" for name, make in VARIABLES.items()]
         # O_EXCL: if something created the file meanwhile, fail rather than overwrite it.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -10,7 +10,7 @@
 # LOCK=locks/x.txt chooses another. The install is a sync: a package outside the lock is
 # removed, one at another version is replaced. uv (pinned in the lock) installs it, in
 # parallel; pip's constraint file and find-links stay in force. `make lock` refreshes the
-# locks (infra/lock.sh); README "Versions".
+# locks (infra/lock.sh); docs/versions.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -116,10 +116,10 @@ def test_boxed_end_is_found_with_a_later_brace() -> None:
     assert tag_score(text) == 0.75
 
 
-def test_strict_extraction_reads_the_first_block_as_the_readme_says() -> None:
-    """README and code agree: strict extraction reads the first complete <answer> block
-    (generation stops there), so a model echoing the template's example block is scored
-    on the echo, not rescued by a later block."""
+def test_strict_extraction_reads_the_first_block_as_the_docs_say() -> None:
+    """docs/evaluation.md and code agree: strict extraction reads the first complete
+    <answer> block (generation stops there), so a model echoing the template's example
+    block is scored on the echo, not rescued by a later block."""
     from pathlib import Path
 
     from grpo_core.verify.extraction import extract_answer
@@ -127,8 +127,8 @@ def test_strict_extraction_reads_the_first_block_as_the_readme_says() -> None:
     echo = "i.e. <think> reasoning process here </think> <answer> answer here </answer> 2+3=5 <answer>5</answer>"
     assert extract_answer(echo) == "answer here"
     assert accuracy([echo], answer=["5"]) == [0.0]
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    bullet = readme[readme.index("**Two extractions, both reported.**"):][:300]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    bullet = doc[doc.index("**Two extractions, both reported.**"):][:300]
     assert "*first*" in bullet and "last\n  `<answer>" not in bullet and "(the last" not in bullet
 
 

@@ -122,7 +122,7 @@ def test_project_venv_holds_exactly_the_machines_lock():
               (line.partition("==") for line in out.splitlines()
                if "==" in line and not line.startswith(("#", "-e")))}
     differ = {n: (v, frozen.get(n)) for n, v in lock.pins.items() if frozen.get(n) != v}
-    # Packages outside the lock are allowed here (`make setup` removes them; the README's
+    # Packages outside the lock are allowed here (`make setup` removes them; the docs'
     # optional installs, such as the ui extra or deepspeed, add some): named, not failed.
     extra = sorted(set(frozen) - set(lock.pins) - {"pip"})
     assert not differ, f"locked: installed vs locked: {differ} (also not locked: {extra})"

@@ -1,7 +1,7 @@
 """The pipeline's config: YAML validated by pydantic, one section per concern.
 
 - `grpo:` / `sft:` are TRL's own GRPOConfig / SFTConfig fields, by TRL's names, with the
-  pipeline's defaults layered on TRL's (trl_sections.py; the README's table says why);
+  pipeline's defaults layered on TRL's (trl_sections.py; docs/configs.md's table says why);
   any other field of the installed TRL class passes straight through.
 - What only the pipeline has lives in its own small sections (pipeline_only.py): rounds,
   algorithm, dynamic_sampling, in_round_eval, diagnosis, sft_stage.

@@ -1,7 +1,7 @@
 """The `grpo:` and `sft:` sections: TRL's own GRPOConfig / SFTConfig fields, by TRL's names.
 
 Declared below are only the pipeline's defaults where they differ from TRL's (the papers'
-choices; the README's table says why) and the fields the pipeline reads itself. Any other
+choices; docs/configs.md's table says why) and the fields the pipeline reads itself. Any other
 field of the installed TRL class may be set too; `check_trl_keys` holds each key against
 `dataclasses.fields` of that class at load time (an unknown key is a ConfigError naming
 it). What the pipeline sets itself (`PIPELINE_SET`) is refused, and the keys of the old

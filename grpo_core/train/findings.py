@@ -40,7 +40,7 @@ ACTIONS = {
     "kl_ceiling": "the round stopped at the last good checkpoint: lower grpo.learning_rate or "
                   "raise grpo.beta",
 }
-"""code -> the fix, one per rule (the README's "When things go wrong" lists the codes)."""
+"""code -> the fix, one per rule (docs/troubleshooting.md lists the codes)."""
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def pipeline_set(cfg: PipelineConfig, output_dir: str, report_to: list[str] | No
         # request alike (colocate samples each prompt's G copies with n=1: the whole group
         # would be one completion). The colocated engine gets project.seed through
         # grpo_core/train/vllm_engine.py; a `trl vllm-serve` server takes no seed (vLLM's
-        # default: README, "First GPU run").
+        # default: docs/gpus.md, "Seeds").
         "seed": cfg.project.seed,
         "data_seed": cfg.project.seed,
         **precision_flags(cfg),

@@ -10,7 +10,7 @@ Two extraction modes (`EXTRACTIONS`):
   completion), what follows it is a turn the model invented, never its answer. A model
   that echoes the template's example (`<answer> answer here </answer>`) and then answers
   is scored on the echo: reading the last block would let it try again after a first
-  block, and no stop rule would keep that text. The README says the same.
+  block, and no stop rule would keep that text. docs/evaluation.md says the same.
 - `flexible`: the chain the standard evaluators use (lm-evaluation-harness gsm8k
   flexible-extract, the Qwen2.5-Math and Minerva evaluators): the last `\\boxed{}`, else the
   first `<answer>` block, else the text after the last "the answer is" / "#### " / "A: " /
