@@ -124,7 +124,7 @@ def filter_cmd(
     levels: LEVELS = None,
 ) -> None:
     """Estimate each prompt's pass rate under the model and keep the in-band ones."""
-    from flows import prefill_sharded
+    from flows.prefill import prefill_sharded
     from grpo_core.data.adapters import SourceError, SourceUnreadable
     from grpo_core.data.records import stage_problems
     from grpo_core.data.store import StoreLockedError

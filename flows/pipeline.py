@@ -10,7 +10,8 @@ import subprocess
 import time
 from collections.abc import Iterator
 
-from flows import configure_prefect, prefill_sharded
+from flows import configure_prefect
+from flows.prefill import prefill_sharded
 from flows.stage_log import log_findings, pipeline_run_name, run_stage
 
 configure_prefect()  # before prefect is imported

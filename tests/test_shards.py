@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from flows import prefill_sharded
+from flows.prefill import prefill_sharded
 from grpo_core.config import ConfigError, PipelineConfig
 from grpo_core.data.db import PASS_RATE_SCHEMA
 from grpo_core.data.records import problem_key, read_pass_rates, write_pass_rates

@@ -115,7 +115,7 @@ def test_filter_and_eval_in_their_own_process_give_the_in_process_results(
     """Where a stage runs changes nothing it computes: the filter's stored estimates and an
     evaluation's records and metrics are those of the in-process stage; the process that
     computed them is logged, exited 0 and gone; this process stays the only DuckDB writer."""
-    from flows import prefill_sharded
+    from flows.prefill import prefill_sharded
     from grpo_core.data.records import read_pass_rates
     from grpo_core.data.store import Store
     from grpo_core.data.synthetic import generate_problems
