@@ -59,8 +59,10 @@ class Ctx:
     def step_logger(self, run: str):
         """The trainer callback that streams per-step metrics into `run`; closed (waiting
         for MLflow, else keeping the points locally) even when training raises."""
-        logger = tracking.StepLogger(run, workspace=self.ws.root,
-                                     close_timeout_s=self.cfg.tracking.flush_timeout_s)
+        from tasks.tracking.step_logger import StepLogger  # imports transformers
+
+        logger = StepLogger(run, workspace=self.ws.root,
+                            close_timeout_s=self.cfg.tracking.flush_timeout_s)
         try:
             yield logger
         finally:

@@ -418,6 +418,32 @@ def test_grpo_core_never_imports_prefect_mlflow_or_matplotlib():
     assert sorted(pkg for _, pkg in _external_imports(tree)) == ["matplotlib", "mlflow"]
 
 
+def _import_time_closure(module: str) -> set[str]:
+    """The project modules importing `module` imports, itself included."""
+    graph, seen, todo = _graph(), set(), [module]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += graph[m]
+    return seen
+
+
+def test_the_tracking_facade_does_not_import_transformers():
+    """tasks.tracking is imported by every flow and CLI command; transformers (tens of
+    seconds on a loaded machine) only where a trainer is built: tasks.tracking.step_logger,
+    imported from there, is not re-exported."""
+    closure = _import_time_closure("tasks.tracking")
+    assert "tasks.tracking.trainer_logging" in closure
+    assert "tasks.tracking.step_logger" not in closure
+    heavy = [f"{_where(m, node.lineno)}: imports {pkg}" for m in sorted(closure)
+             for node in _import_time_nodes(TREES[m].body)
+             for pkg in ([a.name.partition(".")[0] for a in node.names] if isinstance(node, ast.Import)
+                         else [(node.module or "").partition(".")[0]] if not node.level else [])
+             if pkg in ("transformers", "torch", "trl")]
+    assert not heavy, "\n".join(heavy)
+
+
 def test_ruff_is_clean_with_the_projects_rules():
     """The rule set is pyproject's [tool.ruff.lint]; ruff comes with the dev extra."""
     import shutil
