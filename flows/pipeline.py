@@ -123,7 +123,7 @@ def parent_run(cfg: PipelineConfig, ws: Workspace, log, progress: bool, *, confi
 
 
 def eval_scorer_for(cfg: PipelineConfig, ws: Workspace):
-    """stages.evaluate's `scorer`: with eval.shards > 1 workers score the problems and
+    """stages.evaluate_model's `scorer`: with eval.shards > 1 workers score the problems and
     this process aggregates and writes (one worker process under train.stage_process);
     otherwise None (scored in this process)."""
     from tasks.launch import own_process
@@ -158,16 +158,17 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     scorer = eval_scorer_for(cfg, ws)
     primary = cfg.eval.primary_metric
 
-    def evaluate(model: str, label: str, benchmarks: list[str]) -> dict:
-        return run_stage(log, label, "eval", stages.evaluate, ctx, model, label, benchmarks,
-                         scorer, primary=primary)
+    def eval_stage(model: str, label: str, benchmarks: list[str]) -> dict:
+        """The eval stage `label` of `model` (stages.evaluate_model), its start/end lines."""
+        return run_stage(log, label, "eval", stages.evaluate_model, ctx, model, label,
+                         benchmarks, scorer, primary=primary)
 
     data = run_stage(log, "data", "data", stages.ingest, ctx)
     findings: list[str] = contamination_findings(data.get("contamination") or {})
     for f in findings:
         log.warning(f)
     model = run_stage(log, "model", "model", stages.base_model, ctx)
-    base = evaluate(model, "eval/base", cfg.eval.benchmarks)
+    base = eval_stage(model, "eval/base", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/base", base)
     before = base
     evaluated = [("eval/base", base["benchmarks"], model)]  # for the stage attribution
@@ -176,7 +177,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, stage_data.pool_of(data))
         model = sft["model_dir"]
         findings += [f"sft: {f}" for f in sft.get("findings", [])]
-        before = evaluate(model, "eval/sft", primary_bench)
+        before = eval_stage(model, "eval/sft", primary_bench)
         evaluated.append(("eval/sft", before["benchmarks"], model))
 
     pool = stage_data.pool_of(data)  # the stored pool: stages read what they need of it
@@ -190,7 +191,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, model, pool, r)
         evidence_run = train.get("mlflow_run")
         model = train["model_dir"]
-        after = evaluate(model, f"eval/round-{r}", primary_bench)
+        after = eval_stage(model, f"eval/round-{r}", primary_bench)
         evaluated.append((f"eval/round-{r}", after["benchmarks"], model))
         findings += scorer_error_findings(f"eval/round-{r}", after)
         findings += health_gate(r, train, before, after, cfg.eval.primary_metric)
@@ -198,7 +199,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         pipeline_rss.append(rss_now_gb())
         tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1]}, step=r)
 
-    final = evaluate(model, "eval/final", cfg.eval.benchmarks)
+    final = eval_stage(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)
     evaluated.append(("eval/final", final["benchmarks"], model))
     report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws,

@@ -69,10 +69,10 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
         pool, note = filter_round(ctx, champion_dir, pool, 1, log)
         findings += [note] if note else []
     train = named(stages.grpo_round, "grpo/round-1")(ctx, champion_dir, pool, 1)
-    before = named(stages.evaluate, "eval/champion")(ctx, champion_dir, "eval/champion",
-                                                   cfg.eval.benchmarks, scorer)
-    after = named(stages.evaluate, "eval/final")(ctx, train["model_dir"], "eval/final",
-                                               cfg.eval.benchmarks, scorer)
+    before = named(stages.evaluate_model, "eval/champion")(ctx, champion_dir, "eval/champion",
+                                                         cfg.eval.benchmarks, scorer)
+    after = named(stages.evaluate_model, "eval/final")(ctx, train["model_dir"], "eval/final",
+                                                     cfg.eval.benchmarks, scorer)
     findings += health_gate(1, train, before, after, cfg.eval.primary_metric)
     # The champion's per-problem rows, scored under today's protocol, to pair with the
     # challenger's; a retrain has no base eval, so no final-vs-base deltas (base={}).

@@ -358,12 +358,14 @@ def launched_round(cfg: PipelineConfig, workspace: str, run_id: str, mlflow_run:
 
 
 @task(name="evaluate")
-def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
-             scorer=None) -> dict:
-    """`scorer`: scores the problems in workers (flows/shards.py eval_scorer, for
-    eval.shards > 1); None scores them here. The rows and metrics are the same."""
+def evaluate_model(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
+                   scorer=None) -> dict:
+    """The eval stage `label`: `model_path` on each of `benchmarks`
+    (grpo_core.eval.evaluation.evaluate_benchmark), cached by content. `scorer`: scores the
+    problems in workers (flows/shards.py eval_scorer, for eval.shards > 1); None scores
+    them here. The rows and metrics are the same."""
     from grpo_core.data.benchmarks import benchmark_problems, fingerprint
-    from grpo_core.eval.evaluation import evaluate as run_eval
+    from grpo_core.eval.evaluation import evaluate_benchmark
     from grpo_core.generation.sampling import build_backend
 
     with ctx.store() as store:
@@ -381,8 +383,9 @@ def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
             backend, tokenizer = build_backend(model_path, ctx.cfg, progress=ctx.progress)
         with ctx.store() as store:
             for bench in todo:
-                res = run_eval(model_path, bench, ctx.cfg, store=store, backend=backend,
-                               tokenizer=tokenizer, progress=ctx.progress, scorer=scorer)
+                res = evaluate_benchmark(model_path, bench, ctx.cfg, store=store, backend=backend,
+                                         tokenizer=tokenizer, progress=ctx.progress,
+                                         scorer=scorer)
                 out[bench] = {"metrics": res.metrics, "protocol_hash": res.protocol_hash,
                               "eval_run_id": res.run_id, "split": res.protocol["split"],
                               "problems_hash": res.protocol["problems_hash"]}
