@@ -4,7 +4,11 @@ Every task is keyed by content (tasks/stage_keys.py: config section, input model
 fingerprint, data; tasks.cache adds the code version and stores the results), so a re-run
 skips completed stages and a killed GRPO round resumes from its last checkpoint. The flow process is the single DuckDB writer:
 tasks run in it one after another and open the store only while they need it.
-Retries are set where a retry can help (ingest I/O, tracking calls), none on training.
+Prefect retries two tasks, where a retry can help: ingest (reading sources, twice) and
+base-model (a fetch or build, once); none on the filter, training or evaluation. Tracking
+calls are not retried by Prefect: the MLflow client retries a refused connection itself,
+and a round's metric points go through tasks.tracking.metric_shipper, which resends them
+(and keeps what is still unsent for the next run).
 """
 from __future__ import annotations
 
