@@ -70,7 +70,7 @@ def main() -> None:
     os.environ.setdefault("GRPO_TORCH_THREADS", "1")  # tiny model, busy cores: no spin-waits
 
     from grpo_core.config import generation_batch, load_config
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
     from grpo_core.eval.metrics import paired_bootstrap, paired_scores
     from grpo_core.modeling.loading import configure_threads, load_tokenizer, resolve_model_path
     from grpo_core.prompts import resolve_template
@@ -98,7 +98,7 @@ def main() -> None:
                                                   f"dynamic_sampling.enabled={arm == 'on'}"])
                 result, wall = timed(lambda: run_grpo_round(model, pool, cfg, Path(tmp, f"{seed}-{arm}"),
                                                             template))
-                ev = evaluate(result.output_dir, "synthetic", cfg, limit=a.eval_limit)
+                ev = evaluate_benchmark(result.output_dir, "synthetic", cfg, limit=a.eval_limit)
                 share, made = step_stats(result.history, cfg, arm == "on")
                 rows.append({"seed": seed, "arm": arm, "steps": result.steps, "share": share,
                              "made": made, "wall": wall, "train": result.train_seconds,

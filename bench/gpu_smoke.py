@@ -12,7 +12,7 @@ others' numbers; --in-process runs them in this process, as the pipeline does):
   vllm       (a) rollout.backend=vllm (VLLMBackend): engine start, generation tokens/s on the same
              prompts, the difficulty filter, eval of the base model, a stop-token text check
   grpo_vllm  (b) GRPO steps with grpo.use_vllm=true, grpo.vllm_mode=colocate (TRL's vLLM)
-  eval_vllm  (c) evaluate() with rollout.backend=vllm on (b)'s model (the base model if (b) failed)
+  eval_vllm  (c) evaluate_benchmark() with rollout.backend=vllm on (b)'s model (the base model if (b) failed)
   grpo_hf    the same GRPO steps with transformers generation: the baseline for (b)
 
 Checks: GRPO at lr 1e-6 must change the weights (fp32 master weights under bf16 autocast on a GPU:
@@ -73,7 +73,7 @@ DESCRIBE = {"pipeline": "two-round `grpo run`, GPU-shaped config on the proxy: p
             "hf": "hf backend: generation tokens/s, filter, base-model eval",
             "vllm": "(a) VLLMBackend: engine start, tokens/s, stop-token check, filter, eval",
             "grpo_vllm": "(b) GRPO steps with TRL's colocated vLLM",
-            "eval_vllm": "(c) evaluate() with rollout.backend=vllm on (b)'s model",
+            "eval_vllm": "(c) evaluate_benchmark() with rollout.backend=vllm on (b)'s model",
             "grpo_hf": "GRPO steps with transformers generation (baseline for (b))"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false",

@@ -90,9 +90,9 @@ def do_filter(backend, tok, cfg, s: dict, tag: str) -> dict:
 
 
 def do_eval(backend, tok, cfg, model_path: str) -> dict:
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
 
-    res = evaluate(model_path, "synthetic", cfg, backend=backend, tokenizer=tok)
+    res = evaluate_benchmark(model_path, "synthetic", cfg, backend=backend, tokenizer=tok)
     m = res.metrics
 
     def mean(key):

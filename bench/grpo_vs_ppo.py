@@ -180,7 +180,7 @@ def run_arm(a) -> dict:
     from trl import GRPOTrainer, RLOOTrainer  # noqa: F401 - (lazy otherwise)
 
     from grpo_core.data.synthetic import generate_problems
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
     from grpo_core.train import grpo, ppo, rloo, vhead  # noqa: F401
     from grpo_core.train.grpo import run_grpo_round
     from grpo_core.train.trainer import wrap_generate
@@ -218,7 +218,7 @@ def run_arm(a) -> dict:
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
         gc.collect()
-        ev = evaluate(result.output_dir, "synthetic", cfg, limit=a.eval_limit)
+        ev = evaluate_benchmark(result.output_dir, "synthetic", cfg, limit=a.eval_limit)
     hist = result.history
     rewards = [h["reward"] for h in hist if h.get("reward") is not None]
     completions = a.prompts * a.samples

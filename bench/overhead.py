@@ -33,7 +33,7 @@ def bare_trl(model: str, steps: int, out: str) -> dict:
     from grpo_core.modeling.loading import configure_threads
     from grpo_core.prompts import render_prompt
     from grpo_core.train.trl_args import checkpointing_field
-    from grpo_core.verify.rewards import accuracy, format, tag_count
+    from grpo_core.verify.rewards import registry_reward
 
     configure_threads()  # the same torch thread count as the pipeline's stages
     t_start = time.perf_counter()  # after imports: those are start-up cost on both sides
@@ -48,7 +48,8 @@ def bare_trl(model: str, steps: int, out: str) -> dict:
                       disable_tqdm=True, seed=0, **{checkpointing_field(): False},
                       reward_weights=[1.0, 1.0, 0.5])
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model),
-                          reward_funcs=[accuracy, format, tag_count], args=args, train_dataset=ds,
+                          reward_funcs=[registry_reward(n) for n in ("accuracy", "format", "tag_count")],
+                          args=args, train_dataset=ds,
                           processing_class=tok)
     metrics = trainer.train().metrics
     trainer.save_model(out + "/final")  # the pipeline keeps its model too

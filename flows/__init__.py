@@ -30,28 +30,3 @@ def configure_prefect(workdir: str | os.PathLike | None = None) -> None:
         os.makedirs(home, exist_ok=True)
         os.environ["PREFECT_HOME"] = home
 
-
-def prefill_sharded(cfg, model: str, problems, open_store, workdir: str | os.PathLike,
-                    evidence_run: str | None = None, progress: bool = False) -> list[str]:
-    """With filter.shards > 1 (or train.stage_process putting the filter in its own
-    process: one worker), workers estimate the missing pass rates and this process
-    stores them (one writer; flows/shards.py prefill_estimates): the ids stored now, for
-    the filter's `fresh`. Otherwise nothing to do: []. The one sharded prefill of `grpo
-    filter`, the pipeline and retraining.
-
-    `model`: a name or path (a built-in model is built here); `problems`: a function
-    returning them, called only when sharding (the pipeline reads them from the store);
-    `open_store`: opens the workspace store, closed while workers run. Raises
-    StoreLockedError when another process holds the workspace."""
-    from tasks.launch import own_process
-
-    if cfg.filter.shards <= 1 and not own_process(cfg):
-        return []
-    from grpo_core.modeling.loading import resolve_model_path
-    from grpo_core.workspace import Workspace
-
-    configure_prefect(cfg.project.workdir)  # Prefect's home in the workspace, before import
-    from flows.shards import prefill_estimates
-
-    path = resolve_model_path(model, Workspace.at(workdir).models, progress)
-    return prefill_estimates(cfg, path, problems(), open_store, workdir, evidence_run)

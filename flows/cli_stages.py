@@ -124,7 +124,7 @@ def filter_cmd(
     levels: LEVELS = None,
 ) -> None:
     """Estimate each prompt's pass rate under the model and keep the in-band ones."""
-    from flows import prefill_sharded
+    from flows.prefill import prefill_sharded
     from grpo_core.data.adapters import SourceError, SourceUnreadable
     from grpo_core.data.records import stage_problems
     from grpo_core.data.store import StoreLockedError
@@ -263,7 +263,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate a model: greedy accuracy, avg@k, maj@k, pass@k with bootstrap CIs."""
     from grpo_core.data.adapters import SourceError, SourceUnreadable
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
     from grpo_core.generation.sampling import build_backend
     from grpo_core.modeling.loading import resolve_model_path
     from grpo_core.workspace import Workspace
@@ -295,7 +295,7 @@ def eval_cmd(
               f"{str(exc).strip().splitlines()[0]}", 1)
     for bench in benchmark or cfg.eval.benchmarks:
         try:
-            results.append(evaluate(cfg.model.name_or_path, bench, cfg, backend=backend,
+            results.append(evaluate_benchmark(cfg.model.name_or_path, bench, cfg, backend=backend,
                                     tokenizer=tokenizer, progress=progress, scorer=scorer,
                                     open_store=lambda: _open_store(cfg, cfg.data.store_lock_timeout)))
         except SourceError as exc:

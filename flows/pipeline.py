@@ -1,7 +1,11 @@
 """The pipeline flow, read top to bottom:
 
     ingest -> [eval base] -> [SFT] -> for each round: (re-)filter -> GRPO round -> eval
-    -> health gate -> final eval -> register the model, promote it if it beats the champion
+    -> round gate -> final eval -> register the model, promote it if it beats the champion
+
+The round gate (grpo_core/eval/round_gate.py): a round whose evaluation falls below the
+previous one's CI is a finding, and with rounds.rollback_on_regression what follows starts
+from the best model evaluated so far.
 """
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import subprocess
 import time
 from collections.abc import Iterator
 
-from flows import configure_prefect, prefill_sharded
+from flows import configure_prefect
+from flows.prefill import prefill_sharded
 from flows.stage_log import log_findings, pipeline_run_name, run_stage
 
 configure_prefect()  # before prefect is imported
@@ -21,6 +26,7 @@ from prefect.runtime import flow_run
 from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
 from grpo_core.data.pool import PoolRef
+from grpo_core.eval.round_gate import Evaluated, gate_round
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.grpo import prompts_per_update
 from grpo_core.train.throughput import (
@@ -40,18 +46,6 @@ def git_commit() -> str:
                               text=True, timeout=5, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def health_gate(round_no: int, train: dict, before: dict, after: dict, primary: str) -> list[str]:
-    """Findings worth a human's look; training goes on from the last good model."""
-    findings = list(train.get("findings", []))
-    for bench, res in after["benchmarks"].items():
-        now = res["metrics"].get(primary) or {}
-        was = (before["benchmarks"].get(bench) or {}).get("metrics", {}).get(primary) or {}
-        if now.get("mean") is not None and was.get("hi") is not None and now["mean"] < was.get("lo", 0):
-            findings.append(f"round {round_no}: {bench} {primary} fell below the previous CI "
-                            f"({now['mean']:.3f} < {was['lo']:.3f})")
-    return findings
 
 
 def contamination_findings(contamination: dict) -> list[str]:
@@ -127,7 +121,7 @@ def parent_run(cfg: PipelineConfig, ws: Workspace, log, progress: bool, *, confi
 
 
 def eval_scorer_for(cfg: PipelineConfig, ws: Workspace):
-    """stages.evaluate's `scorer`: with eval.shards > 1 workers score the problems and
+    """stages.evaluate_model's `scorer`: with eval.shards > 1 workers score the problems and
     this process aggregates and writes (one worker process under train.stage_process);
     otherwise None (scored in this process)."""
     from tasks.launch import own_process
@@ -162,9 +156,10 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     scorer = eval_scorer_for(cfg, ws)
     primary = cfg.eval.primary_metric
 
-    def evaluate(model: str, label: str, benchmarks: list[str]) -> dict:
-        return run_stage(log, label, "eval", stages.evaluate, ctx, model, label, benchmarks,
-                         scorer, primary=primary)
+    def eval_stage(model: str, label: str, benchmarks: list[str]) -> dict:
+        """The eval stage `label` of `model` (stages.evaluate_model), its start/end lines."""
+        return run_stage(log, label, "eval", stages.evaluate_model, ctx, model, label,
+                         benchmarks, scorer, primary=primary)
 
     # what this process runs beside the stages (e.g. Prefect's temporary server): step 0
     tracking.log_metrics(parent, {PIPELINE_CHILDREN_METRIC: child_processes()}, step=0)
@@ -173,39 +168,49 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     for f in findings:
         log.warning(f)
     model = run_stage(log, "model", "model", stages.base_model, ctx)
-    base = evaluate(model, "eval/base", cfg.eval.benchmarks)
+    base = eval_stage(model, "eval/base", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/base", base)
-    before = base
-    evaluated = [("eval/base", base["benchmarks"], model)]  # for the stage attribution
+    start = Evaluated("eval/base", base["benchmarks"], model)  # what the next round trains
+    evaluated = [start]  # the trained model's lineage, for the stage attribution
 
     if cfg.sft_stage.enabled:
         sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, stage_data.pool_of(data))
-        model = sft["model_dir"]
         findings += [f"sft: {f}" for f in sft.get("findings", [])]
-        before = evaluate(model, "eval/sft", primary_bench)
-        evaluated.append(("eval/sft", before["benchmarks"], model))
+        sft_eval = eval_stage(sft["model_dir"], "eval/sft", primary_bench)
+        start = Evaluated("eval/sft", sft_eval["benchmarks"], sft["model_dir"])
+        evaluated.append(start)
 
+    best = start  # the best model evaluated so far: where a regressed round rolls back to
     pool = stage_data.pool_of(data)  # the stored pool: stages read what they need of it
     pipeline_rss = []  # this process's RSS after each round (its eval included)
     evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
     for r in range(1, cfg.rounds.count + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
-            pool, note = filter_round(ctx, model, stage_data.pool_of(data), r, log, evidence_run)
+            pool, note = filter_round(ctx, start.model, stage_data.pool_of(data), r, log,
+                                      evidence_run)
             if note:
                 findings.append(note)
-        train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, model, pool, r)
+        train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, start.model,
+                          pool, r)
         evidence_run = train.get("mlflow_run")
-        model = train["model_dir"]
-        after = evaluate(model, f"eval/round-{r}", primary_bench)
-        evaluated.append((f"eval/round-{r}", after["benchmarks"], model))
-        findings += scorer_error_findings(f"eval/round-{r}", after)
-        findings += health_gate(r, train, before, after, cfg.eval.primary_metric)
-        before = after
+        label = f"eval/round-{r}"
+        after = eval_stage(train["model_dir"], label, primary_bench)
+        findings += scorer_error_findings(label, after)
+        findings += train.get("findings", [])
+        gate = gate_round(r, start, best, Evaluated(label, after["benchmarks"], train["model_dir"]),
+                          primary, cfg.rounds.rollback_on_regression)
+        findings += gate.findings
+        if gate.rolled_back:
+            evidence_run = None  # its rollouts are the regressed model's, not the next start's
+        else:
+            evaluated.append(gate.start)
+        start, best = gate.start, gate.best
         pipeline_rss.append(rss_now_gb())
         tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1],
                                       PIPELINE_CHILDREN_METRIC: child_processes()}, step=r)
 
-    final = evaluate(model, "eval/final", cfg.eval.benchmarks)
+    model = start.model
+    final = eval_stage(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)
     evaluated.append(("eval/final", final["benchmarks"], model))
     report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws,

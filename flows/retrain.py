@@ -6,7 +6,9 @@ recorded on the retrain run (report/retrain_decision.json).
 
 It shares the pipeline's steps (flows/pipeline.py): the store's pipeline lock, the parent
 run (unsent metrics replayed, FAILED on an exception), the round's filter and choice of
-training prompts, sharded filtering and evaluation, the health gate."""
+training prompts, sharded filtering and evaluation. Of the round gate only the finding:
+with one round, the promotion rule decides (a challenger below the champion is not
+promoted), so rounds.rollback_on_regression has nothing to roll back to."""
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
@@ -14,12 +16,12 @@ from prefect import flow, get_run_logger
 from flows.pipeline import (  # first: it configures prefect before import
     eval_scorer_for,
     filter_round,
-    health_gate,
     parent_run,
 )
 from flows.stage_log import named, retrain_run_name
 from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
+from grpo_core.eval.round_gate import regressions
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
@@ -69,11 +71,12 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
         pool, note = filter_round(ctx, champion_dir, pool, 1, log)
         findings += [note] if note else []
     train = named(stages.grpo_round, "grpo/round-1")(ctx, champion_dir, pool, 1)
-    before = named(stages.evaluate, "eval/champion")(ctx, champion_dir, "eval/champion",
-                                                   cfg.eval.benchmarks, scorer)
-    after = named(stages.evaluate, "eval/final")(ctx, train["model_dir"], "eval/final",
-                                               cfg.eval.benchmarks, scorer)
-    findings += health_gate(1, train, before, after, cfg.eval.primary_metric)
+    before = named(stages.evaluate_model, "eval/champion")(ctx, champion_dir, "eval/champion",
+                                                         cfg.eval.benchmarks, scorer)
+    after = named(stages.evaluate_model, "eval/final")(ctx, train["model_dir"], "eval/final",
+                                                     cfg.eval.benchmarks, scorer)
+    findings += train.get("findings", [])
+    findings += regressions(1, before["benchmarks"], after["benchmarks"], cfg.eval.primary_metric)
     # The champion's per-problem rows, scored under today's protocol, to pair with the
     # challenger's; a retrain has no base eval, so no final-vs-base deltas (base={}).
     bench = cfg.eval.benchmarks[0]

@@ -14,7 +14,7 @@ Resumable: the shard files live in <workdir>/shards/filter-<work key> (grpo_core
 sample reuses the shards that finished and samples only the others; the folder is removed
 once its rows are stored.
 
-Evaluation (eval.shards > 1): `eval_scorer(workdir)` is evaluation.evaluate's `scorer`.
+Evaluation (eval.shards > 1): `eval_scorer(workdir)` is evaluation.evaluate_benchmark's `scorer`.
 The `sharded-eval` flow scores contiguous shards of a benchmark's problems in workers
 (`eval-shard` tasks, one Parquet file of per-problem records each); the calling process
 concatenates them in order, aggregates the metrics and writes the run in one transaction,
@@ -318,5 +318,5 @@ def score_sharded(cfg: PipelineConfig, model_path: str, template: str,
 
 
 def eval_scorer(workdir: str | Path) -> Callable[..., list[dict]]:
-    """evaluation.evaluate's (and tasks.stages.evaluate's) `scorer` for eval.shards > 1."""
+    """evaluation.evaluate_benchmark's (and tasks.stages.evaluate_model's) `scorer` for eval.shards > 1."""
     return functools.partial(score_sharded, workdir=str(workdir))

@@ -318,10 +318,11 @@ def _rank_main(spec_path: str) -> None:
     logger = None
     if rank0 and spec.get("mlflow_run"):
         from tasks import tracking
+        from tasks.tracking.step_logger import StepLogger
 
         tracking.connect(spec["tracking_uri"], check=False)
-        logger = tracking.StepLogger(spec["mlflow_run"], workspace=spec["workspace"],
-                                     close_timeout_s=cfg.tracking.flush_timeout_s)
+        logger = StepLogger(spec["mlflow_run"], workspace=spec["workspace"],
+                            close_timeout_s=cfg.tracking.flush_timeout_s)
     callbacks = [logger] if logger else []
     try:
         if spec["stage"] == "grpo":

@@ -26,19 +26,19 @@ def pool_of(data: dict) -> PoolRef:
     return PoolRef(data["pool"], data["pool_size"])
 
 
-def pool_problems(ctx, selection: PoolRef | list[str], limit: int | None = None,
-                  keep=None) -> list[Problem]:
+def open_and_query(ctx, selection: PoolRef | list[str], limit: int | None = None,
+                   keep=None) -> list[Problem]:
     """The problems of `selection` (a stored pool's first `limit` that `keep` accepts, or
-    these ids), read from the store of `ctx` (tasks.stages.Ctx) by query
-    (grpo_core.data.pool.pool_problems)."""
-    from grpo_core.data.pool import pool_problems as read
+    these ids): opens the store of `ctx` (tasks.stages.Ctx) for the read and queries it
+    (grpo_core.data.pool.query_problems)."""
+    from grpo_core.data.pool import query_problems
 
     with ctx.store() as store:
-        return read(store, selection, limit, keep)
+        return query_problems(store, selection, limit, keep)
 
 
 def stage_reads(cfg, stage: str) -> tuple[int | None, object]:
-    """(limit, keep) of grpo_core.data.pool.pool_problems for `stage` ("filter", "grpo",
+    """(limit, keep) of grpo_core.data.pool.query_problems for `stage` ("filter", "grpo",
     "sft") handed a whole pool: the bounds of the table above, one place for the pipeline
     and for `grpo sft` / `grpo train`."""
     if stage == "filter":
@@ -59,8 +59,8 @@ def stage_problems(ctx, stage: str, selection: PoolRef | list[str]) -> list[Prob
     (the filter's choice) whole (run_filter subsamples it, run_sft keeps those with a
     solution)."""
     if not isinstance(selection, PoolRef):
-        return pool_problems(ctx, selection)
-    return pool_problems(ctx, selection, *stage_reads(ctx.cfg, stage))
+        return open_and_query(ctx, selection)
+    return open_and_query(ctx, selection, *stage_reads(ctx.cfg, stage))
 
 
 def filter_candidates(ctx, selection: PoolRef | list[str]) -> list[Problem]:
@@ -80,5 +80,5 @@ def stage_input(ctx, stage: str, selection: PoolRef | list[str]
         limit, keep = stage_reads(ctx.cfg, stage)
         read = functools.cache(lambda: stage_problems(ctx, stage, selection))
         return f"pool {selection.pool}: first {limit} {getattr(keep, '__name__', 'rows')}", read
-    problems = pool_problems(ctx, selection)
+    problems = open_and_query(ctx, selection)
     return problems_fingerprint(problems), lambda: problems

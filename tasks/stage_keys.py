@@ -14,9 +14,9 @@ from tasks.cache import stage_key
 
 # Left out on purpose: where or how visibly work runs (filter.shards/shard_runner,
 # eval.shards, ports, timeouts, save cadence), what only later decisions read
-# (eval.primary_metric, filter.enabled, filter.refilter_each_round, rounds.count), MLflow
-# settings (`tracking`), progress bars, the diagnosis thresholds (`diagnosis`:
-# `grpo diagnose --run` re-reads a cached round).
+# (eval.primary_metric, filter.enabled, filter.refilter_each_round, rounds.count,
+# rounds.rollback_on_regression), MLflow settings (`tracking`), progress bars, the
+# diagnosis thresholds (`diagnosis`: `grpo diagnose --run` re-reads a cached round).
 
 
 def _sampling_model(cfg: PipelineConfig) -> dict:
@@ -145,8 +145,9 @@ def grpo_key(cfg: PipelineConfig, model_fp: str, problems_fp: str, round_no: int
             "vllm_server_timeout", "disable_tqdm"}
     grpo = cfg.grpo.model_dump(mode="json", exclude=skip)
     # a run-long KL schedule's beta depends on the round count; a per-round one does not
-    rounds = cfg.rounds.model_dump(mode="json", exclude={"count"}
-                                   if cfg.rounds.kl_schedule.per == "round" else set())
+    later = {"rollback_on_regression"}  # decided after the round, from its evaluation
+    rounds = cfg.rounds.model_dump(mode="json", exclude=later | {"count"}
+                                   if cfg.rounds.kl_schedule.per == "round" else later)
     in_round = cfg.in_round_eval.model_dump(mode="json")
     if cfg.in_round_eval.every:  # the in-round eval picks the round's model with eval's length limit
         in_round["eval_max_new_tokens"] = cfg.eval.max_new_tokens

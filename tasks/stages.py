@@ -4,7 +4,11 @@ Every task is keyed by content (tasks/stage_keys.py: config section, input model
 fingerprint, data; tasks.cache adds the code version and stores the results), so a re-run
 skips completed stages and a killed GRPO round resumes from its last checkpoint. The flow process is the single DuckDB writer:
 tasks run in it one after another and open the store only while they need it.
-Retries are set where a retry can help (ingest I/O, tracking calls), none on training.
+Prefect retries two tasks, where a retry can help: ingest (reading sources, twice) and
+base-model (a fetch or build, once); none on the filter, training or evaluation. Tracking
+calls are not retried by Prefect: the MLflow client retries a refused connection itself,
+and a round's metric points go through tasks.tracking.metric_shipper, which resends them
+(and keeps what is still unsent for the next run).
 """
 from __future__ import annotations
 
@@ -59,8 +63,10 @@ class Ctx:
     def step_logger(self, run: str):
         """The trainer callback that streams per-step metrics into `run`; closed (waiting
         for MLflow, else keeping the points locally) even when training raises."""
-        logger = tracking.StepLogger(run, workspace=self.ws.root,
-                                     close_timeout_s=self.cfg.tracking.flush_timeout_s)
+        from tasks.tracking.step_logger import StepLogger  # imports transformers
+
+        logger = StepLogger(run, workspace=self.ws.root,
+                            close_timeout_s=self.cfg.tracking.flush_timeout_s)
         try:
             yield logger
         finally:
@@ -356,12 +362,14 @@ def launched_round(cfg: PipelineConfig, workspace: str, run_id: str, mlflow_run:
 
 
 @task(name="evaluate")
-def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
-             scorer=None) -> dict:
-    """`scorer`: scores the problems in workers (flows/shards.py eval_scorer, for
-    eval.shards > 1); None scores them here. The rows and metrics are the same."""
+def evaluate_model(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
+                   scorer=None) -> dict:
+    """The eval stage `label`: `model_path` on each of `benchmarks`
+    (grpo_core.eval.evaluation.evaluate_benchmark), cached by content. `scorer`: scores the
+    problems in workers (flows/shards.py eval_scorer, for eval.shards > 1); None scores
+    them here. The rows and metrics are the same."""
     from grpo_core.data.benchmarks import benchmark_problems, fingerprint
-    from grpo_core.eval.evaluation import evaluate as run_eval
+    from grpo_core.eval.evaluation import evaluate_benchmark
     from grpo_core.generation.sampling import build_backend
 
     with ctx.store() as store:
@@ -379,8 +387,9 @@ def evaluate(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
             backend, tokenizer = build_backend(model_path, ctx.cfg, progress=ctx.progress)
         with ctx.store() as store:
             for bench in todo:
-                res = run_eval(model_path, bench, ctx.cfg, store=store, backend=backend,
-                               tokenizer=tokenizer, progress=ctx.progress, scorer=scorer)
+                res = evaluate_benchmark(model_path, bench, ctx.cfg, store=store, backend=backend,
+                                         tokenizer=tokenizer, progress=ctx.progress,
+                                         scorer=scorer)
                 out[bench] = {"metrics": res.metrics, "protocol_hash": res.protocol_hash,
                               "eval_run_id": res.run_id, "split": res.protocol["split"],
                               "problems_hash": res.protocol["problems_hash"]}

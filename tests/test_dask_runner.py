@@ -88,10 +88,10 @@ def test_sharded_eval_on_an_existing_dask_cluster_gives_the_unsharded_records(
         shard_flows, tiny_model_path, tmp_path, monkeypatch):
     import distributed
 
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
 
     with Store.open(tmp_path / "one.duckdb") as store:
-        one = evaluate(tiny_model_path, "synthetic", _eval_cfg(1, tmp_path), store=store,
+        one = evaluate_benchmark(tiny_model_path, "synthetic", _eval_cfg(1, tmp_path), store=store,
                        limit=8)
     assert len(one.per_problem) == 8
 

@@ -11,7 +11,7 @@ import pytest
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.adapters import resolve_source
-from grpo_core.data.pool import PoolRef, build_pool, pool_problems, training_sets
+from grpo_core.data.pool import PoolRef, build_pool, query_problems, training_sets
 from grpo_core.data.store import Store
 from tasks import stage_data
 from tasks.stage_keys import problems_fingerprint
@@ -45,15 +45,15 @@ def test_pool_is_stored_once_seeded_and_stratified(tmp_path):
         ref = build_pool(cfg, store, sets)
         assert ref.size == 3500 and build_pool(cfg, store, sets) == ref  # same content, same id
         assert store.con.execute("SELECT count(*) FROM pool_rows").fetchone()[0] == 3500
-        head = pool_problems(store, ref, 70)
+        head = query_problems(store, ref, 70)
         # a prefix is stratified: sources 3000:500 -> 60:10, each level of a equally
         assert Counter(p.source for p in head) == {"a": 60, "b": 10}
         assert set(Counter(p.level for p in head if p.source == "a").values()) == {12}
-        assert [p.id for p in pool_problems(store, ref, 70)] == [p.id for p in head]
+        assert [p.id for p in query_problems(store, ref, 70)] == [p.id for p in head]
         other = build_pool(_cfg("a", "b", seed=1), store, sets)
         assert other.pool != ref.pool and other.size == ref.size  # the seed draws other rows
         ids = [p.id for p in head[::-1]][:5] + ["nope/train/1"]
-        assert [p.id for p in pool_problems(store, ids)] == ids[:5]
+        assert [p.id for p in query_problems(store, ids)] == ids[:5]
 
 
 # What each stage reads of a whole pool: filter.max_problems 64, a GRPO round's budget
@@ -103,7 +103,7 @@ def test_no_stage_reads_more_of_the_pool_as_it_grows(tmp_path):
             sizes[stage, n] = len(problems)
         if n == 50_000:  # the check can fail: the whole pool costs far more
             tracemalloc.start()
-            stage_data.pool_problems(ctx, ref)
+            stage_data.open_and_query(ctx, ref)
             whole = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
     print(" | ".join(f"{s}: {peaks[s, 500] / 1024:.0f} -> {peaks[s, 50_000] / 1024:.0f} KiB"
@@ -156,11 +156,11 @@ def test_sft_reads_the_first_rows_with_a_solution(tmp_path):
     with Store.open(tmp_path / "s.duckdb") as store:
         _fill(store, "big", 10_000)
         ref = build_pool(_cfg("big"), store, [("big", "train", None)])
-        order = pool_problems(store, ref)
+        order = query_problems(store, ref)
         want = [p.id for p in order if p.solution][:5000]  # a block of 5000 holds 3750
-        got = pool_problems(store, ref, 5000, keep=has_trace)
+        got = query_problems(store, ref, 5000, keep=has_trace)
         assert [p.id for p in got] == want
-        assert len(pool_problems(store, ref, 20_000, keep=has_trace)) == 7500  # all there are
+        assert len(query_problems(store, ref, 20_000, keep=has_trace)) == 7500  # all there are
     small = PipelineConfig.model_validate({"sft": {"max_steps": 3, "per_device_train_batch_size": 4}})
     assert sft_problem_budget(small) == 12  # 3 steps x 4
     assert sft_problem_budget(small.model_copy(update={"sft_stage": small.sft_stage.model_copy(
@@ -236,7 +236,7 @@ def test_decontamination_flags_planted_rows_at_100k(tmp_path):
         flagged = {r[0] for r in store.con.execute(
             "SELECT id FROM problems WHERE contaminated").fetchall()}
         ref = build_pool(_cfg(str(train)), store, training_sets(_cfg(str(train)), [report]))
-        pool_ids = {p.id for p in pool_problems(store, ref)}
+        pool_ids = {p.id for p in query_problems(store, ref)}
     assert flagged == set(planted), sorted(flagged ^ set(planted))[:5]
     assert report.contaminated == 50 and report.ingested == 100_000
     assert ref.size == 100_000 - 50 and not pool_ids & flagged

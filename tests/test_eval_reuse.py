@@ -26,16 +26,16 @@ def test_final_eval_reads_back_the_benchmark_the_round_scored(tracked_config, sh
     generated = []  # the benchmarks the evaluation generated for
     from grpo_core.eval import evaluation
 
-    real = evaluation.evaluate
+    real = evaluation.evaluate_benchmark
 
     def counting(model_path, bench, *a, **kw):
         generated.append(bench)
         return real(model_path, bench, *a, **kw)
 
-    monkeypatch.setattr(evaluation, "evaluate", counting)
-    round_ = stages.evaluate.fn(ctx, model, "eval/round-1", ["synthetic"])
+    monkeypatch.setattr(evaluation, "evaluate_benchmark", counting)
+    round_ = stages.evaluate_model.fn(ctx, model, "eval/round-1", ["synthetic"])
     assert generated == ["synthetic"]
-    final = stages.evaluate.fn(ctx, model, "eval/final", ["synthetic", "gsm8k"])
+    final = stages.evaluate_model.fn(ctx, model, "eval/final", ["synthetic", "gsm8k"])
     assert generated == ["synthetic", "gsm8k"]  # gsm8k only: synthetic read back
     assert final["cached"] is False and list(final["benchmarks"]) == ["synthetic", "gsm8k"]
     assert final["benchmarks"]["synthetic"] == round_["benchmarks"]["synthetic"]
@@ -47,5 +47,5 @@ def test_final_eval_reads_back_the_benchmark_the_round_scored(tracked_config, sh
 
     # Another protocol (more new tokens) is another evaluation: nothing is read back.
     cfg.eval.max_new_tokens = 5
-    stages.evaluate.fn(ctx, model, "eval/final", ["synthetic", "gsm8k"])
+    stages.evaluate_model.fn(ctx, model, "eval/final", ["synthetic", "gsm8k"])
     assert generated[2:] == ["synthetic", "gsm8k"]

@@ -16,7 +16,7 @@ from grpo_core.data.store import Store
 from grpo_core.data.synthetic import generate_problems
 from grpo_core.eval.evaluation import (
     benchmark_problems,
-    evaluate,
+    evaluate_benchmark,
     protocol_for,
     protocol_hash,
     score,
@@ -72,7 +72,7 @@ def _cfg(**eval_kw) -> PipelineConfig:
 
 def _fake_eval(cfg, store=None, limit=10):
     problems = generate_problems("eval", limit, seed=0)
-    return evaluate("fake-model", "synthetic", cfg, store=store, limit=limit,
+    return evaluate_benchmark("fake-model", "synthetic", cfg, store=store, limit=limit,
                     backend=FakeBackend(problems), tokenizer=None)
 
 
@@ -143,14 +143,14 @@ def test_real_model_eval_shape(tiny_model_path, tmp_path):
     cfg = _cfg(samples=2, max_new_tokens=8, bootstrap=20)
     cfg.project.workdir = str(tmp_path)
     cfg.rollout.backend = "hf"
-    result = evaluate(tiny_model_path, "synthetic", cfg, limit=4)
+    result = evaluate_benchmark(tiny_model_path, "synthetic", cfg, limit=4)
     m = result.metrics
     for name in ("greedy_accuracy", "avg@2", "maj@1", "maj@2", "pass@1", "pass@2",
                  "format_adherence", "truncation_rate", "by_level"):
         assert m.get(name) is not None, name
     assert len(result.per_problem) == 4 and result.protocol["n_problems"] == 4
     assert result.protocol["template"] == "r1_zero" and result.model_fingerprint
-    again = evaluate(tiny_model_path, "synthetic", cfg, limit=4)
+    again = evaluate_benchmark(tiny_model_path, "synthetic", cfg, limit=4)
     assert [r["sample_completions"] for r in again.per_problem] == \
         [r["sample_completions"] for r in result.per_problem]  # seeded per problem
 
@@ -276,7 +276,7 @@ def test_both_extractions_reported_and_stored(tmp_path):
     problems = generate_problems("eval", 6, seed=0)
     cfg = _cfg()
     with Store.open(tmp_path / "s.duckdb") as store:
-        result = evaluate("fake-model", "synthetic", cfg, store=store, limit=6,
+        result = evaluate_benchmark("fake-model", "synthetic", cfg, store=store, limit=6,
                           backend=PlainBackend(problems), tokenizer=None)
         rows = read_eval_results(store, run_id=result.run_id)
     m = result.metrics
@@ -306,7 +306,7 @@ def test_planted_scorer_exception_is_counted_not_wrong(monkeypatch):
 
     monkeypatch.setattr("grpo_core.eval.evaluation.check", planted)
     greedy_only = _cfg(samples=1)
-    m = evaluate("fake-model", "synthetic", greedy_only, limit=10,
+    m = evaluate_benchmark("fake-model", "synthetic", greedy_only, limit=10,
                  backend=PlainBackend(problems), tokenizer=None).metrics
     # Strict extraction finds no answer in "#### n" (nothing to score); flexible does, and
     # its scoring of the victim raised: counted, not wrong. Samples ("The answer is n.")

@@ -13,7 +13,7 @@ from grpo_core.verify.format_rules import (
     tag_score,
     template_placeholders,
 )
-from grpo_core.verify.rewards import accuracy, format, tag_count
+from grpo_core.verify.rewards import accuracy, format_reward, tag_count
 
 R1_PROMPT = R1_ZERO_TEMPLATE.format(problem="What is 2 + 3?")
 CHAT_PROMPT = "<|im_start|>system\n...<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
@@ -43,7 +43,7 @@ R1_GAMING = [
 @pytest.mark.parametrize(("completion", "tags"), R1_GAMING)
 def test_template_text_is_not_paid_under_r1_zero(completion: str, tags: float) -> None:
     prompts = [R1_PROMPT]
-    assert format([completion], prompts=prompts) == [-0.5]
+    assert format_reward([completion], prompts=prompts) == [-0.5]
     assert not is_well_formatted(completion, True)
     assert tag_count([completion], prompts=prompts) == [tags]
     assert accuracy([completion], answer=["5"]) == [0.0]
@@ -54,7 +54,7 @@ def test_reasoning_placeholder_is_not_paid_but_empty_reasoning_is_r1s_format() -
     template's placeholder words as the reasoning are not paid."""
     empty, copied = " </think> <answer> 5 </answer>", "reasoning process here </think> <answer> 5 </answer>"
     assert tag_count([empty, copied], prompts=[R1_PROMPT] * 2) == [1.0, 0.75]
-    assert format([empty, copied], prompts=[R1_PROMPT] * 2) == [0.5, -0.5]
+    assert format_reward([empty, copied], prompts=[R1_PROMPT] * 2) == [0.5, -0.5]
     assert accuracy([empty, copied], answer=["5", "5"]) == [1.0, 1.0]
 
 
@@ -64,7 +64,7 @@ def test_placeholder_answer_earns_no_tag_credit() -> None:
     real = "2 plus 3 is 5 </think> <answer> 5 </answer>"
     gamed = "2 plus 3 is 5 </think> <answer> here </answer>"
     assert tag_count([real, gamed], prompt_ends_with_think=True) == [1.0, 0.5]
-    assert format([real, gamed], prompt_ends_with_think=True) == [0.5, -0.5]
+    assert format_reward([real, gamed], prompt_ends_with_think=True) == [0.5, -0.5]
     assert accuracy([real, gamed], answer=["5", "5"]) == [1.0, 0.0]
     # the chat system prompt's own example answer is template text for the format rewards
     assert tag_score("<think>6 times 7</think><answer> 42 </answer>") == 0.5
@@ -91,7 +91,7 @@ def test_chat_completions_get_a_graded_format_reward(text: str, score: float) ->
     nothing after it) is scored in quarters, where the tag checks gave every such
     completion the same 0."""
     assert tag_count([text], prompts=[CHAT_PROMPT]) == [score]
-    assert format([text], prompts=[CHAT_PROMPT]) == [0.5 if score == 1.0 else -0.5]
+    assert format_reward([text], prompts=[CHAT_PROMPT]) == [0.5 if score == 1.0 else -0.5]
 
 
 def test_chat_rewards_vary_within_a_group() -> None:
@@ -106,7 +106,7 @@ def test_chat_rewards_vary_within_a_group() -> None:
 def test_chat_completion_with_think_tags_uses_the_tagged_shape() -> None:
     good = "<think>2 plus 3 is 5</think><answer>5</answer>"
     assert tag_count([good], prompts=[CHAT_PROMPT]) == [1.0]
-    assert format([good], prompts=[CHAT_PROMPT]) == [0.5]
+    assert format_reward([good], prompts=[CHAT_PROMPT]) == [0.5]
     assert tag_count(["<think>here</think><answer>here</answer>"], prompts=[CHAT_PROMPT]) == [0.0]
 
 

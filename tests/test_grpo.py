@@ -142,12 +142,12 @@ def test_bad_reward_stops_round_and_keeps_good_checkpoint(bad, tiny_random_model
     calls = {"n": 0}
     real = rewards.REWARDS["format"]
 
-    def format(completions, **kw):  # turns bad at the third step's scoring
+    def turns_bad(completions, **kw):  # registered as "format"; turns bad at the third step's scoring
         calls["n"] += 1
         out = real(completions, **kw)
         return [bad] * len(out) if calls["n"] >= 3 else out
 
-    monkeypatch.setitem(rewards.REWARDS, "format", format)
+    monkeypatch.setitem(rewards.REWARDS, "format", turns_bad)
     out = tmp_path / "diverge"
     problems = generate_problems("train", 8, levels=[1])
     result = run_grpo_round(tiny_random_model, problems, _cfg(max_steps=5), out, "r1_zero")

@@ -4,6 +4,10 @@
   result depend on which module is imported first (a partly initialised module, or
   imports moved to the end of a file to dodge that). Imports inside functions run later
   and are no edge; `if TYPE_CHECKING:` blocks never run and are no edge either.
+- No cycle among the modules of one folder (a package's __init__ and its modules), late
+  imports included: an import moved into a function dodges the import-time cycle, not the
+  tangle (the two modules still need each other; the piece both use belongs in one of
+  them, or in a small module of its own).
 - No module imports a private (`_name`) name from another project module, wherever the
   import sits: what another module uses is public and named so.
 - grpo_core's subpackages are layered (grpo_core.LAYERS, read from grpo_core/__init__.py
@@ -185,6 +189,39 @@ def _path_in(graph: dict[str, set[str]], comp: list[str]) -> list[str]:
     return [*comp, start]
 
 
+def _imports_that_run(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run, at import time or later (inside functions):
+    all of them but those of `if TYPE_CHECKING:` blocks."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+            continue
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from _imports_that_run(node.orelse)
+            continue
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.stmt):
+                yield from _imports_that_run([child])
+            elif isinstance(child, (ast.ExceptHandler, ast.match_case)):
+                yield from _imports_that_run(child.body)
+
+
+def _folder(module: str) -> str:
+    """The folder a module sits in, as a package name (a package's __init__: its own)."""
+    return module if _is_package(module) else module.rpartition(".")[0]
+
+
+def _folder_graph(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Imports between modules of one folder, wherever the import sits."""
+    graph: dict[str, set[str]] = {name: set() for name in trees}
+    for name, tree in trees.items():
+        for node in _imports_that_run(tree.body):
+            for target, _ in _targets(name, node):
+                if target != name and _folder(target) == _folder(name):
+                    graph[name].add(target)
+    return graph
+
+
 def _private_imports() -> list[tuple[str, int, str, str]]:
     """(importing module, line, source module, name) of every private name imported from
     another project module, at module level or inside functions."""
@@ -222,10 +259,36 @@ def test_graph_sees_submodule_and_relative_imports():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
 
+def test_folder_graph_sees_late_imports_and_skips_type_checking():
+    """The shape the circles adapters <-> hub and fetch <-> loading had: one side's import
+    at module level, the other's inside a function."""
+    trees = {"grpo_core.data.hub": ast.parse("from grpo_core.data.adapters import Adapter\n"),
+             "grpo_core.data.adapters": ast.parse(
+                 "def resolve():\n    try:\n        from grpo_core.data.hub import hub_adapter\n"
+                 "    except ImportError:\n        pass\n"
+                 "if TYPE_CHECKING:\n    from grpo_core.data import store\n"
+                 "import grpo_core.modeling.loading\n"),  # another folder: no edge here
+             "grpo_core.data.store": ast.parse("")}
+    graph = _folder_graph(trees)
+    assert graph == {"grpo_core.data.hub": {"grpo_core.data.adapters"},
+                     "grpo_core.data.adapters": {"grpo_core.data.hub"}, "grpo_core.data.store": set()}
+    assert _cycles(graph) == [["grpo_core.data.adapters", "grpo_core.data.hub",
+                               "grpo_core.data.adapters"]]
+    assert _folder("flows") == "flows" and _folder("flows.shards") == "flows"
+    assert _folder("grpo_core.data") == "grpo_core.data" != _folder("grpo_core.config.sections")
+
+
 @pytest.mark.parametrize("pkg", PACKAGES)
 def test_no_import_cycle(pkg):
     cycles = [c for c in _cycles(_graph()) if any(_in_package(m, pkg) for m in c)]
     assert not cycles, "module-level import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_no_import_cycle_within_a_folder_late_imports_included(pkg):
+    cycles = [c for c in _cycles(_folder_graph(TREES)) if _in_package(c[0], pkg)]
+    assert not cycles, ("modules of one folder that import each other (an import inside a "
+                        "function counts):\n" + "\n".join(" -> ".join(c) for c in cycles))
 
 
 @pytest.mark.parametrize("pkg", PACKAGES)
@@ -353,6 +416,32 @@ def test_grpo_core_never_imports_prefect_mlflow_or_matplotlib():
     assert not bad, "grpo_core is the pure library:\n" + "\n".join(bad)
     tree = ast.parse("def f():\n    from matplotlib.figure import Figure\nimport mlflow.tracking\n")
     assert sorted(pkg for _, pkg in _external_imports(tree)) == ["matplotlib", "mlflow"]
+
+
+def _import_time_closure(module: str) -> set[str]:
+    """The project modules importing `module` imports, itself included."""
+    graph, seen, todo = _graph(), set(), [module]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += graph[m]
+    return seen
+
+
+def test_the_tracking_facade_does_not_import_transformers():
+    """tasks.tracking is imported by every flow and CLI command; transformers (tens of
+    seconds on a loaded machine) only where a trainer is built: tasks.tracking.step_logger,
+    imported from there, is not re-exported."""
+    closure = _import_time_closure("tasks.tracking")
+    assert "tasks.tracking.trainer_logging" in closure
+    assert "tasks.tracking.step_logger" not in closure
+    heavy = [f"{_where(m, node.lineno)}: imports {pkg}" for m in sorted(closure)
+             for node in _import_time_nodes(TREES[m].body)
+             for pkg in ([a.name.partition(".")[0] for a in node.names] if isinstance(node, ast.Import)
+                         else [(node.module or "").partition(".")[0]] if not node.level else [])
+             if pkg in ("transformers", "torch", "trl")]
+    assert not heavy, "\n".join(heavy)
 
 
 def test_ruff_is_clean_with_the_projects_rules():

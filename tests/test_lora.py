@@ -263,12 +263,12 @@ def test_round_stopped_early_hands_on_its_last_good_checkpoint_merged(proxy_mode
     calls = {"n": 0}
     real = rewards.REWARDS["format"]
 
-    def format(completions, **kw):  # NaN from the third step's scoring on
+    def turns_bad(completions, **kw):  # registered as "format"; NaN from the third step's scoring on
         calls["n"] += 1
         out = real(completions, **kw)
         return [float("nan")] * len(out) if calls["n"] >= 3 else out
 
-    monkeypatch.setitem(rewards.REWARDS, "format", format)
+    monkeypatch.setitem(rewards.REWARDS, "format", turns_bad)
     out = tmp_path / "diverge"
     result = run_grpo_round(proxy_model_path, generate_problems("train", 8, levels=[1]),
                             _cfg(max_steps=5), out, "chat")

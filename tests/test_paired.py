@@ -69,7 +69,7 @@ def _records(correct_counts: list[int]) -> list[dict]:
 
 def _evaluate(wd: Path, model: Path, counts: list[int], run_id: str, protocol: str = "P") -> dict:
     """Store one eval run of `model` (as grpo_core.eval.evaluation does) and return the stage
-    result stages.evaluate would hand on for it."""
+    result stages.evaluate_model would hand on for it."""
     records = _records(counts)
     metrics = summarise(records)
     with Store.open(Workspace(wd).db_path) as store:

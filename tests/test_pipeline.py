@@ -116,3 +116,34 @@ def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
         assert con.execute("SELECT count(*) FROM rollouts").fetchone()[0] == rollouts  # nothing re-ran
     print(f"first run {first_s:.1f} s, cached re-run {second_s:.1f} s ({second_s / first_s:.0%})")
     assert second_s < first_s
+
+
+def test_a_regressed_round_rolls_back_to_the_best_model(tmp_path):
+    """The round gate (rounds.rollback_on_regression, on by default) in a real two-round run
+    of the built-in model: a learning rate that wrecks it (0.05, three steps) leaves 0 greedy
+    accuracy, below the base's CI, so each round rolls back. Round 2 trains from the base:
+    its finding compares it with the base's CI (round 1's is [0, 0], nothing falls below
+    it); the final evaluation is the base's (served from its cache) and so is the model
+    registered."""
+    workdir = tmp_path / "ws"
+    cfg = _config(tmp_path, "builtin:tiny-arith",
+                  data={"train": [{"source": "synthetic:arith", "limit": 64, "levels": [1, 2]}]},
+                  filter={"enabled": False},
+                  grpo={"max_steps": 3, "save_steps": 100, "per_device_train_batch_size": 16,
+                        "num_generations": 4, "max_completion_length": 24, "learning_rate": 0.05},
+                  rewards={"funcs": ["repetition"], "weights": [1.0]},  # varies in every group
+                  eval={"benchmarks": ["synthetic"], "limit": 100, "samples": 2,
+                        "max_new_tokens": 24, "bootstrap": 200})
+    run = subprocess.run([GRPO, "run", str(cfg), "--quiet"], env=_env(workdir), cwd=ROOT,
+                         capture_output=True, text=True, timeout=1500, check=False)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    base_lo = re.search(r"eval/base: computed in [0-9.]+ s: synthetic greedy_accuracy "
+                        r"[0-9.]+ \[([0-9.]+),", log).group(1)
+    assert float(base_lo) > 0
+    falls = set(re.findall(r"round (\d): synthetic greedy_accuracy fell below the previous CI "
+                           r"\(([0-9.]+) < ([0-9.]+)\); rolled back: what follows starts from "
+                           r"eval/base's model", log))
+    assert {(r, lo) for r, _, lo in falls} == {("1", base_lo), ("2", base_lo)}, log[-3000:]
+    assert re.search(r"eval/final: cached in [0-9.]+ s", log), log[-3000:]
+    assert re.search(r"^model: .*grpo_core/builtin_models/tiny-arith$", run.stdout, re.M), run.stdout

@@ -154,11 +154,11 @@ def test_gsm8k_eval_20_on_grpo_output(grpo_round, smollm2_path, cfg):
     """Evaluates the round's saved folder: proves it reloads with tokenizer + template."""
     from transformers import AutoTokenizer
 
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
 
     result, _, _ = grpo_round
     t0 = time.perf_counter()
-    ev = evaluate(result.output_dir, "gsm8k", cfg, limit=EVAL_N)
+    ev = evaluate_benchmark(result.output_dir, "gsm8k", cfg, limit=EVAL_N)
     _report(f"GSM8K eval ({EVAL_N} problems, greedy + 1 sample, 64 new tokens)",
             time.perf_counter() - t0)
 

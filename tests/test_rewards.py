@@ -11,11 +11,12 @@ from grpo_core.verify.rewards import (
     accuracy,
     build_reward_funcs,
     completion_text,
-    format,
+    format_reward,
     is_well_formatted,
     length,
     length_penalty,
     reasoning_keywords,
+    registry_reward,
     repetition,
     scorer_error_counts,
     tag_count,
@@ -29,11 +30,16 @@ def conv(text: str) -> list[dict]:
 
 
 def test_registry_names_are_metric_keys() -> None:
+    """TRL logs rewards/<__name__>/mean: each function the trainer gets is named after its
+    registry name, whatever the Python function is called (format's is format_reward)."""
     assert {"accuracy", "format", "tag_count", "length", "reasoning_keywords", "repetition"} <= set(
         REWARDS
     )
-    for name, fn in REWARDS.items():
-        assert fn.__name__ == name
+    assert REWARDS["format"] is format_reward
+    funcs, _ = build_reward_funcs(RewardsConfig(funcs=sorted(REWARDS)))
+    assert [f.__name__ for f in funcs] == sorted(REWARDS)
+    assert registry_reward("format").__name__ == "format"
+    assert registry_reward("accuracy") is accuracy  # nothing to fix, nothing to rename
 
 
 def test_completion_text_shapes() -> None:
@@ -103,7 +109,7 @@ def test_reward_bug_is_counted_under_its_name(no_errors, monkeypatch) -> None:
 
     monkeypatch.setattr(R, "is_well_formatted", broken)
     monkeypatch.setattr(R, "extract_answer", broken)
-    assert format([GOOD, GOOD]) == [-0.5, -0.5]  # its neutral value, but counted
+    assert format_reward([GOOD, GOOD]) == [-0.5, -0.5]  # its neutral value, but counted
     assert accuracy([GOOD], answer=["4"]) == [None]
     assert scorer_error_counts() == {"reward/format": 2, "reward/accuracy": 1}
 
@@ -134,12 +140,12 @@ def test_is_well_formatted(text: str, after_think: bool, ok: bool) -> None:
 
 
 def test_format_reward_values_and_prompt_inference() -> None:
-    assert format([GOOD, "nope"]) == [0.5, -0.5]
-    assert format([GOOD], format_reward=1.0) == [1.0]
+    assert format_reward([GOOD, "nope"]) == [0.5, -0.5]
+    assert format_reward([GOOD], value=1.0) == [1.0]
     body = "x</think><answer>4</answer>"
-    assert format([body, body], prompts=["Q: ... Assistant: <think>", "Q: plain"]) == [0.5, -0.5]
-    assert format([conv(body)], prompts=[[{"role": "user", "content": "Q <think>"}]]) == [0.5]
-    assert format([body], prompt_ends_with_think=True) == [0.5]
+    assert format_reward([body, body], prompts=["Q: ... Assistant: <think>", "Q: plain"]) == [0.5, -0.5]
+    assert format_reward([conv(body)], prompts=[[{"role": "user", "content": "Q <think>"}]]) == [0.5]
+    assert format_reward([body], prompt_ends_with_think=True) == [0.5]
 
 
 def test_tag_count_partial_credit() -> None:
@@ -206,7 +212,7 @@ def test_rewards_return_one_value_per_completion(name: str) -> None:
 
 def test_rewards_tolerate_short_kwarg_lists() -> None:
     assert accuracy([GOOD, GOOD], answer=["4"]) == [1.0, None]
-    assert format([GOOD, GOOD], prompts=["p"]) == [0.5, 0.5]
+    assert format_reward([GOOD, GOOD], prompts=["p"]) == [0.5, 0.5]
 
 
 # --- config binding ------------------------------------------------------------------------

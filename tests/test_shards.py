@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from flows import prefill_sharded
+from flows.prefill import prefill_sharded
 from grpo_core.config import ConfigError, PipelineConfig
 from grpo_core.data.db import PASS_RATE_SCHEMA
 from grpo_core.data.records import problem_key, read_pass_rates, write_pass_rates
@@ -353,12 +353,12 @@ def _eval_in_a_flow(shard_flows, model: str, cfg, db, ws, limit: int):
     """As in the pipeline: the sharded eval flow runs from inside the evaluate task of a flow."""
     from prefect import flow, task
 
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
 
     @task(name="evaluate")
     def eval_task():
         with Store.open(db) as store:
-            return evaluate(model, "synthetic", cfg, store=store, limit=limit,
+            return evaluate_benchmark(model, "synthetic", cfg, store=store, limit=limit,
                             scorer=shard_flows.eval_scorer(ws))
 
     @flow(name="pipeline-like")
@@ -377,10 +377,10 @@ def _exact(value) -> str:
 def test_sharded_eval_gives_the_unsharded_records_and_metrics(shard_flows, tiny_model_path,
                                                               tmp_path):
     from grpo_core.data.records import read_eval_results, read_eval_runs
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
 
     with Store.open(tmp_path / "one.duckdb") as store:
-        one = evaluate(tiny_model_path, "synthetic", _eval_cfg(1, tmp_path), store=store,
+        one = evaluate_benchmark(tiny_model_path, "synthetic", _eval_cfg(1, tmp_path), store=store,
                        limit=12)
     assert len(one.per_problem) == 12
     # Not a vacuous comparison: every problem's sampled completions are its own.

@@ -115,12 +115,12 @@ def test_filter_and_eval_in_their_own_process_give_the_in_process_results(
     """Where a stage runs changes nothing it computes: the filter's stored estimates and an
     evaluation's records and metrics are those of the in-process stage; the process that
     computed them is logged, exited 0 and gone; this process stays the only DuckDB writer."""
-    from flows import prefill_sharded
+    from flows.prefill import prefill_sharded
     from grpo_core.data.records import read_pass_rates
     from grpo_core.data.store import Store
     from grpo_core.data.synthetic import generate_problems
     from grpo_core.eval.difficulty import run_filter
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
 
     problems = generate_problems("train", 6, seed=5)
     rows = lambda store: [{k: v for k, v in r.items() if k != "created_at"}
@@ -132,14 +132,14 @@ def test_filter_and_eval_in_their_own_process_give_the_in_process_results(
     with Store.open(tmp_path / "one.duckdb") as store:
         one = run_filter(tiny_model_path, problems, here, store=store)
         expected = rows(store)
-        ev_one = evaluate(tiny_model_path, "synthetic", ev_here, store=store, limit=6)
+        ev_one = evaluate_benchmark(tiny_model_path, "synthetic", ev_here, store=store, limit=6)
     db = tmp_path / "two.duckdb"
     fresh = prefill_sharded(own, tiny_model_path, lambda: problems, lambda: Store.open(db), ws)
     assert len(fresh) == 6
     with Store.open(db) as store:
         two = run_filter(tiny_model_path, problems, own, store=store, fresh=fresh)
         assert rows(store) == expected
-        ev_two = evaluate(tiny_model_path, "synthetic", ev_own, store=store, limit=6,
+        ev_two = evaluate_benchmark(tiny_model_path, "synthetic", ev_own, store=store, limit=6,
                           scorer=shard_flows.eval_scorer(ws))
     assert two.counts == one.counts and two.estimated == 6
     assert ev_two.per_problem == ev_one.per_problem and ev_two.metrics == ev_one.metrics

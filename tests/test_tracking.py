@@ -20,6 +20,8 @@ from mlflow_server import MlflowServer
 
 from grpo_core.config import PipelineConfig
 from tasks import tracking as T
+from tasks.tracking.step_logger import StepLogger
+from tasks.tracking.trainer_logging import RUN_SUMMARY
 
 SECRET = "sekrit-7f3a9"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -460,18 +462,18 @@ def test_step_logger(store):
     c = T.get_client()
 
     ours = T.child_run(parent, "sft")
-    _tiny_trainer(wd / "t1", [], [T.StepLogger(ours, flush_every_s=60)]).train()
+    _tiny_trainer(wd / "t1", [], [StepLogger(ours, flush_every_s=60)]).train()
     steps = sorted(m.step for m in c.get_metric_history(ours, "loss"))
     assert steps == [1, 2, 3, 4]  # flushed at train end although the interval is 60 s
     # the trainer's one-value summary: tags of the run (4 digits), not one-dot charts
     run = c.get_run(ours)
-    assert not T.trainer_logging.RUN_SUMMARY & set(run.data.metrics), sorted(run.data.metrics)
+    assert not RUN_SUMMARY & set(run.data.metrics), sorted(run.data.metrics)
     assert float(run.data.tags["trainer.train_loss"]) > 0 and "trainer.train_runtime" in run.data.tags
     # a GRPO round's three telling curves also under the prefix MLflow's run page sorts first
     from types import SimpleNamespace
 
     grpo = T.child_run(parent, "grpo/round-1")
-    logger = T.StepLogger(grpo, flush_every_s=60)
+    logger = StepLogger(grpo, flush_every_s=60)
     state = SimpleNamespace(is_world_process_zero=True, global_step=1)
     logger.on_log(SimpleNamespace(num_iterations=1, num_generations=8), state, None,
                   logs={"reward": 0.5, "rewards/accuracy/mean": 0.25, "completions/mean_length": 20.0,
@@ -516,7 +518,7 @@ def test_reward_scorer_errors_reach_the_round_run(store, monkeypatch):
                 monkeypatch.setattr(answers, "_verify_uncached", real)
                 assert got == [None, 1.0]
 
-    logger = T.StepLogger(run, flush_every_s=60)
+    logger = StepLogger(run, flush_every_s=60)
     _tiny_trainer(wd / "t3", [], [OneBadReward(), logger]).train()
     history = T.get_client().get_metric_history(run, "scorer_errors/accuracy")
     # 1 error from step 2 on; before it 0 (or no point, when no reward error happened yet

@@ -6,7 +6,7 @@
 
 Run with `pytest -m slow tests/test_training_slow.py` (GRPO_TORCH_THREADS=1 on a shared
 machine). Held-out accuracy is measured on the synthetic eval problems (200; 1200 for
-the small gain from SFT) by grpo_core.eval.evaluation.evaluate: greedy accuracy and avg@8
+the small gain from SFT) by grpo_core.eval.evaluation.evaluate_benchmark: greedy accuracy and avg@8
 (pass@1 over 8 samples at T=0.6, top_p=0.95, the R1 convention). An improvement is a paired bootstrap 95% CI of the
 per-problem gain that lies above 0; every assertion message carries the numbers.
 """
@@ -78,11 +78,11 @@ def _sample(path: str, prompts: list[str], n: int, temperature: float):
 
 def held_out_eval(path: str, n: int = EVAL_N) -> dict:
     """Greedy and avg@8 on the synthetic eval split, with per-problem scores for pairing."""
-    from grpo_core.eval.evaluation import evaluate
+    from grpo_core.eval.evaluation import evaluate_benchmark
 
     cfg = _cfg()
     cfg.eval.limit = n
-    res = evaluate(path, "synthetic", cfg, limit=n)
+    res = evaluate_benchmark(path, "synthetic", cfg, limit=n)
     m = res.metrics
     return {
         "greedy": [float(r["greedy_correct"]) for r in res.per_problem],

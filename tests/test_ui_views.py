@@ -15,7 +15,7 @@ import pytest
 from mlflow_server import MlflowServer
 
 from tasks.tracking import headline
-from tasks.tracking.trainer_logging import chart_copies
+from tasks.tracking.trainer_logging import HEADLINE_CURVES, chart_copies
 
 JS = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
 # The runs page's saved-view parser (module "experiment-page saved views" in 3.17's bundle)
@@ -119,8 +119,10 @@ def test_round_charts_readable_loss_and_headline_copies():
     assert out["loss_x1e6"] == pytest.approx(0.025)
     assert out["0 headline/reward"] == 0.3
     assert out["0 headline/accuracy_in_round_eval"] == 0.25
-    # sorted on the run page right after the training accuracy
-    assert sorted(["0 headline/accuracy_in_round_eval", "0 headline/accuracy",
-                   "0 headline/mean_length"])[1] == "0 headline/accuracy_in_round_eval"
+    # The run page sorts chart keys: every headline copy before every key it copies, and
+    # the in-round eval's accuracy right after the training accuracy.
+    order = sorted([*HEADLINE_CURVES.values(), *HEADLINE_CURVES])
+    assert order[:len(HEADLINE_CURVES)] == sorted(HEADLINE_CURVES.values())
+    assert order.index("0 headline/accuracy_in_round_eval") == order.index("0 headline/accuracy") + 1
     assert "kl" not in out
     assert "loss_x1e6" not in chart_copies({"loss": 2.3}, grpo=False)  # SFT's loss reads as is

@@ -32,6 +32,12 @@ class RoundsConfig(Section):
     engine steps inside backward."""
     kl_ceiling: float | None = Field(default=None, gt=0)
     """Stop the round when KL exceeds this (divergence guard)."""
+    rollback_on_regression: bool = True
+    """When a round's evaluation falls below the lower bound of the CI of the evaluation it
+    started from (eval.primary_metric, on the first benchmark), the next round, the final
+    evaluation and the registered model start from the best model evaluated so far (a
+    finding says so; grpo_core/eval/round_gate.py). false: the finding only, and training
+    goes on from the round's model. Retraining (one round) leaves it to the promotion rule."""
 
 
 class AlgorithmConfig(Section):

@@ -30,7 +30,7 @@ EVAL_SPLIT_NAMES = ("test", "eval")  # the splits a user's own benchmark may liv
 # The evaluation split of each preset (adapters.PRESETS names the same datasets).
 PRESET_EVAL_SPLIT = {"gsm8k": "test", "math": "test", "math500": "test", "aime24": "test",
                      "aime25": "test", "amc23": "test"}
-# A preset's split when none is named (mirrors adapters.Preset.default_split).
+# A preset's split when none is named (mirrors source.Preset.default_split).
 PRESET_DEFAULT_SPLIT = {"gsm8k": "train", "math": "train", "math500": "test",
                         "aime24": "test", "aime25": "test", "amc23": "test"}
 

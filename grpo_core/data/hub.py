@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from grpo_core.data.adapters import (
+from grpo_core.data.source import (
     AUTO_COLUMNS,
     Adapter,
     Preset,

@@ -1,7 +1,7 @@
 """The training pool of a config: its `data.train` sources ingested (idempotently) into
 the store, then selected once, in SQL, without contaminated rows, shuffled and limited with
 the seed, and stored as a table under its content fingerprint (build_pool). After ingest
-the store is the pool: stages read the prefix or the ids they need (pool_problems) and
+the store is the pool: stages read the prefix or the ids they need (query_problems) and
 never resolve a source again, so no stage but ingest costs more as the pool grows.
 
 Every evaluation set of `eval.benchmarks` is ingested first (role eval), so each run's
@@ -103,7 +103,7 @@ def build_pool(cfg: PipelineConfig, store: Store,
     fingerprint: per source, the stored rows (contaminated ones left out when
     data.decontaminate) in a seeded order, cut at the source's limit; then ordered so
     that every prefix is a sample stratified by (source, split, level) in proportion.
-    Stages read prefixes of it (pool_problems) and never re-read the sources."""
+    Stages read prefixes of it (query_problems) and never re-read the sources."""
     con = store.con
     want = pa.table({"source": [s for s, _, _ in sets], "split": [sp for _, sp, _ in sets],
                      "lim": pa.array([lim for _, _, lim in sets], pa.int64())})
@@ -147,7 +147,7 @@ _PROBLEM_FIELDS = ("id", "source", "split", "problem", "answer", "solution", "le
                    "subject", "fingerprint")
 
 
-def pool_problems(store: Store, selection: PoolRef | list[str], limit: int | None = None,
+def query_problems(store: Store, selection: PoolRef | list[str], limit: int | None = None,
                   keep: Callable[[Problem], bool] | None = None) -> list[Problem]:
     """The problems of `selection`, read from the store: a pool's first `limit` rows in its
     stratified order (a seeded sample, all of them when limit is None), or the problems
@@ -205,5 +205,5 @@ def training_pool(cfg: PipelineConfig, store: Store, reports: list[IngestReport]
                   limit: int | None = None,
                   keep: Callable[[Problem], bool] | None = None) -> list[Problem]:
     """The pool of the ingested `reports`, its first `limit` rows that `keep` accepts
-    (`grpo train`/`grpo sft`: what the stage's steps can draw; pool_problems)."""
-    return pool_problems(store, build_pool(cfg, store, training_sets(cfg, reports)), limit, keep)
+    (`grpo train`/`grpo sft`: what the stage's steps can draw; query_problems)."""
+    return query_problems(store, build_pool(cfg, store, training_sets(cfg, reports)), limit, keep)

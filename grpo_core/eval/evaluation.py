@@ -1,6 +1,6 @@
 """Evaluation: greedy accuracy and k sampled answers per problem, scored under a protocol.
 
-    result = evaluate("builtin:tiny-arith", "synthetic", cfg, store=store, limit=100)
+    result = evaluate_benchmark("builtin:tiny-arith", "synthetic", cfg, store=store, limit=100)
     result.metrics["greedy_accuracy"]  # {"mean", "lo", "hi", "n"}; avg@k, maj@k, pass@k, ...
 
 Benchmarks (grpo_core/data/benchmarks.py): always the evaluation split -- gsm8k test, math500,
@@ -19,8 +19,8 @@ benchmark, split, fingerprint of the exact problem list) is hashed: numbers are 
 With a store, the per-problem rows and the run's metrics are written under that hash.
 
 Two parts: `score_problems` (sampling + verification, per problem: shardable, as
-eval.shards > 1 does in worker processes) and the aggregation in `evaluate` (metrics with
-bootstrap CIs over all records, then one write).
+eval.shards > 1 does in worker processes) and the aggregation in `evaluate_benchmark`
+(metrics with bootstrap CIs over all records, then one write).
 """
 from __future__ import annotations
 
@@ -262,10 +262,10 @@ def _briefly(store, open_store: Callable[[], Any] | None) -> Iterator[Any]:
         yield opened
 
 
-def evaluate(model_path: str, benchmark: str, cfg, store=None, limit: int | None = None,
-             backend=None, tokenizer=None, progress: bool = False,
-             scorer: Callable[..., list[dict]] | None = None,
-             open_store: Callable[[], Any] | None = None) -> EvalResult:
+def evaluate_benchmark(model_path: str, benchmark: str, cfg, store=None,
+                       limit: int | None = None, backend=None, tokenizer=None,
+                       progress: bool = False, scorer: Callable[..., list[dict]] | None = None,
+                       open_store: Callable[[], Any] | None = None) -> EvalResult:
     """Evaluate one model on one benchmark under cfg.eval; write rows when `store` is given.
 
     `open_store` (instead of `store`): a function opening the store, for a caller that

@@ -182,7 +182,7 @@ def gguf_to_hf(gguf_dir: str | Path, gguf_file: str, out_dir: str | Path) -> Pat
     place that reads a GGUF itself (to save it unchanged); the pipeline loads the folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_core.modeling.loading import configure_threads
+    from grpo_core.modeling.threads import configure_threads
 
     configure_threads()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)

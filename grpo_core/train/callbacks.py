@@ -1,6 +1,6 @@
 """The GRPO round's TrainerCallbacks. transformers hands a callback the model, not the
 trainer: run_grpo_round builds these before the trainer (their order in the Trainer's
-list is the order they run in) and `bind`s them to it once it exists."""
+list is the order they run in) and binds them to it once it exists (attach_trainer)."""
 from __future__ import annotations
 
 import json
@@ -25,7 +25,8 @@ class BoundCallback(TrainerCallback):
         self.trainer = trainer
 
 
-def bind(callbacks: list, trainer) -> None:
+def attach_trainer(callbacks: list, trainer) -> None:
+    """Bind `trainer` to each of `callbacks` that acts on it (a BoundCallback)."""
     for cb in callbacks:
         if isinstance(cb, BoundCallback):
             cb.bind(trainer)

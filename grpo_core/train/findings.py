@@ -76,7 +76,7 @@ def step_ranges(steps: Sequence[int]) -> str:
 
 def severity_of(line: str) -> str:
     """The severity a finding line states (`Finding.line`: "code [info] ..."); a line of
-    another stage (contamination, health gate, an in-round note) is a warn."""
+    another stage (contamination, the round gate, an in-round note) is a warn."""
     m = re.search(r"\[(" + "|".join(SEVERITIES) + r")\]", line)
     return m.group(1) if m else "warn"
 

@@ -166,7 +166,7 @@ def run_grpo_round(
     from grpo_core.modeling.loading import configure_threads, load_tokenizer
     from grpo_core.modeling.memory_plan import logprob_tile
     from grpo_core.train.algorithms import ALGORITHMS
-    from grpo_core.train.callbacks import bind, round_callbacks
+    from grpo_core.train.callbacks import attach_trainer, round_callbacks
     from grpo_core.train.dynamic_sampling import dynamic_sampler
     from grpo_core.train.trainer import set_logprob_tile
     from grpo_core.train.trainer_setup import quiet_trainer, stop_at_text
@@ -207,7 +207,7 @@ def run_grpo_round(
             callbacks=callbacks,
             **lora.trainer_kwargs(cfg),  # model.peft: TRL wraps the model in LoRA adapters
         )
-    bind(callbacks, trainer)
+    attach_trainer(callbacks, trainer)
     quiet_trainer(trainer)
     trainer.rollout_sink = _watch_patterns(trainer, rollout_sink, cfg, result)
     trainer.stop_strings = stops

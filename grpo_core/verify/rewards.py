@@ -4,8 +4,11 @@
 
 A completion is a string or a conversational list `[{"role": "assistant", "content": ...}]`.
 TRL passes the dataset's columns as kwargs lists aligned with `completions` (`answer`),
-plus `prompts` and `completion_ids`. Each reward is a named `def`: TRL logs it as
-`rewards/<name>/mean`. No reward raises: a completion that breaks a rule scores 0.0.
+plus `prompts` and `completion_ids`. TRL logs a reward function as
+`rewards/<its __name__>/mean`: `build_reward_funcs` names each one after its registry name
+(REWARDS), so the metric keys are the names configs use (`format`, whose function is
+`format_reward`: `format` is a builtin). No reward raises: a completion that breaks a rule
+scores 0.0.
 accuracy is None ("not scored": TRL leaves it out of the mean) when the gold is unreadable
 or when the scorer itself failed. A reward's own exception is never silent: it is logged
 and counted (grpo_core.verify.answers.SCORER_ERRORS, label `reward/<name>`; read them with
@@ -133,13 +136,13 @@ def accuracy(completions: list, answer: list | None = None, **kwargs: Any) -> li
 # --- format and tags ---------------------------------------------------------------------
 
 
-def format(
+def format_reward(
     completions: list,
-    format_reward: float = 0.5,
+    value: float = 0.5,
     prompt_ends_with_think: bool | None = None,
     **kwargs: Any,
 ) -> list[float]:
-    """+format_reward for a well-formatted completion, -format_reward otherwise: the R1
+    """+value (rewards.format_reward) for a well-formatted completion, -value otherwise: the R1
     format `<think>...</think><answer>...</answer>` when the prompt opened <think> or the
     completion writes a think tag; for a chat completion in plain text, reasoning then
     the final answer in an <answer> block or a \\boxed{} that ends it. Template text (the
@@ -151,8 +154,8 @@ def format(
     flags = _think_flags(len(completions), kwargs, prompt_ends_with_think)
     return _each(
         list(zip(completions, flags)),
-        lambda c, f: format_reward if is_well_formatted(completion_text(c), f) else -format_reward,
-        -format_reward,
+        lambda c, f: value if is_well_formatted(completion_text(c), f) else -value,
+        -value,
         "format",
     )
 
@@ -310,16 +313,22 @@ def repetition(
     )
 
 
+# Registry name (config's rewards.funcs, TRL's metric key rewards/<name>/mean) -> function.
 REWARDS: dict[str, RewardFunc] = {
-    f.__name__: f
-    for f in (accuracy, format, tag_count, length, soft_overlong, reasoning_keywords, repetition)
+    "accuracy": accuracy,
+    "format": format_reward,
+    "tag_count": tag_count,
+    "length": length,
+    "soft_overlong": soft_overlong,
+    "reasoning_keywords": reasoning_keywords,
+    "repetition": repetition,
 }
 
 
 def _params(name: str, cfg: Any, max_completion_length: int) -> dict:
     """The config fields that parametrise registry reward `name`."""
     if name == "format":
-        return {"format_reward": cfg.format_reward}
+        return {"value": cfg.format_reward}
     if name == "length":
         return {
             "min_tokens": cfg.length.min_tokens,
@@ -337,15 +346,18 @@ def _params(name: str, cfg: Any, max_completion_length: int) -> dict:
     return {}
 
 
-def bind(fn: RewardFunc, **params: Any) -> RewardFunc:
-    """fn with params fixed, keeping fn's __name__ (TRL's metric key)."""
-    if not params:
+def registry_reward(name: str, **params: Any) -> RewardFunc:
+    """REWARDS[name] with `params` fixed, its __name__ the registry name: TRL logs it as
+    rewards/<name>/mean, whatever the function is called in Python."""
+    fn = REWARDS[name]
+    if not params and fn.__name__ == name:
         return fn
 
     @functools.wraps(fn)
     def bound(completions: list, **kwargs: Any) -> list:
         return fn(completions, **{**kwargs, **params})
 
+    bound.__name__ = bound.__qualname__ = name
     return bound
 
 
@@ -356,5 +368,5 @@ def build_reward_funcs(rewards_cfg: Any, max_completion_length: int = 64) -> tup
     for name in rewards_cfg.funcs:
         if name not in REWARDS:
             raise KeyError(f"unknown reward {name!r}; known: {sorted(REWARDS)}")
-        funcs.append(bind(REWARDS[name], **_params(name, rewards_cfg, max_completion_length)))
+        funcs.append(registry_reward(name, **_params(name, rewards_cfg, max_completion_length)))
     return funcs, rewards_cfg.resolved_weights()

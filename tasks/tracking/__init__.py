@@ -10,7 +10,9 @@ the move; metric_shipper is trainer_logging's sending thread):
 - tasks.comparison, tasks.mlflow_model: paired comparisons and their tables; a model as
   an MLflow transformers model
 - tasks.artifacts, tasks.registry, tasks.trainer_logging: artifacts and tables, the model
-  registry, the trainer callback
+  registry, the trainer callback's keys and the replay of unsent points (the callback
+  itself, tasks.tracking.step_logger.StepLogger, imports transformers: it is not
+  re-exported, so importing this facade does not import transformers)
 - tasks.headline: the headline metrics, the experiment's runs-table view, UI links
 - tasks.parent_run: a pipeline's parent run from start to finish (see its docstring for
   the layout in MLflow)
@@ -68,4 +70,4 @@ from tasks.tracking.tracking_store import (  # noqa: F401 - re-exported
     check_reachable,
     tracking_uri,
 )
-from tasks.tracking.trainer_logging import StepLogger, replay_unsent_metrics  # noqa: F401 - re-exported
+from tasks.tracking.trainer_logging import replay_unsent_metrics  # noqa: F401 - re-exported

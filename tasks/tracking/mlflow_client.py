@@ -219,7 +219,7 @@ def has_metrics(run_id: str, client: MlflowClient | None = None) -> bool:
 
 
 def eval_metrics(benchmarks: Mapping[str, Any]) -> dict[str, float]:
-    """{bench: {"metrics": {...}}} (stages.evaluate's output) -> "<bench>/<metric>" numbers,
+    """{bench: {"metrics": {...}}} (stages.evaluate_model's output) -> "<bench>/<metric>" numbers,
     e.g. synthetic/greedy_accuracy, synthetic/greedy_accuracy_ci_lo, synthetic/pass_at_4."""
     out: dict[str, float] = {}
     for bench, res in benchmarks.items():
