@@ -220,6 +220,12 @@ class RewardsConfig(Section):
     """Reward functions by registry name (grpo_core.verify.rewards.REWARDS)."""
     weights: list[float] | None = None
     """One weight per function; None means all 1.0."""
+    extraction: Literal["strict", "flexible"] = "strict"
+    """How `accuracy` reads a completion's final answer, and so how the difficulty filter
+    and the rollout evidence count a success: strict, the template's <answer> / \\boxed{}
+    (R1: an untagged answer scores 0); flexible, the standard evaluators' chain down to
+    the last number (zero-RL as SimpleRL-Zoo: correctness of the answer a base model
+    actually writes, with no format gate; a format reward, if listed, is a bonus beside it)."""
     format_reward: float = 0.5
     """+format_reward for <think>..</think><answer>..</answer>, minus it otherwise."""
     length: LengthRewardConfig = Field(default_factory=LengthRewardConfig)
