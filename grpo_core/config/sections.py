@@ -2,7 +2,7 @@
 filter, rewards, eval, train, tracking. Each field is documented where it is declared."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -18,6 +18,12 @@ class ProjectConfig(Section):
     """Run this config once per recipe named here and compare them side by side, as the
     main job does (`grpo run CONFIG`): r1_zero without the SFT cold start, sft_grpo with it
     (flows/recipes.py). Empty: one run, as `recipe` and `sft_stage.enabled` say."""
+    recipe_overrides: dict[Literal["r1_zero", "sft_grpo"], dict[str, Any]] = Field(
+        default_factory=dict)
+    """Per recipe of `recipes`: config fields (nested sections, as in the YAML) that recipe
+    runs with on top of the rest, e.g. `sft_grpo: {rewards: {extraction: strict}}` beside
+    an R1-Zero run's zero-RL reward (grpo_core.config.recipe_config). Checked at load; no
+    `project` key (the recipes of one comparison share it)."""
     seed: int = 0
     """Seeds data generation, sampling and training."""
     workdir: str | None = None
