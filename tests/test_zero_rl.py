@@ -163,3 +163,25 @@ def test_a_round_that_starts_collapsed_stops_before_training_on_the_builtin_mode
     cfg.diagnosis.stop_on_collapsed_start = False
     prompts, note = _filter_round(cfg, monkeypatch, kept)
     assert len(prompts) == 40 and "whole pool" in note
+
+
+@pytest.mark.integration
+def test_grpo_run_stops_a_collapsed_start_before_any_training(tmp_path):
+    """`grpo run` on the built-in model with level-5 problems only (its base solves none):
+    the filter's stage, then the stop, its finding in the output; no GRPO round ran."""
+    import subprocess
+
+    from pipeline_runs import GRPO, run_env, run_names, write_config
+
+    cfg = write_config(tmp_path, "builtin:tiny-arith",
+                       data={"train": [{"source": "synthetic:arith", "limit": 40, "levels": [5]}]},
+                       diagnosis={"stop_on_collapsed_start": True})
+    workdir = tmp_path / "ws"
+    proc = subprocess.run([GRPO, "run", str(cfg), "--quiet"], env=run_env(workdir), cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "CollapsedStart: reward_collapse_zero [stop]" in out, out[-3000:]
+    assert "rewards.extraction: flexible" in out, out[-3000:]
+    stages = run_names(workdir)
+    assert "filter/round-1" in stages and not any(s.startswith("grpo/") for s in stages), stages
