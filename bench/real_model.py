@@ -10,7 +10,9 @@ flexible extraction (grpo_core.eval.metrics.paired_delta).
 What runs is the config's: its model, template, synthetic levels (the held-out problems
 are the synthetic task's eval split at the same levels, disjoint from training by
 construction), its SFT and GRPO sections, `rounds.count`, its difficulty filter (run on the
-policy each round starts from; its band share is printed) and `project.recipes`. Stages
+policy each round starts from; its band share is printed), `project.recipes` (each with its
+`project.recipe_overrides`) and `diagnosis.stop_on_collapsed_start` (a recipe whose filter
+finds every group's accuracy equal is stopped before training, as the pipeline does). Stages
 run in this process, one after another (grpo_core's functions, no Prefect/MLflow), so the
 wall time of each is its own. Per stage it prints accuracy with its CI, the paired deltas,
 wall seconds, and for GRPO seconds per step, generated tokens/s (the trainer's
@@ -30,12 +32,13 @@ from pathlib import Path
 
 from common import ROOT, load
 
-from grpo_core.config import load_config
+from grpo_core.config import load_config, recipe_config
 from grpo_core.data.benchmarks import SYNTHETIC_EVAL_SEED, benchmark_problems, fingerprint
 from grpo_core.data.synthetic import generate_problems
 from grpo_core.eval.evaluation import greedy_records
 from grpo_core.eval.metrics import bootstrap_ci, paired_delta
 from grpo_core.modeling.memory_plan import memory_plan
+from grpo_core.train.diagnosis import CollapsedStart, start_collapse
 from grpo_core.train.throughput import round_summary, rss_peak
 
 EXTRACTIONS = {"strict": "greedy_accuracy", "flexible": "flexible/greedy_accuracy"}
@@ -190,6 +193,9 @@ class Experiment:
                     "band_share": round(len(rep.kept) / max(rep.considered, 1), 3),
                     "seconds": round(rep.seconds, 1)}
             problems = rep.kept
+            collapsed = start_collapse([r["pass_rate"] for r in rep.estimates], self.cfg, n)
+            if collapsed is not None and collapsed.severity == "stop":
+                raise CollapsedStart(collapsed.line())  # as the pipeline stops
             if len(problems) < prompts_per_update(self.cfg):
                 # too few in band to fill one step: train on the pool, and say so
                 filt["fallback"] = "too few in band: the round trains on the whole pool"
@@ -247,7 +253,11 @@ def main() -> None:
     t0 = time.perf_counter()
     exp.base()
     for r in recipes:
-        exp.recipe(r)
+        exp.cfg = recipe_config(cfg, r)  # its project.recipe_overrides (r1_zero: zero-RL reward)
+        try:
+            exp.recipe(r)
+        except CollapsedStart as stop:
+            print(f"{r}: stopped before training: {stop}", flush=True)
     print(f"total {time.perf_counter() - t0:.0f} s (load {load()})", flush=True)
 
 

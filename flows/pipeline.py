@@ -28,6 +28,7 @@ from grpo_core.data.locks import pipeline_lock
 from grpo_core.data.pool import PoolRef
 from grpo_core.eval.round_gate import Evaluated, gate_round
 from grpo_core.modeling.loading import use_hub_token
+from grpo_core.train.diagnosis import CollapsedStart, start_collapse
 from grpo_core.train.grpo import prompts_per_update
 from grpo_core.train.throughput import (
     PIPELINE_CHILDREN_METRIC,
@@ -139,11 +140,16 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolRef | list[str], 
     prefilled by shards when filter.shards > 1), then its training prompts: the
     `training_prompts` choice, and the finding it notes (None when the band was enough).
     `evidence_run`: the previous round's GRPO run, whose rollouts count as weighted
-    evidence (filter.rollout_evidence_weight; grpo_core.eval.evidence)."""
+    evidence (filter.rollout_evidence_weight; grpo_core.eval.evidence). A round whose every
+    group would start collapsed (no problem solved only sometimes) raises CollapsedStart
+    before any training when diagnosis.stop_on_collapsed_start is set."""
     fresh = prefill_sharded(ctx.cfg, model, lambda: stage_data.filter_candidates(ctx, problem_ids),
                             ctx.store, ctx.ws.root, evidence_run)
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
                      ctx, model, problem_ids, round_no, fresh, evidence_run)
+    collapsed = start_collapse(kept.get("pass_rates") or [], ctx.cfg, round_no)
+    if collapsed is not None and collapsed.severity == "stop":  # diagnosis.stop_on_collapsed_start
+        raise CollapsedStart(collapsed.line())
     prompts, note = training_prompts(kept, problem_ids, prompts_per_update(ctx.cfg))
     return prompts, (f"round {round_no}: {note}" if note else None)
 
@@ -186,8 +192,15 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
     for r in range(1, cfg.rounds.count + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
-            pool, note = filter_round(ctx, start.model, stage_data.pool_of(data), r, log,
-                                      evidence_run)
+            try:
+                pool, note = filter_round(ctx, start.model, stage_data.pool_of(data), r, log,
+                                          evidence_run)
+            except CollapsedStart as stop:
+                if r == 1:
+                    raise  # nothing trained: the run stops, naming what to change
+                findings.append(str(stop))  # the rounds so far made the model: keep it
+                log.warning("%s", stop)
+                break
             if note:
                 findings.append(note)
         train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, start.model,

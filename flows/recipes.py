@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_core.config import PipelineConfig, load_config
+from grpo_core.config import PipelineConfig, load_config, recipe_config
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
 
@@ -19,15 +19,20 @@ def default_recipes(overrides: list[str] | None = None) -> list[PipelineConfig]:
 
 
 def expand_recipes(cfg: PipelineConfig) -> list[PipelineConfig]:
-    """One config per recipe of `project.recipes` (the recipe label set, the SFT stage on
-    for sft_grpo only, `recipes` emptied so each is a plain one-recipe config); [cfg] when
-    it names none."""
+    """One config per recipe of `project.recipes` (its project.recipe_overrides merged in,
+    the recipe label set, the SFT stage on for sft_grpo only, `recipes` and the overrides
+    emptied so each is a plain one-recipe config); [cfg] when it names none (with the
+    overrides of its own `recipe` merged in, when it has any)."""
     if not cfg.project.recipes:
-        return [cfg]
+        if cfg.project.recipe not in cfg.project.recipe_overrides:
+            return [cfg]
+        one = recipe_config(cfg, cfg.project.recipe)
+        one.project.recipe_overrides = {}
+        return [one]
     out = []
     for name in cfg.project.recipes:
-        one = cfg.model_copy(deep=True)
-        one.project.recipe, one.project.recipes = name, []
+        one = recipe_config(cfg, name)
+        one.project.recipe, one.project.recipes, one.project.recipe_overrides = name, [], {}
         one.sft_stage.enabled = RECIPE_SFT[name]
         out.append(one)
     return out

@@ -77,6 +77,9 @@ def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
                         primary_metric=at_samples(cfg.eval.primary_metric, EVAL_SAMPLES))
     tree["train"].update(num_processes=1, num_machines=1, accelerate_config=None,
                          main_process_port=None, vllm_server_launch=False)
+    # 16 tokens of a proxy (or any model) solve nothing: the DAG runs on, as it would not
+    # stop for a real model that starts with signal.
+    tree["diagnosis"]["stop_on_collapsed_start"] = False
     # Its own MLflow store: a smoke run never lands on the user's tracking server.
     tree["tracking"]["tracking_uri"] = f"sqlite:///{Path(tree['project']['workdir']).resolve()}/mlflow.db"
     smoke = config_from_dict(tree)

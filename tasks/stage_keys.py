@@ -127,6 +127,8 @@ def filter_key(cfg: PipelineConfig, model_fp: str, problems_fp: str,
         skip |= {"adaptive_start", "adaptive_step", "adaptive_confidence"}
     how = cfg.filter.model_dump(mode="json", exclude=skip)
     extra = {"evidence": evidence} if evidence else {}
+    if cfg.rewards.extraction != "strict":  # how a success is read (strict: keys as before)
+        extra["extraction"] = cfg.rewards.extraction
     return stage_key("filter", model=model_fp, problems=problems_fp, filter=how,
                      rollout=cfg.rollout.model_dump(mode="json"), sampling=_sampling_model(cfg),
                      seed=cfg.project.seed, **extra)

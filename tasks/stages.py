@@ -212,7 +212,8 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str
         signal = [r["problem_id"] for r in report.estimates if 0.0 < r["pass_rate"] < 1.0]
         by_key = {problem_key(p): p.id for p in problems}
         return {**summary, "kept_ids": [p.id for p in report.kept],
-                "signal_ids": [by_key[k] for k in signal if k in by_key]}
+                "signal_ids": [by_key[k] for k in signal if k in by_key],
+                "pass_rates": [r["pass_rate"] for r in report.estimates]}
 
     return _cached(ctx, key, f"filter/round-{round_no}", compute,
                    metrics=lambda v: {f"filter/{k}": v[k] for k in

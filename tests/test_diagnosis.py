@@ -103,6 +103,22 @@ def test_collapse_rules(acc, code):
     assert f.action == ACTIONS[code]
 
 
+@pytest.mark.parametrize(("rates", "code"), [
+    ([0.0] * 5, "reward_collapse_zero"), ([1.0] * 4, "reward_collapse_one"),
+    ([0.0, 1.0, 0.0, 1.0], "no_diversity"), ([0.0] * 5 + [0.125], None), ([], None)])
+def test_start_collapse_reads_the_filter_before_a_round(rates, code):
+    from grpo_core.train.diagnosis import start_collapse
+
+    f = start_collapse(rates, config_from_dict({}), round_no=2)
+    assert (f.code if f else None) == code
+    if f:
+        assert f.severity == "warn" and f.steps == [] and f.evidence["round"] == 2
+        assert f.evidence["never_solved"] + f.evidence["always_solved"] == len(rates)
+        assert "before round 2" in f.line() and f.action == ACTIONS[code]
+        on = config_from_dict({"diagnosis": {"stop_on_collapsed_start": True}})
+        assert start_collapse(rates, on).severity == "stop"
+
+
 def test_collapse_is_a_window_mean_not_every_step():
     """With 8 prompts a step's frac_reward_zero_std is k/8: one group of eight that varies
     now and then (0.875) must not hide a collapse (the temperature-0.05 round of

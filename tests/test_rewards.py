@@ -238,6 +238,16 @@ def test_build_reward_funcs_binds_config() -> None:
     assert by_name["accuracy"]([GOOD], answer=["4"]) == [1.0]
 
 
+def test_accuracy_flexible_scores_the_answer_written_without_tags() -> None:
+    prose = ["3 plus 4 is 7.", "The answer is 7", "I get 8.", "<answer>7</answer>", "no number"]
+    assert accuracy(prose, answer=["7"] * 5) == [0.0, 0.0, 0.0, 1.0, 0.0]
+    assert accuracy(prose, answer=["7"] * 5, extraction="flexible") == [1.0, 1.0, 0.0, 1.0, 0.0]
+    funcs, _ = build_reward_funcs(RewardsConfig(funcs=["accuracy"], extraction="flexible"))
+    assert funcs[0].__name__ == "accuracy"  # TRL's metric key: rewards/accuracy/mean
+    assert funcs[0](prose, answer=["7"] * 5) == [1.0, 1.0, 0.0, 1.0, 0.0]
+    assert build_reward_funcs(RewardsConfig(funcs=["accuracy"]))[0] == [accuracy]  # strict: as is
+
+
 def test_build_reward_funcs_default_config() -> None:
     funcs, weights = build_reward_funcs(config_from_dict({}).rewards)
     assert [f.__name__ for f in funcs] == ["accuracy", "format"]

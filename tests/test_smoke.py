@@ -46,6 +46,7 @@ def test_overrides_keep_the_structure(path, tmp_path):
     assert not cfg.grpo.use_vllm and cfg.train.num_processes == 1
     assert cfg.train.accelerate_config is None
     assert cfg.grpo.max_completion_length <= 16 and cfg.eval.max_new_tokens <= 16
+    assert not cfg.diagnosis.stop_on_collapsed_start  # 16 tokens solve nothing: no stop
     if cfg.sft_stage.enabled:
         assert cfg.sft.max_steps == 2
     # one optimizer step can be filled from the pool

@@ -15,6 +15,7 @@ from grpo_core.config.pipeline import (
     generation_batch,
     load_config,
     parse_override,
+    recipe_config,
 )
 from grpo_core.config.pipeline_only import (
     AlgorithmConfig,
@@ -32,5 +33,5 @@ __all__ = [
     "AlgorithmConfig", "ConfigError", "DataSource", "DiagnosisConfig", "DynamicSamplingConfig",
     "GRPOSection", "InRoundEvalConfig", "KLSchedule", "PipelineConfig", "RewardsConfig",
     "RoundsConfig", "SFTSection", "SFTStageConfig", "Section", "TRLSection", "config_from_dict",
-    "generation_batch", "load_config", "parse_override", "trl_fields",
+    "generation_batch", "load_config", "parse_override", "recipe_config", "trl_fields",
 ]

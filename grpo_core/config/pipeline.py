@@ -91,9 +91,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _first_error(err: ValidationError) -> ConfigError:
+def _first_error(err: ValidationError, prefix: str = "") -> ConfigError:
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"])
+    loc = prefix + ".".join(str(p) for p in e["loc"])
     msg = e["msg"]
     if e["type"] == "extra_forbidden":
         msg = "unknown field"
@@ -112,7 +112,33 @@ def config_from_dict(tree: dict, overrides: list[str] | None = None) -> Pipeline
     except ValidationError as err:
         raise _first_error(err) from None
     _cross_section_checks(cfg)
+    for name in cfg.project.recipe_overrides:
+        recipe_config(cfg, name)  # a bad override is refused at load, named
     return cfg
+
+
+def recipe_config(cfg: PipelineConfig, name: str) -> PipelineConfig:
+    """`cfg` as recipe `name` runs it: project.recipe_overrides[name] merged over it (a copy;
+    the recipe label and the SFT switch are flows/recipes.expand_recipes' business).
+    Raises ConfigError naming `project.recipe_overrides.<name>.<field>`."""
+    over = cfg.project.recipe_overrides.get(name)
+    if not over:
+        return cfg.model_copy(deep=True)
+    prefix = f"project.recipe_overrides.{name}."
+    if "project" in over:
+        raise ConfigError(prefix + "project", "the recipes of one comparison share the "
+                          "project section (name, seed, workdir): set it at the top level")
+    try:
+        over = json.loads(json.dumps(over))  # plain types, deep copy
+        _check_trl_sections(over)
+        out = PipelineConfig.model_validate(_deep_merge(cfg.model_dump(), over))
+        _cross_section_checks(out)
+    except ValidationError as err:
+        raise _first_error(err, prefix) from None
+    except ConfigError as err:
+        field = prefix + err.field if err.field else prefix.rstrip(".")
+        raise ConfigError(field, str(err).split(": ", 2)[-1]) from None
+    return out
 
 
 def _check_trl_sections(tree: dict) -> None:

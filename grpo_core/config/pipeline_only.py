@@ -133,6 +133,12 @@ class DiagnosisConfig(Section):
     repeated_pattern_min_prompts: int = Field(default=3, ge=2)
     """Batches with fewer prompts are not measured: one problem's completions agreeing is
     a diversity question (no_diversity), not a pattern across problems."""
+    stop_on_collapsed_start: bool = False
+    """Stop before a GRPO round whose difficulty filter finds no problem solved only
+    sometimes under the round's input model (every group's accuracy reward equal, e.g. all
+    0: diagnosis.start_collapse's finding, raised as CollapsedStart naming the fix) instead
+    of training it on the whole pool with zero advantage. Off: that fallback, with a note
+    (random test models train that way)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> DiagnosisConfig:

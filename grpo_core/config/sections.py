@@ -2,7 +2,7 @@
 filter, rewards, eval, train, tracking. Each field is documented where it is declared."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -18,6 +18,12 @@ class ProjectConfig(Section):
     """Run this config once per recipe named here and compare them side by side, as the
     main job does (`grpo run CONFIG`): r1_zero without the SFT cold start, sft_grpo with it
     (flows/recipes.py). Empty: one run, as `recipe` and `sft_stage.enabled` say."""
+    recipe_overrides: dict[Literal["r1_zero", "sft_grpo"], dict[str, Any]] = Field(
+        default_factory=dict)
+    """Per recipe of `recipes`: config fields (nested sections, as in the YAML) that recipe
+    runs with on top of the rest, e.g. `sft_grpo: {rewards: {extraction: strict}}` beside
+    an R1-Zero run's zero-RL reward (grpo_core.config.recipe_config). Checked at load; no
+    `project` key (the recipes of one comparison share it)."""
     seed: int = 0
     """Seeds data generation, sampling and training."""
     workdir: str | None = None
@@ -226,6 +232,12 @@ class RewardsConfig(Section):
     """Reward functions by registry name (grpo_core.verify.rewards.REWARDS)."""
     weights: list[float] | None = None
     """One weight per function; None means all 1.0."""
+    extraction: Literal["strict", "flexible"] = "strict"
+    """How `accuracy` reads a completion's final answer, and so how the difficulty filter
+    and the rollout evidence count a success: strict, the template's <answer> / \\boxed{}
+    (R1: an untagged answer scores 0); flexible, the standard evaluators' chain down to
+    the last number (zero-RL as SimpleRL-Zoo: correctness of the answer a base model
+    actually writes, with no format gate; a format reward, if listed, is a bonus beside it)."""
     format_reward: float = 0.5
     """+format_reward for <think>..</think><answer>..</answer>, minus it otherwise."""
     length: LengthRewardConfig = Field(default_factory=LengthRewardConfig)

@@ -4,7 +4,8 @@
     report.kept, report.counts, report.histogram, report.reused, report.estimated
 
 Each problem's pass rate is estimated from k samples (filter.k, filter.temperature,
-filter.top_p, rollout.max_new_tokens), scored by answers.verify with the gold parsed once;
+filter.top_p, rollout.max_new_tokens), scored by answers.verify with the gold parsed once,
+the answer read as the accuracy reward reads it (rewards.extraction);
 with filter.adaptive, from the first n <= k of them, drawn in rounds until the interval
 decides the band (grpo_core.eval.adaptive); with `priors` (grpo_core.eval.evidence), the
 previous round's rollouts add weighted pseudo-counts. Estimates are stored in DuckDB
@@ -39,7 +40,8 @@ from grpo_core.verify.answers import extract_answer, parse_gold, verify
 
 
 def sampling_spec(cfg, template: str) -> dict:
-    """Everything about how an estimate was sampled; its hash is the sampling key. An
+    """Everything about how an estimate was sampled and scored (rewards.extraction, when
+    not strict); its hash is the sampling key. An
     adaptive estimate stops by the band, so its rule and the band are in it; a fixed-k
     spec is what it always was (stores keep their estimates)."""
     f = cfg.filter
@@ -47,6 +49,8 @@ def sampling_spec(cfg, template: str) -> dict:
             "max_new_tokens": cfg.rollout.max_new_tokens, "template": template,
             "template_hash": template_hash(template), "seed": cfg.project.seed,
             "sampler": SAMPLER_VERSION}
+    if cfg.rewards.extraction != "strict":  # the success the reward counts (strict: as always)
+        spec["extraction"] = cfg.rewards.extraction
     if f.adaptive:
         spec["adaptive"] = {"start": f.adaptive_start, "step": f.adaptive_step,
                             "confidence": f.adaptive_confidence, "band": list(f.band)}
@@ -67,10 +71,11 @@ def _input_hash(prompt: str, answer: str) -> str:
     return hashlib.sha256(f"{prompt}\x1f{answer}".encode()).hexdigest()[:16]
 
 
-def _correct(p: Problem, completions) -> list[bool]:
-    """Per completion of one problem: is its answer the gold?"""
+def _correct(p: Problem, completions, extraction: str = "strict") -> list[bool]:
+    """Per completion of one problem: is its answer, read as the accuracy reward reads it
+    (rewards.extraction), the gold?"""
     gold = parse_gold(p.answer)  # once per problem; cached inside answers as well
-    return [bool(verify(gold, extract_answer(c.text))) for c in completions]
+    return [bool(verify(gold, extract_answer(c.text, extraction))) for c in completions]
 
 
 def _estimate_row(p: Problem, completions, outcomes: list[bool], prior: Evidence) -> dict:
@@ -162,7 +167,8 @@ def estimate_pass_rates(backend, problems: list[Problem], model_fp: str, cfg, te
                 backend, [prompts[i] for i in chunk],
                 [problem_seed(cfg.project.seed, problems[i]) for i in chunk], params,
                 [budget(k, e) for e in evidence], evidence,
-                lambda j, comps: _correct(problems[chunk[j]], comps), plan)
+                lambda j, comps: _correct(problems[chunk[j]], comps, cfg.rewards.extraction),
+                plan)
             new = []
             for i, prior, d in zip(chunk, evidence, draws):
                 p = problems[i]

@@ -8,6 +8,10 @@ silent. Two uses:
 
 - `RoundMonitor`: the in-round rules, fed one step at a time by the GRPO Monitor callback
   (grpo_core/train/grpo.py): the collapse note, and the non-finite and KL-ceiling stops.
+- `start_collapse(pass_rates, cfg)`: before a round, over its difficulty filter's estimates
+  under the round's input model: no problem solved sometimes means every group starts
+  collapsed (reward_collapse_zero / _one / no_diversity, a stop with
+  diagnosis.stop_on_collapsed_start: the pipeline raises CollapsedStart before training).
 - `diagnose(history, cfg)`: every rule over a finished round, as `Finding`s (a stable
   `code`, a `severity` info|warn|stop, the `steps`, the `evidence` and the `action`;
   grpo_core/train/findings.py, with how findings are counted and tagged). The GRPO stage
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from grpo_core.config import PipelineConfig
 from grpo_core.train.batch_patterns import SHARE_METRICS
@@ -97,6 +101,45 @@ class RoundMonitor:
     def reward_stop(name: str, value: float, step: int) -> str:
         """The stop reason for a reward function that returned NaN/inf during `step`."""
         return f"divergence: reward {name} returned {value} at step {step}"
+
+
+# ------------------------------------------------------------------------ before the round
+
+class CollapsedStart(RuntimeError):
+    """A round refused before its first step: start_collapse's stop finding, in its words."""
+
+
+def _collapse_code(level: float, margin: float) -> str:
+    """The collapse code of a mean accuracy `level` (a fraction of its range)."""
+    return ("reward_collapse_zero" if level <= margin else
+            "reward_collapse_one" if level >= 1 - margin else "no_diversity")
+
+
+def start_collapse(pass_rates: Sequence[float], cfg: PipelineConfig | None = None,
+                   round_no: int = 1) -> Finding | None:
+    """The difficulty filter's estimates under the model a round starts from, read before
+    any step: when no problem's pass rate lies strictly between 0 and 1, every group of
+    completions the round draws is equally right (or wrong) under the accuracy reward, its
+    advantages are zero and the round has nothing to learn the task from (R1-Zero on a base
+    model that never writes the strict answer format: every reward 0). Named by the mean
+    pass rate as the in-round collapse rule names it; severity stop with
+    diagnosis.stop_on_collapsed_start, else warn. None when some problem is solved
+    sometimes, or when nothing was estimated."""
+    d = (cfg or PipelineConfig()).diagnosis
+    rates = [float(r) for r in pass_rates]
+    if not rates or any(0.0 < r < 1.0 for r in rates):
+        return None
+    always = sum(r >= 1.0 for r in rates)
+    mean = always / len(rates)
+    evidence = {"round": round_no, "problems": len(rates), "solved_sometimes": 0,
+                "never_solved": len(rates) - always, "always_solved": always,
+                "mean_pass_rate": round4(mean)}
+    return Finding(_collapse_code(mean, d.level_margin),
+                   "stop" if d.stop_on_collapsed_start else "warn", [], evidence,
+                   f"before round {round_no}: the filter solved none of {len(rates)} problems "
+                   f"only sometimes ({len(rates) - always} never, {always} always, under the "
+                   "round's input model): every group's accuracy reward is equal, no step "
+                   "would have a gradient")
 
 
 # ------------------------------------------------------------------------ after the round
@@ -179,9 +222,7 @@ def _collapse(rd: _Round) -> list[Finding]:
         if len(steps) < n or not accs:
             continue
         mean_acc = mean_of(accs)
-        level = rd.level(mean_acc)
-        code = ("reward_collapse_zero" if level <= margin else
-                "reward_collapse_one" if level >= 1 - margin else "no_diversity")
+        code = _collapse_code(rd.level(mean_acc), margin)
         mean_frac = mean_of(frac[s] for s in steps if s in frac)
         name = rd.acc_key.removeprefix("rewards/").removesuffix("/mean")
         why = (f"frac_reward_zero_std {mean_frac:.2f} > {d.collapse_threshold}"

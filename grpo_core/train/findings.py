@@ -17,7 +17,9 @@ SEVERITIES = ("info", "warn", "stop")
 
 ACTIONS = {
     "reward_collapse_zero": "too hard: re-filter (filter.refilter_each_round), lower filter.band, "
-                            "or SFT first (sft_stage.enabled)",
+                            "or SFT first (sft_stage.enabled); a base model that never writes "
+                            "the answer format: reward the answer it writes (rewards.extraction: "
+                            "flexible, the zero-RL recipe)",
     "reward_collapse_one": "too easy: re-filter (filter.refilter_each_round) or raise filter.band",
     "no_diversity": "completions of a prompt agree: raise grpo.temperature or grpo.num_generations",
     "reward_fn_constant": "this reward teaches nothing (saturated or never hit): change its weight "

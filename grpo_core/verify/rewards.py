@@ -113,7 +113,7 @@ def _each(
 # --- accuracy ----------------------------------------------------------------------------
 
 
-def _accuracy_one(completion: Any, gold: Any) -> float | None:
+def _accuracy_one(completion: Any, gold: Any, extraction: str = "strict") -> float | None:
     start = time.monotonic()
     gold_text = normalise_gold(gold)  # AMC floats, GSM8K "#### n" solutions, plain strings
     parsed = parse_gold(gold_text) if gold_text is not None else None
@@ -122,15 +122,23 @@ def _accuracy_one(completion: Any, gold: Any) -> float | None:
     # One time budget per completion, shared with the gold's parse when it was not cached.
     seconds = max(0.05, answers.BUDGET_S - (time.monotonic() - start))
     # check raises ScorerError on a scorer failure: _each makes it None, never 0.0.
-    return 1.0 if check(parsed, extract_answer(completion_text(completion)), seconds) else 0.0
+    predicted = extract_answer(completion_text(completion), extraction)
+    return 1.0 if check(parsed, predicted, seconds) else 0.0
 
 
-def accuracy(completions: list, answer: list | None = None, **kwargs: Any) -> list[float | None]:
-    """1.0 when the final answer (strict extraction) is equivalent to the gold `answer`,
-    else 0.0; None when the gold cannot be parsed or the scorer failed (counted under
-    `reward/accuracy`). Golds are parsed once and shared across the group."""
+def accuracy(completions: list, answer: list | None = None, extraction: str = "strict",
+             **kwargs: Any) -> list[float | None]:
+    """1.0 when the final answer is equivalent to the gold `answer`, else 0.0; None when
+    the gold cannot be parsed or the scorer failed (counted under `reward/accuracy`).
+    Golds are parsed once and shared across the group.
+
+    `extraction` reads the final answer (grpo_core.verify.extraction): `strict`, the
+    template's `<answer>` / `\\boxed{}` (R1's accuracy reward: an untagged answer scores 0);
+    `flexible`, the standard evaluators' chain down to the last number (zero-RL: the answer
+    a base model writes in prose counts, no format gate; rewards.extraction)."""
     golds = _column({"answer": answer}, "answer", len(completions))
-    return _each(list(zip(completions, golds)), _accuracy_one, None, "accuracy")
+    one = functools.partial(_accuracy_one, extraction=extraction)
+    return _each(list(zip(completions, golds)), one, None, "accuracy")
 
 
 # --- format and tags ---------------------------------------------------------------------
@@ -327,6 +335,8 @@ REWARDS: dict[str, RewardFunc] = {
 
 def _params(name: str, cfg: Any, max_completion_length: int) -> dict:
     """The config fields that parametrise registry reward `name`."""
+    if name == "accuracy":
+        return {} if cfg.extraction == "strict" else {"extraction": cfg.extraction}
     if name == "format":
         return {"value": cfg.format_reward}
     if name == "length":
