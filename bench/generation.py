@@ -36,11 +36,12 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 a = json.loads(sys.argv[1])
 sys.path.insert(0, a["root"])
-import torch
-torch.set_num_threads(a["threads"])
-from grpo_core.generation.rollout import SamplingParams
-params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=a["max_new_tokens"], seed=0)
 side = a["side"]
+if side != "llama.cpp":  # llama.cpp's venv holds neither torch nor the project
+    import torch
+    torch.set_num_threads(a["threads"])
+    from grpo_core.generation.rollout import SamplingParams
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=a["max_new_tokens"], seed=0)
 if side == "llama.cpp":
     from llama_cpp import Llama
     llm = Llama(model_path=a["gguf"], n_ctx=1024, n_threads=a["threads"], n_batch=512,
