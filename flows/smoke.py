@@ -128,7 +128,7 @@ def observe():
     for mod in (grpo_core.train.grpo, grpo_core.train.sft):
         saved[(mod, "load_for_training")] = mod.load_for_training
         mod.load_for_training = loader(mod.load_for_training)
-    for name in ("ingest", "evaluate", "sft", "grpo_round", "difficulty_filter"):
+    for name in ("ingest", "evaluate_model", "sft", "grpo_round", "difficulty_filter"):
         saved[(stages, name)] = getattr(stages, name)
         setattr(stages, name, stage(name, getattr(stages, name)))
     try:
@@ -189,7 +189,7 @@ def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out
             contamination = res.get("contamination") or {}
             stages.append({"stage": "data", "pool_size": res.get("pool_size"),
                            "cached": res.get("cached"), **stage_figures(res)})
-        elif s["stage"] == "evaluate":
+        elif s["stage"] == "evaluate_model":
             label = args["label"]
             evals[label] = {b: {"split": v.get("split"),
                                 "problems": (v.get("metrics") or {}).get("n_problems")}
