@@ -100,7 +100,7 @@ __all__ = [
 
 # Names the extraction + equivalence rules; evaluation puts it in the protocol hash.
 # Bump it whenever a verdict can change.
-EXTRACTOR_VERSION = "4-variables-last-expression"
+EXTRACTOR_VERSION = "5-final-expression"
 
 # Wall-clock budget for checking one completion, the gold's parse included when it is not
 # cached yet. GC pauses and a busy machine can stretch a call past it by a few 100 ms;
