@@ -11,6 +11,10 @@ Rows (inputs from ../shared/data; a row is skipped when its file is absent):
 - MATH raw answers: each MATH test gold (MATH-500 + the other 4,500) written bare inside a
   sentence, "So the result is <gold>.", against itself (right) and the next distinct gold
   (wrong). This is where the last number alone splits `\\frac{3}{4}` into 4.
+- MATH bare answers: the same pairs, the completion being the answer alone (`14 \\pi`,
+  `0,1`), as raw answers are graded.
+- MATH boxed, strict: the same pairs written "So the result is $\\boxed{<gold>}$." and read by
+  the strict extraction: the reference the flexible rows are held to (within 1 point).
 Agreement is the share of right verdicts; false rejections / acceptances are counted.
 """
 
@@ -49,24 +53,35 @@ def gsm8k_cases() -> list[tuple[str, str, bool]]:
     return out
 
 
-def math_raw_cases() -> list[tuple[str, str, bool]]:
+def math_raw_cases(form: str = "So the result is {}.") -> list[tuple[str, str, bool]]:
     golds = math_golds()
     out = []
     for i, g in enumerate(golds):
         other = next((h for h in golds[i + 1 :] + golds[:i] if h != g), None)
-        out.append((f"So the result is {g}.", g, True))
+        out.append((form.format(g), g, True))
         if other is not None:
-            out.append((f"So the result is {other}.", g, False))
+            out.append((form.format(other), g, False))
     return out
+
+
+# kind -> (row label, completions, extraction)
+ROWS = {
+    "gsm8k": ("GSM8K solutions", gsm8k_cases, "flexible"),
+    "math": ("MATH raw answers", math_raw_cases, "flexible"),
+    "math-bare": ("MATH bare answers", lambda: math_raw_cases("{}"), "flexible"),
+    "math-strict": ("MATH boxed, strict",
+                    lambda: math_raw_cases("So the result is $\\boxed{{{}}}$."), "strict"),
+}
 
 
 def worker(code: str, kind: str) -> None:
     sys.path.insert(0, code)
     from grpo_core.verify import answers
 
-    cases = gsm8k_cases() if kind == "gsm8k" else math_raw_cases()
+    _, cases, extraction = ROWS[kind]
+    cases = cases()
     answers.warm_up()
-    verdicts = [answers.is_correct(c, g, extraction="flexible") for c, g, _ in cases]
+    verdicts = [answers.is_correct(c, g, extraction=extraction) for c, g, _ in cases]
     print(json.dumps([bool(v) for v in verdicts]))
 
 
@@ -82,8 +97,9 @@ def main() -> None:
     if args.against:
         sides.append((f"--against {args.against}", str(Path(args.against).resolve())))
     print(f"{'completions':28} {'code':34} {'n':>6} {'agree':>7} {'false rej':>10} {'false acc':>10}")
-    for kind, label, cases in (("gsm8k", "GSM8K solutions", gsm8k_cases()),
-                               ("math", "MATH raw answers", math_raw_cases())):
+    agreement = {}
+    for kind, (label, cases, _) in ROWS.items():
+        cases = cases()
         if not cases:
             print(f"{label:28} skipped (no data under {shared_data()})")
             continue
@@ -95,7 +111,15 @@ def main() -> None:
             agree = sum(g == w for g, w in zip(got, want)) / len(want)
             rej = sum(w and not g for g, w in zip(got, want))
             acc = sum(g and not w for g, w in zip(got, want))
+            agreement[kind, name] = agree
             print(f"{label:28} {name:34} {len(want):6d} {agree:7.4f} {rej:10d} {acc:10d}")
+    for name, _ in sides:
+        strict = agreement.get(("math-strict", name))
+        if strict is not None:
+            gaps = [strict - agreement[kind, name] for kind in ("math", "math-bare")]
+            met = "met" if max(gaps) <= 0.01 else "NOT met"
+            print(f"target, {name}: flexible on raw answers within 1 point of strict: {met} "
+                  f"(raw {100 * gaps[0]:+.2f}, bare {100 * gaps[1]:+.2f} points below)")
 
 
 if __name__ == "__main__":

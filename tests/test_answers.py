@@ -120,6 +120,26 @@ def test_extract_answer_non_string() -> None:
         ("QA: 5", "5"),  # "QA:" is no marker: the last number
         ("no digits at all...", None),
         ("", None),
+        # a bare answer, or the mathematics ending the last line, is read whole
+        ("14 \\pi", "14 \\pi"),
+        ("4+\\sqrt{2}", "4+\\sqrt{2}"),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+        ("0,1", "0,1"),
+        ("So the result is 14 \\pi.", "14 \\pi"),
+        ("So the result is 0,1.", "0,1"),
+        ("So the result is y = x+3.", "y = x+3"),
+        ("So the result is -\\$0.50.", "-\\$0.50"),
+        ("So the result is C.", "C"),
+        ("We get 1/2.", "1/2"),
+        # GSM8K-style arithmetic keeps lm-eval's last number
+        ("So she makes 9 * 2 = $18", "18"),
+        ("Seth is twice as old as Brooke, so Seth is 8 x 2 = 16.", "16"),
+        ("Dividing both sides by 2, we get s = 8", "8"),
+        ("They exceeded the load by 720 kg - 700 kg = 20 kg.", "20"),
+        ("Total: 300+312+150=762 M&M's", "762"),
+        ("He can make 1600 sticks because 1600 > 1200", "1200"),
+        ("Juice box C is 11-9 = 2 dollars more than Juice box B.", "2"),
+        ("the 5 people brought in.", "5"),
     ],
 )
 def test_extract_answer_flexible(completion: str, expected: str | None) -> None:

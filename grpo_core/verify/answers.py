@@ -11,6 +11,13 @@ ever `eval`ed). Golds are parsed once and cached, so the G completions of a grou
 parse. Every math-verify call (grpo_core.verify.math_verify_adapter) is bounded by
 `grpo_core.verify.safe_eval` (input limits plus a per-call deadline that works in any thread).
 
+Fast paths decide most verdicts before any parse (tests/test_scoring_fast_paths.py pins
+each against math-verify): an answer in the gold's own spelling (`canonical`) is right, and
+the scorers' entry points (is_correct, is_equivalent, the accuracy reward) read the gold
+lazily, so it is never parsed for one; code rather than math (`__import__('os')...`) is
+wrong unseen (math_verify_adapter.never_read); most wrong answers are disproved by a cheap
+numeric reading (grpo_core/verify/quick_value.py: other values, other shapes).
+
 Before either comparison both answers are cleaned by `extraction.clean_answer`: MATH's
 spellings of one value made one (matrix row separators kept, thousands separators
 `11,\\! 111` / `11{,}111` joined, `\\frac \\pi4` braced, mixed numbers `1 1/2`, `1.2e3`). `1 2`
@@ -69,10 +76,11 @@ from grpo_core.verify.math_verify_adapter import (
     cannot_be_equal,
     math_verify_fns,
     mv_parse,
+    never_read,
     profile,
     warm_up,
 )
-from grpo_core.verify.quick_value import quick_profile, quick_unequal
+from grpo_core.verify.quick_value import number_profile, quick_profile, quick_unequal
 from grpo_core.verify.safe_eval import TIMED_OUT, call_with_deadline, risky_reason
 from grpo_core.verify.scorer_errors import (
     SCORER_ERRORS,
@@ -85,14 +93,14 @@ __all__ = [
     "EXTRACTIONS", "EXTRACTOR_VERSION", "SCORER_ERRORS", "GoldAnswer", "ScorerError",
     "as_number", "canonical", "check", "clean_answer", "clear_caches", "count_scorer_errors",
     "extract_answer",
-    "extract_boxed", "gold_from_gsm8k", "gold_from_math_solution", "is_correct",
+    "extract_boxed", "gold_from_gsm8k", "gold_from_math_solution", "grade", "is_correct",
     "is_equivalent", "normalise_gold", "numbers_equal", "parse_gold", "record_scorer_error",
     "verify", "warm_up",
 ]  # fmt: skip
 
 # Names the extraction + equivalence rules; evaluation puts it in the protocol hash.
 # Bump it whenever a verdict can change.
-EXTRACTOR_VERSION = "4-variables-last-expression"
+EXTRACTOR_VERSION = "5-final-expression"
 
 # Wall-clock budget for checking one completion, the gold's parse included when it is not
 # cached yet. GC pauses and a busy machine can stretch a call past it by a few 100 ms;
@@ -179,7 +187,7 @@ class GoldAnswer:
         self.parsed = parsed
         self.profile: tuple | None = None  # (value, varies), see _profile; made on first use
         # quick_value's cheap reading (no parser): most wrong answers are disproved with it
-        self.quick = ("value", complex(number[0]), False) if number is not None else quick
+        self.quick = number_profile(number[0]) if number is not None else quick
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GoldAnswer) and other.text == self.text
@@ -201,45 +209,88 @@ def _gold_key(text: Any) -> str | None:
     return clean_answer(text)
 
 
-def _parse_gold_key(key: str, seconds: float) -> GoldAnswer | None | object:
+def _parse_gold_key(key: str, seconds: float, lazy: bool) -> GoldAnswer | None | object:
     number = as_number(key)
     if number is not None:
         return GoldAnswer(key, number, None)
     if risky_reason(key, max_chars=MAX_GOLD_CHARS) or SPLIT_DIGITS.search(key):
         return None
-    quick = quick_profile(key)
-    if quick is not None:  # simple arithmetic: math-verify parses it later, if ever needed
-        return GoldAnswer(key, None, None, quick)
-    parsed = _PARSES.get(key)  # one parse per text, gold or prediction
-    if parsed is None:
-        math_verify_fns()
-        parsed = call_with_deadline(mv_parse, _for_mv(key), seconds=seconds)
-        if parsed is TIMED_OUT:
-            return TIMED_OUT
-        _PARSES.put(key, parsed)
-    return GoldAnswer(key, None, parsed) if parsed else None
+    gold = GoldAnswer(key, None, None, quick_profile(key))
+    if lazy or _arithmetic(gold):  # math-verify reads it later, if ever needed
+        return gold
+    readable = _read_gold(gold, seconds)
+    return readable if readable is TIMED_OUT else (gold if readable else None)
 
 
-def parse_gold(text: Any, seconds: float | None = None) -> GoldAnswer | None:
+def _read_gold(gold: GoldAnswer, seconds: float) -> bool | object:
+    """Give a gold its math-verify parse (once: one parse per text, gold or prediction).
+    True when math-verify reads something in it, False when nothing, or TIMED_OUT."""
+    if gold.parsed is None:
+        parsed = _PARSES.get(gold.text)
+        if parsed is None:
+            math_verify_fns()
+            parsed = call_with_deadline(mv_parse, _for_mv(gold.text), seconds=seconds)
+            if parsed is TIMED_OUT:
+                return TIMED_OUT
+            _PARSES.put(gold.text, parsed)
+        gold.parsed = parsed
+    return bool(gold.parsed)
+
+
+def parse_gold(text: Any, seconds: float | None = None, *, lazy: bool = False) -> GoldAnswer | None:
     """Parse a gold answer once (cached by its text). None when it cannot be parsed, when
     its parse overran `seconds` (default GOLD_DEADLINE_S, read at call time), or when the
-    parse raised (a scorer error: counted, logged). Only real verdicts are cached."""
+    parse raised (a scorer error: counted, logged). Only real verdicts are cached.
+
+    `lazy=True` (the scorers' entry points: is_correct, is_equivalent, the accuracy reward)
+    leaves math-verify's parse of the gold to the first prediction that needs it: an
+    answer equal to the gold in spelling (most right answers) never pays for it. Such a
+    gold is None only when its text is refused on sight (empty, over a limit, split
+    digits); one that math-verify then reads nothing in is found by `grade` (None) and
+    remembered: parse_gold returns None for it from then on."""
     if isinstance(text, GoldAnswer):
-        return text
-    try:
-        key = _gold_key(text)
-        if not key:
+        gold = text
+    else:
+        try:
+            key = _gold_key(text)
+            if not key:
+                return None
+            gold = _GOLDS.get(key, _MISSING)
+            if gold is _MISSING:
+                gold = _parse_gold_key(key, seconds or GOLD_DEADLINE_S, lazy)
+                if gold is TIMED_OUT:
+                    return None  # not remembered: a less busy moment may parse it
+                _GOLDS.put(key, gold)
+        except Exception as exc:  # noqa: BLE001 - counted and logged, never a crash
+            record_scorer_error(text, "", exc)
             return None
-        hit = _GOLDS.get(key, _MISSING)
-        if hit is not _MISSING:
-            return hit
-        gold = _parse_gold_key(key, seconds or GOLD_DEADLINE_S)
+    if gold is None or lazy or not _pending(gold):
+        return gold
+    return _parse_pending(gold, seconds or GOLD_DEADLINE_S)
+
+
+def _arithmetic(gold: GoldAnswer) -> bool:
+    """Simple arithmetic, which math-verify surely reads: no need to parse it to know."""
+    return gold.quick is not None and gold.quick[0] in ("value", "items")
+
+
+def _pending(gold: GoldAnswer) -> bool:
+    """A gold math-verify has not read yet, which is no simple arithmetic (a lazy one)."""
+    return gold.parsed is None and gold.number is None and not _arithmetic(gold)
+
+
+def _parse_pending(gold: GoldAnswer, seconds: float) -> GoldAnswer | None:
+    """parse_gold's eager reading of a gold cached lazily by an earlier call."""
+    try:
+        readable = _read_gold(gold, seconds)
     except Exception as exc:  # noqa: BLE001 - counted and logged, never a crash
-        record_scorer_error(text, "", exc)
+        record_scorer_error(gold.text, "", exc)
         return None
-    if gold is TIMED_OUT:
-        return None  # not remembered: a less busy moment may parse it
-    _GOLDS.put(key, gold)
+    if readable is TIMED_OUT:
+        return None
+    if not readable:
+        _GOLDS.put(gold.text, None)
+        return None
     return gold
 
 
@@ -253,13 +304,12 @@ def _gold_profile(gold: GoldAnswer) -> tuple:
 
 
 def _mv_check(gold: GoldAnswer, pred: str, pred_parsed: list | None) -> tuple[bool, list]:
-    """(equal?, the prediction's parse). Runs under a deadline: touches no locks."""
+    """(equal?, the prediction's parse); the gold is read already unless it is a plain
+    number. Runs under a deadline: touches no locks."""
     if pred_parsed is None:
         pred_parsed = mv_parse(_for_mv(pred))
     if not pred_parsed:
         return False, pred_parsed
-    if gold.parsed is None and gold.number is None:  # parsed when first needed
-        gold.parsed = mv_parse(_for_mv(gold.text))
     if gold.profile is None:
         gold.profile = _gold_profile(gold)
     if cannot_be_equal(gold.profile, profile(pred_parsed)):
@@ -271,7 +321,38 @@ def _mv_check(gold: GoldAnswer, pred: str, pred_parsed: list | None) -> tuple[bo
     return equal, pred_parsed
 
 
-def _verify_uncached(gold: GoldAnswer, pred: str, seconds: float) -> bool | None:
+def _refused(gold: GoldAnswer, stripped: str, number: tuple | None) -> bool:
+    """A prediction judged wrong unseen, before any parse."""
+    # `1 2` is no number (math-verify would read it as 3): refused, like other limits.
+    if risky_reason(stripped) or (number is None and SPLIT_DIGITS.search(stripped)):
+        return True
+    return never_read(_for_mv(stripped), gold.text)  # code, not math: read as no value
+
+
+_GOLD_UNREAD = object()  # _verify_uncached: the gold, read only now, is unreadable or timed out
+
+
+def _gold_read_for(gold: GoldAnswer, seconds: float | None) -> float | None:
+    """Read a lazy gold before the prediction's math-verify comparison: the seconds left
+    for the prediction, or None when the gold is unreadable (remembered) or timed out.
+    `seconds` None: the gold gets GOLD_DEADLINE_S and the prediction BUDGET_S, as when
+    parse_gold read it first; given (the reward's budget per completion), they share it."""
+    if gold.number is not None or gold.parsed:
+        return seconds or BUDGET_S
+    if gold.parsed is not None:  # read before: math-verify found nothing in it
+        return None
+    start = time.monotonic()
+    readable = _read_gold(gold, seconds or GOLD_DEADLINE_S)
+    if readable is TIMED_OUT:
+        return None
+    if not readable:
+        _GOLDS.put(gold.text, None)  # parse_gold says None for it from now on
+        return None
+    return max(0.05, seconds - (time.monotonic() - start)) if seconds else BUDGET_S
+
+
+def _verify_uncached(gold: GoldAnswer, pred: str,
+                     seconds: float | None) -> bool | None | object:
     stripped = clean_answer(pred)
     if not stripped:
         return False
@@ -281,14 +362,15 @@ def _verify_uncached(gold: GoldAnswer, pred: str, seconds: float) -> bool | None
     canon = canonical(stripped)
     if canon and canon == gold.canon:
         return True
-    # `1 2` is no number (math-verify would read it as 3): refused, like other limits.
-    if risky_reason(stripped) or (number is None and SPLIT_DIGITS.search(stripped)):
+    if _refused(gold, stripped, number):
         return False
     if gold.quick is not None:  # no parser for an answer that surely differs
-        pred_quick = (("value", complex(number[0]), False) if number is not None
-                      else quick_profile(stripped))
+        pred_quick = number_profile(number[0]) if number is not None else quick_profile(stripped)
         if quick_unequal(gold.quick, pred_quick):
             return False
+    seconds = _gold_read_for(gold, seconds)
+    if seconds is None:
+        return _GOLD_UNREAD
     math_verify_fns()
     cached = _PARSES.get(stripped)  # the same wrong answer recurs across prompts
     result = call_with_deadline(_mv_check, gold, stripped, cached, seconds=seconds)
@@ -300,11 +382,12 @@ def _verify_uncached(gold: GoldAnswer, pred: str, seconds: float) -> bool | None
     return equal
 
 
-def check(gold: GoldAnswer | None, predicted: str | None, seconds: float | None = None) -> bool:
-    """Is `predicted` (an extracted answer) equivalent to the gold? Takes at most about
-    `seconds` (default BUDGET_S; a timeout counts as wrong, is not cached, and is not
-    retried for RETRY_TIMEOUT_AFTER_S). Raises ScorerError when the scorer itself failed
-    (already counted and logged: don't count it again)."""
+def grade(gold: GoldAnswer | None, predicted: str | None,
+          seconds: float | None = None) -> bool | None:
+    """`check`'s verdict, or None when the gold itself turned out unreadable while checking
+    (a lazy gold, parse_gold(lazy=True): math-verify read nothing in it, or its parse
+    overran the deadline), so the pair was not judged. The accuracy reward reads None as
+    "not scored", as it does a gold that parse_gold refuses. Raises ScorerError as check."""
     if gold is None or not isinstance(predicted, str):
         return False
     pred = predicted.strip()
@@ -318,14 +401,25 @@ def check(gold: GoldAnswer | None, predicted: str | None, seconds: float | None 
     if timed_out is not None and time.monotonic() - timed_out < RETRY_TIMEOUT_AFTER_S:
         return False
     try:
-        result = _verify_uncached(gold, pred, seconds or BUDGET_S)
+        result = _verify_uncached(gold, pred, seconds)
     except Exception as exc:  # noqa: BLE001 - counted and logged, a False verdict
         raise record_scorer_error(gold.text, pred, exc) from exc
+    if result is _GOLD_UNREAD:
+        return None
     if result is None:
         _TIMEOUTS.put(key, time.monotonic())
         return False
     _VERDICTS.put(key, result)
     return result
+
+
+def check(gold: GoldAnswer | None, predicted: str | None, seconds: float | None = None) -> bool:
+    """Is `predicted` (an extracted answer) equivalent to the gold? Takes at most about
+    `seconds` (default BUDGET_S; a timeout counts as wrong, is not cached, and is not
+    retried for RETRY_TIMEOUT_AFTER_S; so does a lazy gold found unreadable, see `grade`).
+    Raises ScorerError when the scorer itself failed (already counted and logged: don't
+    count it again)."""
+    return grade(gold, predicted, seconds) is True
 
 
 def verify(gold: GoldAnswer | None, predicted: str | None, seconds: float | None = None) -> bool:
@@ -347,12 +441,12 @@ def is_correct(completion: str, gold: str, *, extraction: str = "strict") -> boo
     except Exception as exc:  # noqa: BLE001 - recorded as a scorer error, never a verdict
         record_scorer_error(gold, completion, exc)
         return False
-    return verify(parse_gold(gold), predicted)
+    return verify(parse_gold(gold, lazy=True), predicted)
 
 
 def is_equivalent(gold_text: Any, pred_text: str | None) -> bool:
-    """Convenience: parse_gold + verify."""
-    return verify(parse_gold(gold_text), pred_text)
+    """Convenience: parse_gold (lazy) + verify."""
+    return verify(parse_gold(gold_text, lazy=True), pred_text)
 
 
 def clear_caches() -> None:

@@ -14,12 +14,14 @@ Two extraction modes (`EXTRACTIONS`):
 - `flexible`: the chain the standard evaluators use (lm-evaluation-harness gsm8k
   flexible-extract, the Qwen2.5-Math and Minerva evaluators): the last `\\boxed{}`, else the
   first `<answer>` block, else the text after the last "the answer is" / "#### " / "A: " /
-  "Answer: " marker, else the last complete math expression (a `$...$` span, a
-  `\\frac{..}{..}`, `\\sqrt{..}`, an interval or tuple), else the last number in the text
-  (lm-eval's `(-?[$0-9.,]{2,})|(-?[0-9]+)`), which is taken only when no such expression
-  follows it: an expression is never split for a number in it
-  (grpo_core/verify/fallback.py). `$`, thousands commas and a trailing period are removed
-  from a number so found.
+  "Answer: " marker, else the final expression whole (a bare answer `14 \\pi`, `0,1`, or
+  the mathematics ending the last line, "So the result is 4+\\sqrt{2}."; GSM8K-style
+  arithmetic `9 * 2 = $18` is left to the last number), else the last complete math
+  expression (a `$...$` span, a `\\frac{..}{..}`, `\\sqrt{..}`, an interval or tuple), else
+  the last number in the text (lm-eval's `(-?[$0-9.,]{2,})|(-?[0-9]+)`), which is taken
+  only when no such expression follows it: an expression is never split for a number in
+  it (grpo_core/verify/fallback.py). `$`, thousands commas and a trailing period are
+  removed from a number so found.
 
 Every scan is linear (no backtracking regex) and reads only the tail of a long completion:
 the final answer is at the end, and megabyte input must cost what a short one does.
@@ -138,8 +140,8 @@ def extract_answer(completion: str, extraction: str = "strict") -> str | None:
     """The model's final answer, or None. `strict` (default): the first complete
     `<answer>...</answer>` block, else the last `\\boxed{...}`. `flexible`: the last
     `\\boxed{}`, else the first `<answer>` block,
-    else the last "the answer is"/"####"/"A:"/"Answer:" marker, else the last math
-    expression or the last number after it."""
+    else the last "the answer is"/"####"/"A:"/"Answer:" marker, else the final expression,
+    else the last math expression or the last number after it."""
     if extraction not in EXTRACTIONS:
         raise ValueError(f"unknown extraction {extraction!r}; known: {EXTRACTIONS}")
     if not isinstance(completion, str):

@@ -6,12 +6,15 @@ grpo_core.verify.safe_eval (nothing here bounds time itself).
 - `mv_parse(text)`: its parse of an answer, a bare LaTeX answer wrapped in \\boxed{}.
 - `profile` / `cannot_be_equal`: cheap numeric disproofs that spare most wrong answers
   math-verify's symbolic comparison.
+- `never_read(pred, gold)`: text math-verify reads no value in (code, shell), told from
+  its characters alone, before any parse (and before math-verify is even imported).
 """
 
 from __future__ import annotations
 
 import cmath
 import logging
+import re
 
 from grpo_core.verify.units import looks_like_prose, mv_extraction_config
 
@@ -34,6 +37,27 @@ def _mv_candidates(text: str) -> list[str]:
         return [text]
     boxed = "\\boxed{" + text + "}"
     return [text, boxed] if looks_like_prose(text) else [boxed, text]
+
+
+# A mark no LaTeX answer holds and math-verify's LaTeX grammar refuses wherever it stands
+# (tests/test_answers.py pins it): a dunder, a backtick, `@`, `#`, `?`.
+_NOT_MATH = re.compile(r"__|[`@#?]")
+# What math-verify could read apart from the whole text: a math span (`$`, `\\(`, `\\[`), a
+# command (`\\boxed`, `\\frac`), a bracket `[`, a brace (the end of the \\boxed{} it is
+# handed in), an `=` (it parses the last side of an equation alone when the whole fails);
+# or a number, which must start after a space, an operator or the text's start. A digit
+# glued to a letter, `_`, `/` or `-` after one (`x0`, `/tmp/pytest-5/`) starts none.
+_READABLE_PART = re.compile(r"[$\\\[{}=]|(?<![0-9A-Za-z_/])(?<![0-9A-Za-z_/]-)[0-9]")
+
+
+def never_read(pred: str, gold: str) -> bool:
+    """True when math-verify surely finds `pred` (as `_mv_candidates` hands it over)
+    unequal to `gold` without parsing it: pred has a mark of _NOT_MATH and no part its
+    regexes read apart, so its parse is its own text as a fallback string (the whole
+    text's LaTeX parse fails on the mark), which math-verify compares as a string: only a
+    gold with such a mark could equal it. Linear time; nothing is evaluated."""
+    return (_NOT_MATH.search(pred) is not None and _READABLE_PART.search(pred) is None
+            and _NOT_MATH.search(gold) is None)
 
 
 _MV: dict = {}

@@ -2,19 +2,30 @@
 math-verify's LaTeX parser (an ANTLR parse costs ~10 ms; most of a verdict's time).
 
 `quick_profile(text)` reads a small subset of LaTeX arithmetic: numbers, single-letter
-variables, `\\pi`, `\\frac{}{}`, `\\sqrt{}` / `\\sqrt[n]{}`, `^`, `\\cdot`, `\\times`, `+ - * /`,
-brackets, implicit products (`3\\sqrt{2}`, `2xy`), degrees `90^\\circ` (90); and tuples / intervals / lists of
-those. It returns a profile, or None for anything else (relations, text, sets, matrices,
-functions): those go to math-verify as before.
+variables (`i` too: math-verify keeps it a symbol), `\\pi`, `\\frac{}{}`, `\\sqrt{}` /
+`\\sqrt[n]{}`, `^`, `\\cdot`, `\\times`, `+ - * /`, brackets, implicit products
+(`3\\sqrt{2}`, `2xy`), degrees `90^\\circ` (90); tuples / intervals / lists of those; and a
+few shapes whole: an equation of those (`y = 2x + 1`), a matrix, a union of intervals, a
+word (`\\text{odd}`, `\\text{(B)}`). It returns a profile, or None for anything else
+(inequalities, sets, functions, other text): those go to math-verify as before.
 
-    ("value", v, varies)   v: the value at generic points of its variables (complex);
-                           varies: whether it provably depends on them
-    ("items", [profiles])  a comma-separated tuple, interval or list
+    ("value", v, varies, points)   v: the value when it is a constant (complex), else None;
+                                   varies: whether it provably depends on its variables;
+                                   points: its values at two generic points of its
+                                   variables (real ones only), or None
+    ("items", [profiles])          a comma-separated tuple, interval or list
+    ("eq", profile)                an equation: the profile of its right-hand side
+    ("matrix",) ("union",)         a matrix of two or more entries; intervals joined by \\cup
+    ("word",)                      a word math-verify reads as a symbol (not `e`, `i`, `pi`)
 
-`quick_unequal(a, b)` is True only when the two surely differ: two constant values more
-than 1e-6 apart (math-verify's loosest rule rounds to 6 decimals), a constant against an
-expression that varies, two lists of constants whose sets of values differ (a bare list
-is a set), or one value against a list of several values. Equality is never decided here.
+`quick_unequal(a, b)` is True only when the two surely differ under math-verify: two
+constant values more than 1e-6 apart (math-verify's loosest rule rounds to 6 decimals), a
+constant against an expression that varies, two expressions whose values differ at both
+generic points (math-verify compares variables by name, case-insensitively), two lists of
+constants whose sets of values differ (a bare list is a set), one value against a list of
+several values; an equation's right-hand side against an answer that is no equation (what
+math-verify compares); a matrix or a union of intervals against a scalar or a word; a word
+against a constant. Equality is never decided here.
 Nothing is evaluated by Python's eval: a hand-written parser over a bounded token list.
 """
 
@@ -53,7 +64,8 @@ def _tokens(text: str) -> list[tuple[str, str]]:
             if cmd not in ("left", "right"):  # \left( is (
                 out.append(("cmd", "frac" if cmd.endswith("frac") else cmd))
         elif letter is not None:
-            if letter in "eiEI":  # Euler's number, the imaginary unit: not ours to read
+            # Euler's number, and `I`; `i` is a symbol to math-verify, as any letter
+            if letter in "eEI":
                 raise _Unsupported
             out.append(("var", letter))
         else:
@@ -135,8 +147,9 @@ class _Reader:
             return complex(float(value))
         if kind == "var":
             self.i += 1
-            self.vars.add(value)
-            return complex(self.point + (ord(value) % 7) / 10)
+            self.vars.add(value.lower())
+            # math-verify lower-cases symbols: X is x
+            return complex(self.point + (ord(value.lower()) - 96) / 29)
         if (kind, value) == ("op", "{"):
             return self.group()
         if (kind, value) == ("op", "("):
@@ -188,9 +201,15 @@ def _value(toks: list) -> tuple:
     if not (cmath.isfinite(v1) and cmath.isfinite(v2)):
         raise _Unsupported
     if not names:
-        return ("value", v1, False)
+        return ("value", v1, False, None)
     varies = abs(v1 - v2) > 1e-6 * max(1.0, abs(v1))
-    return ("value", None, varies)
+    real = abs(v1.imag) < 1e-12 and abs(v2.imag) < 1e-12  # no branch of a root involved
+    return ("value", None, varies, (v1.real, v2.real) if real else None)
+
+
+def number_profile(value: complex) -> tuple:
+    """The profile of a plain number (as answers reads one exactly)."""
+    return ("value", complex(value), False, None)
 
 
 def _split_items(toks: list) -> list[list] | None:
@@ -214,30 +233,83 @@ def _split_items(toks: list) -> list[list] | None:
     return None
 
 
+_MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}", re.DOTALL)
+_WORD = re.compile(r"\\(?:text|textbf|textrm|mbox|mathrm)\s*\{\s*(\(?[A-Za-z][A-Za-z ]*\)?)\s*\}")
+# words math-verify reads as constants (\text{pi} is pi, a symbol e equals E), or may
+_CONSTANT_WORDS = frozenset("e i pi oo inf infty infinity nan zoo".split())
+
+
+def _interval(toks: list) -> bool:
+    """Whether toks are one interval: two values in brackets."""
+    if not toks or toks[0] not in (("op", "("), ("op", "[")) or toks[-1] not in (
+        ("op", ")"), ("op", "]")
+    ):
+        return False
+    items = _split_items(toks) or []
+    return len(items) == 2 and all(_value(item) for item in items)
+
+
+def _shape(text: str) -> tuple | None:
+    """A matrix, a word, a union of intervals or an equation written whole, or None."""
+    m = _MATRIX.fullmatch(text)
+    if m:
+        body = m.group(2)
+        many = "&" in body or "\\\\" in body
+        return ("matrix",) if many and "\\begin" not in body else None
+    m = _WORD.fullmatch(text)
+    if m:
+        word = m.group(1).strip("() ").lower()
+        return ("word",) if word and word not in _CONSTANT_WORDS else None
+    if "\\cup" in text:
+        parts = text.split("\\cup")
+        return ("union",) if all(_interval(_tokens(part)) for part in parts) else None
+    if "=" in text:
+        sides = [_value(_tokens(side)) for side in text.split("=")]  # each one value
+        return ("eq", sides[-1])
+    return None
+
+
 def quick_profile(text: str) -> tuple | None:
     """The profile of `text` (see the module docstring), or None outside the subset."""
     if not text or len(text) > MAX_CHARS:
         return None
-    if "circ" in text:  # 90^\\circ is 90, as math-verify reads it (not pi/2)
+    circ = "circ" in text
+    if circ:  # 90^\\circ is 90, as math-verify reads it (not pi/2)
         text = text.replace("^{\\circ}", "").replace("^\\circ", "")
     try:
-        toks = _tokens(text)
-        if not toks:
-            return None
-        items = _split_items(toks)
-        if items is not None:
-            return ("items", [_value(item) for item in items])
-        if any(t == ("op", "[") or t == ("op", "]") for t in toks):
-            return None  # a one-item bracket is nothing we read
-        return _value(toks)
+        if any(cue in text for cue in _SHAPE_CUES):
+            profile = _shape(text)
+        else:
+            toks = _tokens(text)
+            items = _split_items(toks) if toks else None
+            if items is not None:
+                profile = ("items", [_value(item) for item in items])
+            elif not toks or any(t == ("op", "[") or t == ("op", "]") for t in toks):
+                return None  # a one-item bracket is nothing we read
+            else:
+                profile = _value(toks)
     except (_Unsupported, ArithmeticError, ValueError, OverflowError):
         return None
+    if circ and profile is not None:  # degrees of a variable: math-verify's reading of them
+        profile = _without_points(profile)  # is not ours to guess
+    return profile
+
+
+_SHAPE_CUES = ("\\begin", "\\text", "\\mbox", "\\mathrm", "\\cup", "=")
+
+
+def _without_points(profile: tuple) -> tuple:
+    if profile[0] == "eq":
+        return ("eq", _without_points(profile[1]))
+    return profile[:3] + (None,) if profile[0] == "value" else profile
 
 
 def _values_unequal(a: tuple, b: tuple) -> bool:
-    (_, av, a_varies), (_, bv, b_varies) = a, b
+    (_, av, a_varies, a_points), (_, bv, b_varies, b_points) = a, b
     if av is not None and bv is not None:
         return abs(av - bv) > 1e-6 * max(1.0, abs(av))
+    if a_points is not None and b_points is not None:  # both read with their variables
+        return all(abs(x - y) > 1e-6 * max(1.0, abs(x)) for x, y in zip(a_points, b_points))
     return (av is not None and b_varies) or (bv is not None and a_varies)
 
 
@@ -248,10 +320,25 @@ def _constants(profile: tuple) -> set | None:
     return {(round(i[1].real, 6), round(i[1].imag, 6)) for i in profile[1]}
 
 
+def _shape_unequal(a: tuple, b: tuple) -> bool:
+    """quick_unequal where a is a matrix, a union or a word."""
+    if a[0] == "word":  # a symbol: never a constant
+        return b[0] == "value" and b[1] is not None or b[0] in ("matrix", "union")
+    return b[0] in ("value", "word")  # a matrix or a union of intervals is no scalar
+
+
 def quick_unequal(a: tuple | None, b: tuple | None) -> bool:
     """True only when profiles a and b surely belong to different answers."""
     if a is None or b is None:
         return False
+    if a[0] == "eq" or b[0] == "eq":  # math-verify compares the right-hand side
+        if a[0] == b[0]:
+            return False  # two equations: compared as relations, not ours to read
+        return quick_unequal(a[1], b) if a[0] == "eq" else quick_unequal(a, b[1])
+    if a[0] in ("matrix", "union", "word"):
+        return _shape_unequal(a, b)
+    if b[0] in ("matrix", "union", "word"):
+        return _shape_unequal(b, a)
     if a[0] == "value" and b[0] == "value":
         return _values_unequal(a, b)
     if a[0] == "items" and b[0] == "items":

@@ -28,9 +28,9 @@ from grpo_core.verify import answers
 from grpo_core.verify.answers import (
     SCORER_ERRORS,
     ScorerError,
-    check,
     count_scorer_errors,
     extract_answer,
+    grade,
     normalise_gold,
     parse_gold,
     record_scorer_error,
@@ -116,14 +116,16 @@ def _each(
 def _accuracy_one(completion: Any, gold: Any, extraction: str = "strict") -> float | None:
     start = time.monotonic()
     gold_text = normalise_gold(gold)  # AMC floats, GSM8K "#### n" solutions, plain strings
-    parsed = parse_gold(gold_text) if gold_text is not None else None
+    # lazy: math-verify reads the gold only for a prediction that needs it (see grade)
+    parsed = parse_gold(gold_text, lazy=True) if gold_text is not None else None
     if parsed is None:
         return None
     # One time budget per completion, shared with the gold's parse when it was not cached.
     seconds = max(0.05, answers.BUDGET_S - (time.monotonic() - start))
-    # check raises ScorerError on a scorer failure: _each makes it None, never 0.0.
-    predicted = extract_answer(completion_text(completion), extraction)
-    return 1.0 if check(parsed, predicted, seconds) else 0.0
+    # grade raises ScorerError on a scorer failure: _each makes it None, never 0.0; it
+    # says None when the gold itself proved unreadable.
+    verdict = grade(parsed, extract_answer(completion_text(completion), extraction), seconds)
+    return None if verdict is None else float(verdict)
 
 
 def accuracy(completions: list, answer: list | None = None, extraction: str = "strict",

@@ -21,6 +21,7 @@ The rule (one of the equivalence rules listed in grpo_core/verify/answers.py):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 # Multi-letter unit words only (a single letter is a variable). Plurals are matched by an
 # optional s/es. "in" is left out: `5 in` is as likely a cut-off sentence.
@@ -62,25 +63,39 @@ _COMMANDS = re.compile(r"\\[A-Za-z]+")
 # prose, a spaced matrix loses its boxed read and becomes its last entry.
 _TEXT_ARGS = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
 _WORD = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2,}(?![A-Za-z0-9])")
-_FUNCTIONS = frozenset(
+FUNCTION_NAMES = frozenset(
     "sin cos tan cot sec csc log ln exp lim max min gcd lcm det mod arcsin arccos arctan "
     "sinh cosh tanh sqrt frac pi inf infty".split()
 )
 _TWO_LETTER_WORDS = frozenset("is of so we it or to be an as at by if on no".split())
 
 
+def _blank(m: re.Match) -> str:
+    return " " * len(m.group())  # the same length: positions stay those of the text
+
+
+def _prose_words(text: str) -> Iterator[re.Match]:
+    """The words of prose in `text` (see looks_like_prose), as matches at their places."""
+    bare = _COMMANDS.sub(_blank, _TEXT_ARGS.sub(_blank, text))
+    for m in _WORD.finditer(bare):
+        word = m.group().lower()
+        two_letter = len(word) == 2
+        if (two_letter and word in _TWO_LETTER_WORDS) or (not two_letter and word not in FUNCTION_NAMES):
+            yield m
+
+
 def looks_like_prose(text: str) -> bool:
     """`18 apples`, `The answer is 5`: a word standing apart from the mathematics outside
     LaTeX commands, \\text{} and environment names (see the module docstring)."""
-    bare = _COMMANDS.sub(" ", _TEXT_ARGS.sub(" ", text))
-    for m in _WORD.finditer(bare):
-        word = m.group().lower()
-        if len(word) == 2:
-            if word in _TWO_LETTER_WORDS:
-                return True
-        elif word not in _FUNCTIONS:
-            return True
-    return False
+    return next(_prose_words(text), None) is not None
+
+
+def prose_end(text: str) -> int:
+    """Where the last word of prose in `text` ends; 0 when it holds none."""
+    end = 0
+    for m in _prose_words(text):
+        end = m.end()
+    return end
 
 
 def mv_extraction_config() -> list:
