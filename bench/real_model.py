@@ -1,11 +1,22 @@
 """A real pretrained model through both recipes on this machine's CPU: base -> [SFT] ->
 each GRPO round -> final, every stage scored on the same held-out problems, with the paired
 95% CI of each stage against its own input and against the base, under strict and
-flexible extraction (grpo_core.eval.metrics.paired_delta).
+flexible extraction (grpo_core.eval.paired.paired_delta).
 
     GRPO_TORCH_THREADS=1 .venv/bin/python bench/real_model.py \\
         [--config configs/models/smollm2-135m-cpu.yaml] [--model PATH] [--set k=v ...] \\
-        [--eval-n 200] [--gsm8k-n 50] [--json out.json]
+        [--eval-n 200] [--gsm8k-n 50] [--seeds 0,1,2] [--arms band,pool] [--json out.json]
+
+Replication (issue 33): `--seeds` runs each recipe's GRPO stage once per seed
+(`project.seed`: the filter's sample, the prompt order, the rollouts) from the same input
+(sft_grpo's SFT stage runs once), and `--arms band,pool` runs it once on prompts drawn from
+the filter's band and once on prompts drawn from the whole pool, the same steps, prompts per
+step and G (the pool arm skips the filter). The summary gives, per recipe and arm, each
+seed's gain over the stage's input and the gain pooled over seeds (per problem the mean over
+seeds, bootstrapped over problems), strict and flexible, the band-minus-pool difference
+pooled the same way, and the share of zero-variance groups per step in each arm.
+Resumable: a GRPO stage whose folder holds a model trained from the same inputs is reused,
+and scored stages are cached by model content, so a rerun after a stop picks up where it was.
 
 What runs is the config's: its model, template, synthetic levels (the held-out problems
 are the synthetic task's eval split at the same levels, disjoint from training by
@@ -36,7 +47,8 @@ from grpo_core.config import load_config, recipe_config
 from grpo_core.data.benchmarks import SYNTHETIC_EVAL_SEED, benchmark_problems, fingerprint
 from grpo_core.data.synthetic import generate_problems
 from grpo_core.eval.evaluation import greedy_records
-from grpo_core.eval.metrics import bootstrap_ci, paired_delta
+from grpo_core.eval.metrics import bootstrap_ci
+from grpo_core.eval.paired import paired_delta, pooled_paired_delta
 from grpo_core.modeling.memory_plan import memory_plan
 from grpo_core.train.diagnosis import CollapsedStart, start_collapse
 from grpo_core.train.throughput import round_summary, rss_peak
@@ -53,6 +65,29 @@ def accuracy(records: list[dict], mode: str) -> dict:
 
 def paired(a: list[dict], b: list[dict]) -> dict:
     return {mode: paired_delta(a, b, metric) for mode, metric in EXTRACTIONS.items()}
+
+
+def pooled(pairs: list[tuple[list[dict], list[dict]]]) -> dict:
+    return {mode: pooled_paired_delta(pairs, metric) for mode, metric in EXTRACTIONS.items()}
+
+
+def content_key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def reused(folder: Path, key: str) -> dict | None:
+    """What a stage saved in `folder` when it was trained from the same inputs (`key`)."""
+    path = folder / "bench-stamp.json"
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key and Path(saved["model"]).exists():
+            return saved
+    return None
+
+
+def stamp(folder: Path, key: str, saved: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bench-stamp.json").write_text(json.dumps({"key": key, **saved}, default=str))
 
 
 def scored(path: str, problems: list, cfg, template: str, cache: Path) -> tuple[list[dict], float]:
@@ -110,10 +145,13 @@ class Experiment:
         self.rows: list[dict] = []
         self.json_path = json_path
         self.records: dict[str, list[dict]] = {}
+        self.inputs: dict[str, str] = {}          # recipe -> records key of its GRPO input
+        self.finals: dict[tuple[str, str], list] = {}   # (recipe, arm) -> [(seed, records)]
+        self.pooled_rows: list[dict] = []
 
     def emit(self, row: dict) -> None:
         self.rows.append(row)
-        line = (f"{row['recipe']:9s} {row['stage']:14s} strict {ci(row['strict'])}  "
+        line = (f"{row.get('run') or row['recipe']:22s} {row['stage']:14s} strict {ci(row['strict'])}  "
                 f"flexible {ci(row['flexible'])}  {row['seconds']:.0f} s")
         for vs in ("vs_input", "vs_base"):
             if row.get(vs):
@@ -129,7 +167,7 @@ class Experiment:
     def evaluate(self, recipe: str, stage: str, path: str, seconds: float, input_key: str | None,
                  extra: dict | None = None, gsm8k: bool = False) -> None:
         recs, s = scored(path, self.held_out, self.cfg, self.template, self.out / 'records')
-        key = f"{recipe}/{stage}"
+        key = f"{(extra or {}).get('run') or recipe}/{stage}"   # a seed's run keeps its own
         self.records[key] = recs
         row = {"recipe": recipe, "stage": stage, "model": path, "seconds": round(seconds, 1),
                "eval_seconds": round(s, 1), "truncated": sum(r["greedy_truncated"] for r in recs) / len(recs),
@@ -152,10 +190,9 @@ class Experiment:
         """What the SFT stage's model depends on: input weights, traces, template, settings."""
         from grpo_core.modeling.loading import model_fingerprint
 
-        parts = [model_fingerprint(self.model), fingerprint(self.pool), self.template,
-                 self.cfg.sft.model_dump(mode="json"), self.cfg.sft_stage.model_dump(mode="json"),
-                 self.cfg.project.seed]
-        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+        return content_key(model_fingerprint(self.model), fingerprint(self.pool), self.template,
+                           self.cfg.sft.model_dump(mode="json"),
+                           self.cfg.sft_stage.model_dump(mode="json"), self.cfg.project.seed)
 
     def sft(self, recipe: str) -> tuple[str, str]:
         """The SFT stage, reused when its folder holds a model trained from the same inputs
@@ -163,9 +200,8 @@ class Experiment:
         from grpo_core.train.sft import run_sft
 
         folder, key = self.out / recipe / "sft", self.sft_key()
-        stamp = folder / "bench-stamp.json"
-        if stamp.is_file() and json.loads(stamp.read_text())["key"] == key:
-            saved = json.loads(stamp.read_text())
+        saved = reused(folder, key)
+        if saved:
             self.evaluate(recipe, "sft", saved["model"], saved["seconds"], "base/base",
                           {"train": {**saved["train"], "reused": True}})
             return saved["model"], f"{recipe}/sft"
@@ -176,18 +212,29 @@ class Experiment:
         train = {"steps": res.steps, "seconds": round(time.perf_counter() - t0, 1),
                  "loss_first_last": [round(losses[0], 3), round(losses[-1], 3)] if losses else None,
                  "peak_rss_gb": peak.peak_gb}
-        stamp.write_text(json.dumps({"key": key, "model": res.output_dir, "train": train,
-                                     "seconds": train["seconds"]}))
+        stamp(folder, key, {"model": res.output_dir, "train": train, "seconds": train["seconds"]})
         self.evaluate(recipe, "sft", res.output_dir, time.perf_counter() - t0, "base/base",
                       {"train": train})
         return res.output_dir, f"{recipe}/sft"
 
-    def grpo_round(self, recipe: str, n: int, path: str, input_key: str, last: bool) -> str:
+    def grpo_round(self, recipe: str, n: int, path: str, input_key: str, last: bool,
+                   run: str, arm: str) -> str:
+        """Round `n` of run `run` (recipe, seed and arm) from `path`: the filter (band arm),
+        the GRPO stage, its evaluation. Reused when its folder holds the same inputs' model."""
+        from grpo_core.modeling.loading import model_fingerprint
         from grpo_core.train.grpo import prompts_per_update, run_grpo_round
 
+        folder = self.out / run / f"grpo-{n}"
+        key = content_key(model_fingerprint(path), fingerprint(self.pool), self.template, arm,
+                          self.cfg.model_dump(mode="json", exclude={"eval"}))
+        saved = reused(folder, key)
+        if saved:
+            self.evaluate(recipe, f"grpo/round-{n}", saved["model"], saved["seconds"], input_key,
+                          {**saved["extra"], "run": run, "reused": True}, gsm8k=last)
+            return saved["model"]
         t0 = time.perf_counter()
         problems, filt = self.pool, None
-        if self.cfg.filter.enabled:
+        if arm == "band" and self.cfg.filter.enabled:
             rep = band_filter(path, self.pool, self.cfg, self.template)
             filt = {"considered": rep.considered, "kept": len(rep.kept),
                     "band_share": round(len(rep.kept) / max(rep.considered, 1), 3),
@@ -202,8 +249,8 @@ class Experiment:
                 problems = self.pool
         t1 = time.perf_counter()
         with rss_peak() as peak:
-            res = run_grpo_round(path, problems, self.cfg, self.out / recipe / f"grpo-{n}",
-                                 self.template, report_to=[], round_no=n)
+            res = run_grpo_round(path, problems, self.cfg, folder, self.template,
+                                 report_to=[], round_no=n)
         steps = [h["step_time"] for h in res.history if "step_time" in h]
         tp = round_summary(res.history)
         plan = memory_plan(self.cfg.model_copy(update={"model": self.cfg.model.model_copy(
@@ -215,18 +262,70 @@ class Experiment:
                  "peak_rss_gb": peak.peak_gb, "memory_plan_gb": plan.get("total_gb"),
                  "reward_first_last": [round(res.history[0].get("reward", float("nan")), 3),
                                        round(res.history[-1].get("reward", float("nan")), 3)],
+                 # the share of groups whose G rewards were all equal, per step (TRL's metric)
+                 "zero_std_per_step": [round(h["frac_reward_zero_std"], 2) for h in res.history
+                                       if "frac_reward_zero_std" in h],
                  "findings": res.findings}
-        self.evaluate(recipe, f"grpo/round-{n}", res.output_dir, time.perf_counter() - t0,
-                      input_key, {"train": train, "filter": filt}, gsm8k=last)
+        seconds = time.perf_counter() - t0
+        extra = {"train": train, "filter": filt, "arm": arm, "seed": self.cfg.project.seed}
+        stamp(folder, key, {"model": res.output_dir, "seconds": round(seconds, 1), "extra": extra})
+        self.evaluate(recipe, f"grpo/round-{n}", res.output_dir, seconds, input_key,
+                      {**extra, "run": run}, gsm8k=last)
         return res.output_dir
 
-    def recipe(self, recipe: str) -> None:
-        path, key = self.model, "base/base"
+    def recipe(self, recipe: str, seeds: list[int], arms: list[str]) -> None:
+        """The recipe's input once (SFT for sft_grpo, else the base), then its GRPO rounds
+        once per seed and arm; the final records of each go to self.finals[(recipe, arm)]."""
+        start, start_key = self.model, "base/base"
         if recipe == "sft_grpo":
-            path, key = self.sft(recipe)
-        for n in range(1, self.cfg.rounds.count + 1):
-            path = self.grpo_round(recipe, n, path, key, n == self.cfg.rounds.count)
-            key = f"{recipe}/grpo/round-{n}"
+            start, start_key = self.sft(recipe)
+        self.inputs[recipe] = start_key
+        base_cfg = self.cfg
+        for arm in arms:
+            for seed in seeds:
+                self.cfg = base_cfg.model_copy(update={"project": base_cfg.project.model_copy(
+                    update={"seed": seed})})
+                run = f"{recipe}/{arm}/seed-{seed}"
+                path, key = start, start_key
+                for n in range(1, self.cfg.rounds.count + 1):
+                    path = self.grpo_round(recipe, n, path, key, n == self.cfg.rounds.count,
+                                           run, arm)
+                    key = f"{run}/grpo/round-{n}"
+                self.finals.setdefault((recipe, arm), []).append((seed, self.records[key]))
+        self.cfg = base_cfg
+
+    def summary(self) -> None:
+        """Per recipe and arm: each seed's gain over the GRPO stage's input, the pooled gain,
+        and band minus pool; strict and flexible (a markdown table, for the README)."""
+        print("\n| recipe | arm | seed | gain strict | gain flexible | zero-std share per step |")
+        print("|---|---|---|---|---|---|")
+        for (recipe, arm), finals in self.finals.items():
+            before = self.records[self.inputs[recipe]]
+            for seed, recs in finals:
+                row = next(r for r in self.rows if r.get("run") == f"{recipe}/{arm}/seed-{seed}"
+                           and r["stage"] == f"grpo/round-{self.cfg.rounds.count}")
+                d = paired(recs, before)
+                zs = [z for r in self.rows if r.get("run") == row["run"]
+                      for z in r["train"]["zero_std_per_step"]]
+                print(f"| {recipe} | {arm} | {seed} | {delta(d['strict'])} | "
+                      f"{delta(d['flexible'])} | {statistics.mean(zs) if zs else float('nan'):.2f} |")
+            p = pooled([(recs, before) for _, recs in finals])
+            print(f"| {recipe} | {arm} | pooled ({len(finals)}) | **{delta(p['strict'])}** | "
+                  f"**{delta(p['flexible'])}** | |")
+            self.pooled_rows.append({"recipe": recipe, "arm": arm, "seeds": [s for s, _ in finals],
+                                     "pooled_vs_input": p})
+        for recipe in {r for r, _ in self.finals}:
+            band, pool = self.finals.get((recipe, "band")), self.finals.get((recipe, "pool"))
+            if band and pool:
+                pairs = [(b, q) for (_, b), (_, q) in zip(band, pool)]
+                d = pooled(pairs)
+                print(f"| {recipe} | band - pool | pooled ({len(pairs)}) | {delta(d['strict'])} "
+                      f"| {delta(d['flexible'])} | |")
+                self.pooled_rows.append({"recipe": recipe, "arm": "band - pool",
+                                         "pooled": d, "seeds": len(pairs)})
+        if self.json_path:
+            self.json_path.with_suffix(".summary.json").write_text(
+                json.dumps(self.pooled_rows, indent=1))
 
 
 def main() -> None:
@@ -235,6 +334,10 @@ def main() -> None:
     ap.add_argument("--model", help="model folder (default: the config's model.name_or_path)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--recipes", help="comma-separated (default: the config's project.recipes)")
+    ap.add_argument("--seeds", help="comma-separated GRPO seeds (default: project.seed)")
+    ap.add_argument("--arms", default="band",
+                    help="band (prompts from the filter's band), pool (from the whole pool), "
+                         "or both comma-separated; pool applies to sft_grpo only")
     ap.add_argument("--eval-n", type=int, default=200)
     ap.add_argument("--gsm8k-n", type=int, default=50)
     ap.add_argument("--out", default=None, help="where the stages' models go")
@@ -243,11 +346,16 @@ def main() -> None:
     cfg = load_config(a.config, a.overrides)
     model = a.model or cfg.model.name_or_path
     recipes = a.recipes.split(",") if a.recipes else (cfg.project.recipes or [cfg.project.recipe])
+    seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else [cfg.project.seed]
+    arms = a.arms.split(",")
+    if not set(arms) <= {"band", "pool"}:
+        ap.error(f"--arms: {a.arms!r}: band, pool or both")
     out = Path(a.out or os.environ.get("GRPO_WORKDIR", ".grpo")) / "bench-real-model"
     template = cfg.model.template
     print(f"real model bench: {model}, template {template}, levels {cfg.data.train[0].levels}, "
-          f"recipes {recipes}, held-out {a.eval_n}, GSM8K {a.gsm8k_n}, "
-          f"threads {os.environ.get('GRPO_TORCH_THREADS')}, load {load()}", flush=True)
+          f"recipes {recipes}, seeds {seeds}, arms {arms}, held-out {a.eval_n}, "
+          f"GSM8K {a.gsm8k_n}, threads {os.environ.get('GRPO_TORCH_THREADS')}, load {load()}",
+          flush=True)
     exp = Experiment(cfg, model, template, a.eval_n, a.gsm8k_n, out,
                      Path(a.json) if a.json else None)
     t0 = time.perf_counter()
@@ -255,9 +363,11 @@ def main() -> None:
     for r in recipes:
         exp.cfg = recipe_config(cfg, r)  # its project.recipe_overrides (r1_zero: zero-RL reward)
         try:
-            exp.recipe(r)
+            # the pool arm compares against the SFT input's band: sft_grpo's question
+            exp.recipe(r, seeds, arms if r == "sft_grpo" else ["band"])
         except CollapsedStart as stop:
             print(f"{r}: stopped before training: {stop}", flush=True)
+    exp.summary()
     print(f"total {time.perf_counter() - t0:.0f} s (load {load()})", flush=True)
 
 

@@ -12,7 +12,7 @@ from grpo_core.eval.attribution import (
     stage_gains,
     verdict,
 )
-from grpo_core.eval.metrics import paired_delta
+from grpo_core.eval.paired import paired_delta
 
 K = 8
 METRIC = f"avg@{K}"

@@ -19,13 +19,16 @@ from grpo_core.eval.metrics import (
     k_grid,
     maj_at_k,
     majority_vote,
+    pass_at_k,
+    problem_scores,
+    summarise,
+)
+from grpo_core.eval.paired import (
     paired_bootstrap,
     paired_delta,
     paired_metric,
     paired_scores,
-    pass_at_k,
-    problem_scores,
-    summarise,
+    pooled_paired_delta,
 )
 
 # ---------------------------------------------------------------- pass@k
@@ -382,3 +385,23 @@ def test_summarise_reports_g_pass_next_to_pass():
     names = [n for n in s if parse_metric(n) is not None]
     assert names.index("gpass50@2") == names.index("pass@4") + 1  # listed right after pass@k
     assert paired_metric("gpass75@4") and parse_metric("flexible/gpass100@8").kind == "gpass100"
+
+
+def test_pooled_paired_delta_averages_seeds_per_problem_before_resampling():
+    def recs(flags):
+        return [{"problem_id": f"p{i}", "greedy_correct": bool(f)} for i, f in enumerate(flags)]
+    before = recs([0, 0, 1, 1])
+    seed_a, seed_b = recs([1, 0, 1, 1]), recs([1, 1, 1, 0])   # +0.25 and +0.25
+    one = pooled_paired_delta([(seed_a, before)], "greedy_accuracy", n_resamples=200)
+    assert one["delta"] == paired_delta(seed_a, before, "greedy_accuracy")["delta"] == 0.25
+    both = pooled_paired_delta([(seed_a, before), (seed_b, before)], "greedy_accuracy",
+                               n_resamples=200)
+    assert both["delta"] == 0.25 and both["replicates"] == 2 and both["n"] == 4
+    # per problem: (1 + 1)/2, (0 + 1)/2, 0, (0 - 1)/2 -> the pooled CI is narrower than seed b's
+    assert both["hi"] - both["lo"] <= paired_delta(seed_b, before, "greedy_accuracy",
+                                                   n_resamples=200)["hi"] - \
+        paired_delta(seed_b, before, "greedy_accuracy", n_resamples=200)["lo"]
+    with pytest.raises(ValueError, match="same problems"):
+        pooled_paired_delta([(seed_a, before), (recs([1, 1]), recs([0, 0]))], "greedy_accuracy")
+    with pytest.raises(ValueError, match="at least one"):
+        pooled_paired_delta([], "greedy_accuracy")

@@ -4,7 +4,7 @@ won, by how much, and why".
 A pipeline evaluates its model after every stage on the same problems (eval/base, eval/sft,
 eval/round-N, eval/final on the first benchmark), so each stage's gain over the stage
 before is a paired difference of per-problem scores, with the paired bootstrap CI
-(grpo_core.eval.metrics.paired_delta):
+(grpo_core.eval.paired.paired_delta):
 
     stage_gains([("eval/base", rows), ("eval/sft", rows), ("eval/round-1", rows), ...])
         -> [{"stage": "eval/sft", "over": "eval/base", "delta", "lo", "hi", "n"}, ...]
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from grpo_core.eval.metrics import paired_delta
+from grpo_core.eval.paired import paired_delta
 
 Stage = tuple[str, Sequence[dict]]  # (eval label, per-problem records)
 

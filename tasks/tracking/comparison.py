@@ -5,7 +5,7 @@ comparison read back out of MLflow.
   (`eval_results`): by the result's eval run id, else (results cached before they held
   one) by its protocol hash and the model's fingerprint (the newest such run).
 - `paired_deltas` turns two record sets into paired deltas with 95% CIs
-  (grpo_core.eval.metrics.paired_delta); `delta_metrics` names them as logged on the eval/final
+  (grpo_core.eval.paired.paired_delta); `delta_metrics` names them as logged on the eval/final
   run (`<bench>/<metric>_delta`, `_delta_ci_lo`, `_delta_ci_hi`, `_delta_n`).
 - `table_row`: the one builder of a comparison row (COMPARE_COLUMNS), used by
   `compare_table` and by the recipe comparison flow (flows/compare.py).
@@ -34,7 +34,7 @@ from grpo_core.eval.metric_names import (
     delta_key,
     shown,
 )
-from grpo_core.eval.metrics import paired_delta, paired_metric
+from grpo_core.eval.paired import paired_delta, paired_metric
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
 from tasks.tracking.mlflow_client import child_runs, get_client, sanitize_key, stage_of

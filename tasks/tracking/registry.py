@@ -16,7 +16,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from grpo_core.eval.metrics import paired_delta
+from grpo_core.eval.paired import paired_delta
 from tasks.tracking.mlflow_client import get_client, sanitize_key, set_tags
 from tasks.tracking.mlflow_model import hf_folder, log_and_register
 from tasks.tracking.redaction import redact
