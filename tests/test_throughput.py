@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from grpo_core.train import throughput as tp
 
@@ -41,7 +42,7 @@ def test_step_metrics_split_trl_step_time_and_leave_mfu_out_without_a_peak():
     m = tp.step_metrics(counts, 1.0, 10**6, None)
     assert m[tp.GEN_SECONDS] + m[tp.TRAIN_SECONDS] == pytest.approx(1.0)
     assert m[tp.GEN_TOK_S] == pytest.approx(500.0) and m[tp.TRAIN_TOK_S] == pytest.approx(2000.0)
-    assert tp.MFU not in m  # CPU, or a GPU not in the table with no train.peak_tflops
+    assert tp.MFU not in m  # no peak: a GPU not in the table with no train.peak_tflops
     with_peak = tp.step_metrics(counts, 1.0, 10**6, 1.0)
     assert with_peak[tp.MFU] == pytest.approx(6 * 10**6 * 800 / 0.4 / 1e12)
     idle = tp.step_metrics(tp.StepCounts(), 0.2, 10**6, 1.0)  # a buffered step: no generation
@@ -139,13 +140,22 @@ def test_a_real_round_logs_throughput_to_its_history_and_mlflow_run(tiny_model_p
             assert h[key] > 0, (key, h)
         # generation + training is TRL's step_time, by construction and to the float
         assert h[tp.GEN_SECONDS] + h[tp.TRAIN_SECONDS] == pytest.approx(h["step_time"], rel=1e-6)
-        assert tp.MFU not in h  # CPU: no MFU
+        # where generation went: sampling and scoring measured inside it, never more than it
+        assert h[tp.PREFIX + "sample_seconds"] > 0 and h[tp.PREFIX + "score_seconds"] > 0, h
+        parts = sum(h[tp.PREFIX + p] for p in tp.STEP_PARTS)
+        assert parts <= h[tp.GEN_SECONDS] + 1e-9, (parts, h[tp.GEN_SECONDS])
+        # CPU: the MFU against this machine's measured matmul rate, which training stays under
+        assert h[tp.PEAK] == tp.cpu_matmul_tflops(torch.get_num_threads()) > 0
+        assert 0 < h[tp.MFU] < 1 and h[tp.TRAIN_TFLOPS] == pytest.approx(h[tp.MFU] * h[tp.PEAK])
         # 2 prompts x G 4 completions of at most 8 tokens each
         assert h[tp.GEN_TOK_S] * h[tp.GEN_SECONDS] <= 8 * 8 + 1e-6
     s = tp.round_summary(result.history)
     assert 0 < s["gen_share"] < 1 and s["gen_tokens_per_s"] > 0
+    assert s["sample_seconds"] > 0 and 0 < s["mfu"] < 1
+    assert "(sample " in tp.format_throughput(s) and "MFU " in tp.format_throughput(s)
     client = T.get_client()
-    for key in (tp.GEN_SECONDS, tp.TRAIN_SECONDS, tp.GEN_TOK_S, tp.TRAIN_TOK_S):
+    for key in (tp.GEN_SECONDS, tp.TRAIN_SECONDS, tp.GEN_TOK_S, tp.TRAIN_TOK_S, tp.MFU,
+                tp.PREFIX + "sample_seconds"):
         steps = sorted(m.step for m in client.get_metric_history(run, key))
         assert steps == [1, 2], key
 
@@ -186,4 +196,26 @@ def test_the_callback_logs_mfu_on_a_cuda_trainer_with_a_peak():
     assert trainer.step_counts == tp.StepCounts()  # counted once: reset for the next step
     cpu = SimpleNamespace(args=SimpleNamespace(device=torch.device("cpu")), model=model)
     cb.bind(cpu)
-    assert cb.peak is None  # no MFU on CPU, even with an override
+    assert cb.peak == 1e-6  # the override wins on CPU too
+    cb = Throughput()
+    cb.bind(cpu)  # else this CPU's own matmul rate, measured
+    assert cb.peak == tp.cpu_matmul_tflops(torch.get_num_threads()) > 0
+
+
+def test_cpu_matmul_peak_is_measured_once_and_counts_threads():
+    one = tp.cpu_matmul_tflops(1)
+    assert 1e-4 < one < 10  # a CPU core does between 0.1 GFLOP/s and 10 TFLOP/s of fp32 GEMM
+    assert tp.cpu_matmul_tflops(1) == one  # cached: a trainer built later pays nothing
+
+
+def test_the_step_line_says_where_the_step_went():
+    from grpo_core.train.step_progress import where_the_step_went
+
+    logs = {tp.GEN_SECONDS: 9.8, tp.TRAIN_SECONDS: 31.4, tp.PREFIX + "sample_seconds": 7.9,
+            tp.PREFIX + "score_seconds": 0.3, tp.PREFIX + "logprob_seconds": 1.2,
+            tp.TRAIN_TFLOPS: 0.021, tp.MFU: 0.14}
+    assert where_the_step_went(logs) == ("gen 9.8 s (sample 7.9, score 0.3, logprobs 1.2)  "
+                                         "train 31.4 s  0.021 TFLOP/s  MFU 14%")
+    assert where_the_step_went({"loss": 1.0}) == ""  # SFT: nothing measured
+    s = tp.round_summary([{**logs}])
+    assert tp.format_throughput(s).startswith("gen 24% (sample 19%, score 1%, logprobs 3%) |")

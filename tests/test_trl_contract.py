@@ -144,6 +144,21 @@ def _pin_nanstd(owner):
                                        f"Bessel-corrected std: std(1, 3, nan) = {got}"
 
 
+def _called_in_generate_and_score(owner, name: str) -> None:
+    """`name` exists and `_generate_and_score_completions` calls it (the door times it there:
+    throughput/score_seconds, throughput/logprob_seconds); it takes what it is given."""
+    _member(owner, name)
+    assert f"self.{name}(" in ast.unparse(_function_ast(owner._generate_and_score_completions)), (
+        f"{_label(owner, '_generate_and_score_completions')} no longer calls {name}: the "
+        "step's time split (grpo_core/train/trainer.py MeasuresThroughput) would miss it")
+
+
+def _pin_calculate_rewards(owner):
+    _params(owner, "_calculate_rewards", ["self", "inputs", "prompts", "completions",
+                                          "completion_ids_list"])
+    _called_in_generate_and_score(owner, "_calculate_rewards")
+
+
 def _global_read_in(fn, name: str) -> bool:
     """Whether `fn`'s body reads the module global `name` (so setting it takes effect at
     the next call, not at import)."""
@@ -185,6 +200,9 @@ def _trainer_pins():
         pins[(owner, "_metrics")] = _pin_metrics
         pins[(owner, "_tokenizer")] = _pin_tokenizer
         pins[(owner, "_generate")] = lambda o: _params(o, "_generate", ["self", "prompts"])
+        pins[(owner, "_calculate_rewards")] = _pin_calculate_rewards
+        pins[(owner, "_get_per_token_logps_and_entropies")] = lambda o: \
+            _called_in_generate_and_score(o, "_get_per_token_logps_and_entropies")
     pins[(GRPOTrainer, "_compute_loss")] = lambda o: _params(o, "_compute_loss",
                                                              ["self", "model", "inputs"])
     pins[(Trainer, "_save")] = lambda o: _params(o, "_save", ["self", "output_dir", "state_dict"])

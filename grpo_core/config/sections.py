@@ -353,9 +353,10 @@ class TrainConfig(Section):
     logprob_chunk_vocab: int | None = Field(default=None, ge=1)
     """Vocabulary columns per tile of that head. None: TRL's 32768 on GPU, 8192 on CPU."""
     peak_tflops: float | None = Field(default=None, gt=0)
-    """The GPU's peak TFLOP/s that throughput/mfu (CUDA only) is computed against; None: by the CUDA
-    device's name (grpo_core/train/throughput.py PEAK_TFLOPS, bf16 dense), no MFU for a
-    device not listed. Measurement only: not in any stage's cache key."""
+    """The peak TFLOP/s that throughput/mfu is computed against; None: on CUDA by the device's
+    name (grpo_core/train/throughput.py PEAK_TFLOPS, bf16 dense; no MFU for a device not
+    listed), on CPU this machine's fp32 matmul rate, measured (cpu_matmul_tflops).
+    Measurement only: not in any stage's cache key."""
 
     @model_validator(mode="after")
     def _server_split(self):

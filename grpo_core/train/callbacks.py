@@ -7,11 +7,17 @@ import json
 import time
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback
 
 from grpo_core.train.diagnosis import RoundMonitor, is_step_log
 from grpo_core.train.in_round_eval import BEST_DIR, METRIC, STATE_FILE, BestTracker
-from grpo_core.train.throughput import cuda_device_name, peak_tflops, step_metrics
+from grpo_core.train.throughput import (
+    cpu_matmul_tflops,
+    cuda_device_name,
+    peak_tflops,
+    step_metrics,
+)
 from grpo_core.train.trainer import log_metric, skip_optimizer_step, step_time, take_step_counts
 from grpo_core.train.trl_args import kl_beta
 
@@ -161,8 +167,12 @@ class Throughput(BoundCallback):
     def bind(self, trainer) -> None:
         super().bind(trainer)
         # the training device (args.device: the model may be placed later, by DeepSpeed/FSDP)
-        on_cuda = trainer.args.device.type == "cuda"
-        self.peak = peak_tflops(cuda_device_name(), self.peak_override) if on_cuda else None
+        if trainer.args.device.type == "cuda":
+            self.peak = peak_tflops(cuda_device_name(), self.peak_override)
+        elif trainer.args.device.type == "cpu":  # this CPU's own matmul rate, measured once
+            self.peak = self.peak_override or cpu_matmul_tflops(torch.get_num_threads())
+        else:
+            self.peak = self.peak_override
         # ds_numel: a parameter ZeRO-3 partitioned at load holds its full size there
         self.params = sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()
                           if p.requires_grad)

@@ -2,10 +2,14 @@
 says what it is doing (a 135M model takes about a minute a step):
 
     grpo step 3/20  41.2 s/step  112 tokens/s  loss 0.0123  reward 0.250  eta 11m
+      gen 9.8 s (sample 7.9, score 0.3, logprobs 1.2)  train 31.4 s  0.021 TFLOP/s  MFU 14%
 
 Written to stderr (stdout stays the command's result). tokens/s: the prompt + completion
 tokens the trainer processed (TRL's cumulative `num_tokens`) over the wall time between
 two logged steps; a step that is not logged (sft.logging_steps > 1) shows the last figure.
+The second line (GRPO) is where the step's time went (grpo_core.train.throughput): sampling,
+reward scoring, the old/reference log-prob forwards, the policy's forward and backward, and
+its FLOP/s against this machine's measured matmul peak (on CPU) or the GPU's datasheet peak.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import time
 
 from transformers import TrainerCallback
 
+from grpo_core.train import throughput as tp
 from grpo_core.train.diagnosis import is_step_log
 
 
@@ -67,4 +72,23 @@ class StepProgress(TrainerCallback):
                 parts.append(f"{key} {logs[key]:.4g}")
         if total and step < total:
             parts.append(f"eta {_eta(self._step_seconds * (total - step))}")
-        print("  ".join(parts), file=self.stream or sys.stderr, flush=True)
+        split = where_the_step_went(logs)
+        print("  ".join(parts) + (f"\n  {split}" if split else ""),
+              file=self.stream or sys.stderr, flush=True)
+
+
+def where_the_step_went(logs: dict) -> str:
+    """`gen 9.8 s (sample 7.9, score 0.3, logprobs 1.2)  train 31.4 s  0.021 TFLOP/s  MFU 14%`
+    from a step's throughput/* metrics; "" when the step logged none (SFT)."""
+    gen, train = logs.get(tp.GEN_SECONDS), logs.get(tp.TRAIN_SECONDS)
+    if not isinstance(gen, (int, float)) or not isinstance(train, (int, float)):
+        return ""
+    named = [(label, logs.get(tp.PREFIX + part)) for label, part in
+             zip(("sample", "score", "logprobs"), tp.STEP_PARTS)]
+    inner = ", ".join(f"{label} {v:.1f}" for label, v in named if isinstance(v, (int, float)))
+    out = [f"gen {gen:.1f} s" + (f" ({inner})" if inner else ""), f"train {train:.1f} s"]
+    if isinstance(logs.get(tp.TRAIN_TFLOPS), (int, float)):
+        out.append(f"{logs[tp.TRAIN_TFLOPS]:.3f} TFLOP/s")
+    if isinstance(logs.get(tp.MFU), (int, float)):
+        out.append(f"MFU {logs[tp.MFU]:.0%}")
+    return "  ".join(out)

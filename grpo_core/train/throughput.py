@@ -9,13 +9,20 @@ metrics, hence the round's MLflow run and history):
 - throughput/train_seconds: TRL's `step_time` (its training_step calls: forward, backward,
   and the generation inside them) minus gen_seconds; the optimizer step is in neither, as
   in TRL's step_time.
+- throughput/sample_seconds, score_seconds, logprob_seconds: where gen_seconds goes:
+  sampling the completions (transformers or vLLM), the reward functions, and the old
+  policy's and the reference model's log-prob forwards (no grad). The rest of gen_seconds
+  (tokenising, advantages) is not named.
 - throughput/gen_tokens_per_s: completion tokens this process generated / gen_seconds.
 - throughput/train_tokens_per_s: prompt + completion tokens (padding excluded) this
   process trained on / train_seconds.
-- throughput/mfu: on CUDA only, 6 x trainable parameters x trained tokens / train_seconds /
-  peak FLOP/s (model FLOPs utilisation of the training part). Peak: train.peak_tflops, else
-  PEAK_TFLOPS by device name; neither: not logged. On CPU it is not logged (no meaningful
-  peak). With LoRA, 6 x trainable parameters undercounts the frozen weights' passes.
+- throughput/train_tflops: 6 x trainable parameters x trained tokens / train_seconds (the
+  policy's forward and backward). With LoRA, 6 x trainable parameters undercounts the frozen
+  weights' passes.
+- throughput/mfu: train_tflops / peak (model FLOPs utilisation of the training part). Peak:
+  train.peak_tflops, else on CUDA PEAK_TFLOPS by device name (none listed: not logged), on
+  CPU this machine's own fp32 matmul rate with the threads in use (cpu_matmul_tflops,
+  measured once per process and logged as throughput/peak_tflops): an MFU for a CPU.
 Figures are this process's (rank 0's with several processes: one device's share).
 
 Per stage: peak memory, `system/gpu_peak_gb` (CUDA max allocated; grpo_core.modeling.gpu)
@@ -24,6 +31,7 @@ launched child's when higher: `rss_peak`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import resource
 import sys
@@ -37,6 +45,9 @@ TRAIN_SECONDS = PREFIX + "train_seconds"
 GEN_TOK_S = PREFIX + "gen_tokens_per_s"
 TRAIN_TOK_S = PREFIX + "train_tokens_per_s"
 MFU = PREFIX + "mfu"
+TRAIN_TFLOPS = PREFIX + "train_tflops"
+PEAK = PREFIX + "peak_tflops"
+STEP_PARTS = ("sample_seconds", "score_seconds", "logprob_seconds")  # inside gen_seconds
 RSS_PEAK_METRIC = "system/rss_peak_gb"
 IS_RATIO = "sampling/importance_sampling_ratio/mean"  # TRL's, with vLLM generation
 # The pipeline process's own resident memory after each round (step = round): flat from
@@ -78,6 +89,30 @@ def mfu(trainable_params: int, tokens: float, seconds: float, peak_tflops_: floa
     return 6.0 * trainable_params * tokens / seconds / (peak_tflops_ * 1e12)
 
 
+@functools.lru_cache(maxsize=8)
+def cpu_matmul_tflops(threads: int, size: int = 1024, seconds: float = 0.5) -> float:
+    """This CPU's fp32 matmul rate with `threads` threads, in TFLOP/s: the best of repeated
+    `size` x `size` products over about `seconds` (after one warm-up). The peak a CPU's MFU
+    is measured against: what torch's own GEMM reaches here, not a datasheet figure."""
+    import time
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.mm(a, b)
+        best, end = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * size ** 3 / max(time.perf_counter() - t0, 1e-9))
+        return best / 1e12
+    finally:
+        torch.set_num_threads(before)
+
+
 def cuda_device_name() -> str | None:
     """The current CUDA device's name; None without CUDA (MFU is then not logged)."""
     torch = sys.modules.get("torch")
@@ -91,6 +126,9 @@ class StepCounts:
     """What one optimizer step did, accumulated by the trainer (grpo_core.train.trainer)."""
 
     gen_seconds: float = 0.0
+    sample_seconds: float = 0.0
+    score_seconds: float = 0.0
+    logprob_seconds: float = 0.0
     gen_tokens: int = 0
     train_tokens: int = 0
 
@@ -100,13 +138,16 @@ def step_metrics(counts: StepCounts, step_time: float, trainable_params: int,
     """The step's throughput/* metrics (module doc) from its counts and TRL's step_time."""
     gen_s = counts.gen_seconds
     train_s = max(step_time - gen_s, 0.0)
-    out = {GEN_SECONDS: gen_s, TRAIN_SECONDS: train_s}
+    out = {GEN_SECONDS: gen_s, TRAIN_SECONDS: train_s,
+           **{PREFIX + part: getattr(counts, part) for part in STEP_PARTS}}
     if gen_s > 0:
         out[GEN_TOK_S] = counts.gen_tokens / gen_s
     if train_s > 0:
         out[TRAIN_TOK_S] = counts.train_tokens / train_s
+        out[TRAIN_TFLOPS] = 6.0 * trainable_params * counts.train_tokens / train_s / 1e12
         if peak:
             out[MFU] = mfu(trainable_params, counts.train_tokens, train_s, peak)
+            out[PEAK] = peak
     return out
 
 
@@ -117,29 +158,37 @@ def _finite(v) -> bool:
 def round_summary(history: Sequence[dict]) -> dict[str, float]:
     """A round's figures from its logged rows: gen_share (generation's share of the step
     time), gen_tokens_per_s and train_tokens_per_s (tokens over seconds, rows weighted by
-    their seconds), mfu (mean of the rows that have one). {} when nothing was logged."""
-    gen_s = train_s = gen_tok = train_tok = 0.0
-    for row in history:
-        g, t = row.get(GEN_SECONDS), row.get(TRAIN_SECONDS)
-        if not (_finite(g) and _finite(t)):
-            continue
-        gen_s, train_s = gen_s + g, train_s + t
-        if _finite(row.get(GEN_TOK_S)):
-            gen_tok += row[GEN_TOK_S] * g
-        if _finite(row.get(TRAIN_TOK_S)):
-            train_tok += row[TRAIN_TOK_S] * t
+    their seconds), the seconds of each part of generation (STEP_PARTS, summed), mfu and
+    train_tflops (means of the rows that have one). {} when nothing was logged."""
+    rows = [r for r in history if _finite(r.get(GEN_SECONDS)) and _finite(r.get(TRAIN_SECONDS))]
+    total = _sums(rows, {GEN_SECONDS: 1, TRAIN_SECONDS: 1,
+                         **{PREFIX + part: 1 for part in STEP_PARTS}})
+    gen_s, train_s = total[GEN_SECONDS], total[TRAIN_SECONDS]
     if gen_s + train_s <= 0:
         return {}
-    out = {"gen_share": gen_s / (gen_s + train_s),
-           "gen_seconds": gen_s, "train_seconds": train_s}
+    out = {"gen_share": gen_s / (gen_s + train_s), "gen_seconds": gen_s, "train_seconds": train_s,
+           **{part: total[PREFIX + part] for part in STEP_PARTS if total[PREFIX + part] > 0}}
+    # a rate's round figure: tokens over seconds, each row's rate weighted by its seconds
+    tokens = _sums(rows, {GEN_TOK_S: GEN_SECONDS, TRAIN_TOK_S: TRAIN_SECONDS})
     if gen_s > 0:
-        out["gen_tokens_per_s"] = gen_tok / gen_s
+        out["gen_tokens_per_s"] = tokens[GEN_TOK_S] / gen_s
     if train_s > 0:
-        out["train_tokens_per_s"] = train_tok / train_s
-    for name, key in (("mfu", MFU), ("is_ratio", IS_RATIO)):
+        out["train_tokens_per_s"] = tokens[TRAIN_TOK_S] / train_s
+    for name, key in (("mfu", MFU), ("train_tflops", TRAIN_TFLOPS), ("is_ratio", IS_RATIO)):
         if (mean := _mean(history, key)) is not None:
             out[name] = mean
     return {k: round(v, 4) for k, v in out.items()}
+
+
+def _sums(rows: Sequence[dict], weights: dict) -> dict[str, float]:
+    """Per key, the sum over rows of row[key] x row[weight] (weight 1: the plain sum),
+    skipping rows where the key is not a finite number."""
+    out = dict.fromkeys(weights, 0.0)
+    for row in rows:
+        for key, w in weights.items():
+            if _finite(row.get(key)):
+                out[key] += row[key] * (1 if w == 1 else row[w])
+    return out
 
 
 def _mean(history: Sequence[dict], key: str) -> float | None:
@@ -155,11 +204,11 @@ def _count(n: float) -> str:
 
 
 def format_throughput(tp: dict | None) -> str:
-    """`gen 62% | 410 tok/s gen, 1.2k tok/s train | MFU 31% | IS ratio 1.000` (what is
-    known of it)."""
+    """`gen 62% (sample 50%, score 2%, logprobs 9%) | 410 tok/s gen, 1.2k tok/s train |
+    MFU 31% | IS ratio 1.000` (what is known of it; shares of the round's step time)."""
     if not tp:
         return ""
-    parts = [f"gen {tp['gen_share']:.0%}"] if "gen_share" in tp else []
+    parts = [f"gen {tp['gen_share']:.0%}{step_split(tp)}"] if "gen_share" in tp else []
     rates = [f"{_count(tp[k])} tok/s {w}" for k, w in
              (("gen_tokens_per_s", "gen"), ("train_tokens_per_s", "train")) if k in tp]
     if rates:
@@ -169,6 +218,16 @@ def format_throughput(tp: dict | None) -> str:
     if "is_ratio" in tp:
         parts.append(f"IS ratio {tp['is_ratio']:.3f}")
     return " | ".join(parts)
+
+
+def step_split(tp: dict) -> str:
+    """` (sample 50%, score 2%, logprobs 9%)`: generation's parts as shares of the step time
+    (gen_seconds + train_seconds), from round_summary's (or a step's) seconds; "" if none."""
+    total = (tp.get("gen_seconds") or 0) + (tp.get("train_seconds") or 0)
+    named = [(label, tp.get(part)) for label, part in
+             zip(("sample", "score", "logprobs"), STEP_PARTS)]
+    shown = [f"{label} {v / total:.0%}" for label, v in named if _finite(v) and v > 0 and total]
+    return f" ({', '.join(shown)})" if shown else ""
 
 
 def format_memory(value: dict) -> str:

@@ -49,6 +49,10 @@ PRIVATE = (
     (RLOOTrainer, "_generate_single_turn"),  # overridden: returns the ids alone
     (GRPOTrainer, "_generate_and_score_completions"),  # overridden and called: a dict
     (RLOOTrainer, "_generate_and_score_completions"),
+    (GRPOTrainer, "_calculate_rewards"),  # overridden: timed (the step's scoring seconds)
+    (RLOOTrainer, "_calculate_rewards"),
+    (GRPOTrainer, "_get_per_token_logps_and_entropies"),  # overridden: timed inside scoring
+    (RLOOTrainer, "_get_per_token_logps_and_entropies"),
     (GRPOTrainer, "_compute_loss"),  # overridden: the auxiliary loss is added
     (GRPOTrainer, "_generate"),  # wrapped (wrap_generate): the sampling of one step
     (GRPOTrainer, "_logs"),  # read (rewards, prompts, completions), advantages replaced
@@ -208,7 +212,8 @@ class SavesInDtype:
 class MeasuresThroughput:
     """Counts what a training step does, for grpo_core.train.callbacks.Throughput: the
     wall time of the generate-and-score calls (outermost only: dynamic sampling's passes
-    are inside one), the completion tokens generated, and the prompt + completion tokens
+    are inside one) and, inside them, of sampling, reward scoring and the old/reference
+    log-prob forwards; the completion tokens generated, and the prompt + completion tokens
     trained on (padding excluded). Measures only: nothing sampled or trained changes."""
 
     step_counts: StepCounts
@@ -217,12 +222,32 @@ class MeasuresThroughput:
     def _counting(self) -> bool:
         return self.model.training
 
+    def _timed(self, part: str, call, *args, **kwargs):
+        """`call(*args, **kwargs)`, its seconds added to the step's `part` while scoring."""
+        if not (self._counting() and self._scoring_depth):
+            return call(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            counts = self._counts()
+            setattr(counts, part, getattr(counts, part) + time.perf_counter() - t0)
+
     def _generate_single_turn(self, *args, **kwargs):
-        res = super()._generate_single_turn(*args, **kwargs)
+        res = self._timed("sample_seconds", super()._generate_single_turn, *args, **kwargs)
         if self._counting():
             ids = res[0] if isinstance(res, tuple) else res  # GRPO: (ids, logprobs)
             self._counts().gen_tokens += sum(len(row) for row in ids)
         return res
+
+    def _calculate_rewards(self, *args, **kwargs):
+        return self._timed("score_seconds", super()._calculate_rewards, *args, **kwargs)
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        # inside generate-and-score: the old policy's and the reference's forwards (no grad);
+        # the policy's own forward for the loss runs outside it, in train_seconds
+        return self._timed("logprob_seconds", super()._get_per_token_logps_and_entropies,
+                           *args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
         if not self._counting():
