@@ -47,7 +47,9 @@ def _key(kind: str, result: dict, primary: str) -> str:
         return (f"{result['pool_size']} problems in the pool, {result.get('quarantined', 0)} "
                 f"quarantined, {result.get('contaminated', 0)} contaminated")
     if kind == "filter":
-        return f"kept {result['kept']} of {result['considered']}"
+        kept, considered = result["kept"], result["considered"]
+        share = f" ({kept / considered:.0%})" if considered else ""  # the round's kept share
+        return f"kept {kept} of {considered}{share}"
     if kind in ("sft", "grpo"):
         return f"{result['steps']} steps" + (" (stopped early)" if result.get("stopped_early") else "")
     if kind == "eval":

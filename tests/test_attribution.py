@@ -69,6 +69,28 @@ def test_phases_split_sft_from_grpo():
     assert phase_gains([("eval/base", rows(BASE))], METRIC) == {}
 
 
+def test_the_grpo_phase_is_the_final_model_over_sft_across_its_rounds():
+    # two rounds after SFT, each adding one sample on every problem: GRPO's phase is the
+    # final model (round 2, eval/final the same) minus SFT's, paired directly: +0.25
+    stages = [("eval/base", rows(BASE)), ("eval/sft", rows(SFT)),
+              ("eval/round-1", rows(plus(SFT, 1))), ("eval/round-2", rows(plus(SFT, 2)))]
+    phases = phase_gains(stages, METRIC)
+    assert phases["GRPO"]["delta"] == pytest.approx(0.25) and phases["GRPO"]["rounds"] == 2
+    assert "rounds" not in phases["SFT"]
+    from grpo_core.eval.attribution import phases_phrase
+
+    said = phases_phrase(phases)
+    assert "GRPO after SFT (2 rounds) +0.250" in said
+    # a phrase from phases without a round count (an older cached report) says none
+    assert "GRPO after SFT +0.250" in phases_phrase({k: {kk: vv for kk, vv in v.items()
+                                                         if kk != "rounds"}
+                                                     for k, v in phases.items()})
+    zero = phase_gains([("eval/base", rows(BASE)), ("eval/round-1", rows(ZERO)),
+                        ("eval/round-2", rows(plus(ZERO, 1)))], METRIC)
+    assert zero["GRPO"]["rounds"] == 2
+    assert "GRPO from the base model (2 rounds) gave +0.250" in phases_phrase(zero)
+
+
 def test_values_are_rounded_to_the_ci_precision():
     assert decimals(0.062, 0.131) == 3  # half-width 0.0345
     assert decimals(0.1, 0.7) == 2      # 0.3
@@ -92,14 +114,14 @@ def test_verdict_names_the_winner_and_the_stage_that_earned_it():
     assert text.startswith("sft_grpo beats r1_zero on synthetic avg@8 by +0.250")
     assert "(paired, 40 problems)" in text
     assert "SFT alone gave +0.250" in text
-    assert "GRPO after SFT +0.00" in text and "(not significant)" in text
+    assert "GRPO after SFT (1 round) +0.00" in text and "(not significant)" in text
 
 
 def test_verdict_the_other_direction():
     # r1_zero wins; asked as "sft_grpo vs r1_zero" the margin is said for the winner, positive.
     text = _verdict(ZERO, plus(ZERO, 3))
     assert text.startswith("r1_zero beats sft_grpo on synthetic avg@8 by +0.375")
-    assert "GRPO from the base model gave +0.125" in text
+    assert "GRPO from the base model (1 round) gave +0.125" in text
     assert "SFT alone" not in text  # the loser's stages are not the answer
 
 
@@ -108,7 +130,7 @@ def test_verdict_no_significant_difference_when_the_ci_holds_zero():
     text = _verdict(swings, plus(ZERO, 1))
     assert text.startswith("no significant difference between sft_grpo and r1_zero on synthetic avg@8")
     assert "beats" not in text
-    assert "sft_grpo: SFT alone gave" in text and "r1_zero: GRPO from the base model gave" in text
+    assert "sft_grpo: SFT alone gave" in text and "r1_zero: GRPO from the base model (1 round) gave" in text
 
 
 def test_verdict_without_paired_records_says_so():

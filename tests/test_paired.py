@@ -303,7 +303,7 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     cfgs = [_cfg(wd, "verdict", r) for r in results]
     said = recipes_verdict(cfgs, results, METRIC)
     assert said.startswith(f"sft_grpo beats r1_zero on {BENCH} {METRIC} by +0.100")
-    assert "SFT alone gave +0.100" in said and "GRPO after SFT +0.050" in said
+    assert "SFT alone gave +0.100" in said and "GRPO after SFT (1 round) +0.050" in said
     rows = stage_rows(results)
     assert [r["recipe"] for r in rows] == ["r1_zero - round-1 over base", "sft_grpo - sft over base",
                                            "sft_grpo - round-1 over sft"]

@@ -183,4 +183,4 @@ def test_run_names_and_plain_stages():
         log.removeHandler(handler)
     lines = [r.getMessage() for r in records]
     assert lines[0] == "filter/round-1: started"
-    assert re.fullmatch(r"filter/round-1: computed in [0-9.]+ s: kept 3 of 8", lines[1])
+    assert re.fullmatch(r"filter/round-1: computed in [0-9.]+ s: kept 3 of 8 \(38%\)", lines[1])

@@ -80,7 +80,8 @@ def test_stage_line_carries_the_figures():
     assert "| MFU 31.4% | peak GPU 61.2 GB, peak RSS 0.6 GB;" in summary("grpo", gpu)
     # Other stages: their peak memory after their key number; nothing measured, nothing added.
     assert summary("filter", {"kept": 3, "considered": 8, "rss_peak_gb": 1.25}) == \
-        "kept 3 of 8; peak RSS 1.2 GB"
+        "kept 3 of 8 (38%); peak RSS 1.2 GB"
+    assert summary("filter", {"kept": 0, "considered": 0}) == "kept 0 of 0"  # no share of nothing
     assert summary("grpo", {"steps": 2}) == "2 steps"
     # the round's findings counted by severity, as on its page and the parent's (issue 27)
     assert summary("grpo", {"steps": 2, "findings": ["reward_fn_constant [info] steps 1-2: x"],

@@ -8,7 +8,8 @@ before is a paired difference of per-problem scores, with the paired bootstrap C
 
     stage_gains([("eval/base", rows), ("eval/sft", rows), ("eval/round-1", rows), ...])
         -> [{"stage": "eval/sft", "over": "eval/base", "delta", "lo", "hi", "n"}, ...]
-    phase_gains(...) -> {"SFT": sft minus base, "GRPO": last stage minus (sft or base)}
+    phase_gains(...) -> {"SFT": sft minus base, "GRPO": last stage minus (sft or base), over
+                         its "rounds"}
 
 The phases are the recipe-level question (did SFT or GRPO earn it?); a sum of the
 per-round deltas would carry every round's noise, so the GRPO phase is paired directly.
@@ -57,7 +58,9 @@ def phase_gains(stages: Sequence[Stage], metric: str,
                 seed: int = 0) -> dict[str, dict]:
     """{"SFT": SFT's model minus the base, "GRPO": the last stage minus SFT's model (or
     the base without SFT)}, each {"delta", "lo", "hi", "n"}; a phase that did not run or
-    cannot be paired is absent. The stages are in pipeline order, the base first."""
+    cannot be paired is absent. GRPO's also holds "rounds": how many GRPO rounds' models
+    (eval/round-N stages) lie between the two, so a sentence can say the final model is
+    that many rounds past SFT. The stages are in pipeline order, the base first."""
     have = [(label, rows) for label, rows in stages if rows]
     if len(have) < 2:
         return {}
@@ -73,7 +76,16 @@ def phase_gains(stages: Sequence[Stage], metric: str,
                                       seed=seed)
         except ValueError:
             continue
+        if phase == "GRPO":
+            after = have[[s[0] for s in have].index(b[0]) + 1:]
+            out[phase]["rounds"] = sum(is_round(label) for label, _ in after)
     return out
+
+
+def is_round(label: str) -> bool:
+    """eval/round-N: the model of GRPO round N."""
+    name = label.rsplit("/", 1)[-1]
+    return name.startswith("round-") and name.removeprefix("round-").isdigit()
 
 
 # --------------------------------------------------------------------------- wording
@@ -105,13 +117,17 @@ def _negated(d: Mapping) -> dict:
 
 
 def phases_phrase(phases: Mapping[str, Mapping]) -> str:
-    """"SFT alone gave +0.167 [..], GRPO after SFT +0.012 [..] (not significant)"."""
+    """"SFT alone gave +0.167 [..], GRPO after SFT (2 rounds) +0.012 [..] (not significant)":
+    the GRPO phase is the final model against SFT's (or the base's), over its rounds."""
     parts = []
     if "SFT" in phases:
         parts.append(f"SFT alone gave {ci_phrase(phases['SFT'])}" + _ns(phases["SFT"]))
     if "GRPO" in phases:
-        lead = "GRPO after SFT" if "SFT" in phases else "GRPO from the base model gave"
-        parts.append(f"{lead} {ci_phrase(phases['GRPO'])}" + _ns(phases["GRPO"]))
+        grpo = phases["GRPO"]
+        rounds = grpo.get("rounds")
+        over = f" ({rounds} round{'s' if rounds != 1 else ''})" if rounds else ""
+        lead = f"GRPO after SFT{over}" if "SFT" in phases else f"GRPO from the base model{over} gave"
+        parts.append(f"{lead} {ci_phrase(grpo)}" + _ns(grpo))
     return ", ".join(parts)
 
 
