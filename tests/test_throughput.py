@@ -207,6 +207,12 @@ def test_cpu_matmul_peak_is_measured_once_and_counts_threads():
     one = tp.cpu_matmul_tflops(1)
     assert 1e-4 < one < 10  # a CPU core does between 0.1 GFLOP/s and 10 TFLOP/s of fp32 GEMM
     assert tp.cpu_matmul_tflops(1) == one  # cached: a trainer built later pays nothing
+    torch.manual_seed(7)
+    want = torch.rand(3)
+    torch.manual_seed(7)
+    tp.cpu_matmul_tflops.cache_clear()
+    tp.cpu_matmul_tflops(1, size=64, seconds=0.01)
+    assert torch.equal(torch.rand(3), want)  # measuring draws nothing from torch's generator
 
 
 def test_the_step_line_says_where_the_step_went():

@@ -101,7 +101,10 @@ def cpu_matmul_tflops(threads: int, size: int = 1024, seconds: float = 0.5) -> f
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(size, size), torch.randn(size, size)
+        # a generator of its own: drawing from torch's global one would shift every sample
+        # the trainer draws after it (a resumed round would sample other completions)
+        gen = torch.Generator().manual_seed(0)
+        a, b = torch.randn(size, size, generator=gen), torch.randn(size, size, generator=gen)
         torch.mm(a, b)
         best, end = 0.0, time.perf_counter() + seconds
         while time.perf_counter() < end:
