@@ -28,7 +28,7 @@ from grpo_core.eval.attribution import verdict
 from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.plots import comparison_chart
-from tasks.tracking import comparison
+from tasks.tracking import comparison, headline, verdict_freshness
 from tasks.tracking.comparison import COMPARE_COLUMNS, ci_triple, table_row
 
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
@@ -163,26 +163,37 @@ def compare_recipes(configs: list[PipelineConfig], progress: bool = True) -> dic
     for cfg in configs:
         results[cfg.project.recipe] = grpo_pipeline(cfg, progress=progress)
     report = comparison_report(configs, results)
-    run = publish_comparison(configs[0], report, [r["parent_run"] for r in results.values()])
+    parents = [r["parent_run"] for r in results.values()]
+    run = publish_comparison(configs[0], report, parents)
+    # which model versions (and champions) the verdict speaks of: a newer champion flags it
+    report["computed_with"] = verdict_freshness.stamp(run, parents)
     links = tracking.links_for_run(run)
     # The answer first, in the run's own log (the Prefect UI shows only what is logged here).
     if report["verdict"]:
-        log.info("verdict: %s", report["verdict"])
+        log.info("verdict: %s (%s)", report["verdict"], report["computed_with"] or "no models")
     log.info("comparison (%s):\n%s\nMLflow comparison run: %s", report["report_dir"],
              report["markdown"], links.get("run"))
     create_markdown_artifact(
-        key="recipe-comparison", markdown=artifact_markdown(report, links),
+        key="recipe-comparison", markdown=artifact_markdown(report, links, tracking.current_uri()),
         description="R1-Zero vs SFT+GRPO: the verdict, and held-out metrics with paired 95% CIs")
     return {**report, "runs": {k: v["parent_run"] for k, v in results.items()},
             "comparison_run": run, "links": links}
 
 
-def artifact_markdown(report: dict, links: dict) -> str:
-    """The Prefect artifact: the verdict, the link to the MLflow comparison run, the table."""
+def artifact_markdown(report: dict, links: dict, uri: str = "") -> str:
+    """The Prefect artifact: the verdict (and the model versions it was computed with), the
+    links to the MLflow comparison run, the table. The links are the UI of the store in use
+    (`uri`): an MLflow server's own address; for a local store, where `mlflow ui` serves it
+    ($GRPO_MLFLOW_UI_URL, else its default), with the command that does."""
     head = [f"**{report['verdict']}**", ""] if report["verdict"] else []
+    if report.get("computed_with"):
+        head += [f"({report['computed_with']})", ""]
     if links.get("run"):
         head += [f"MLflow: [comparison run]({links['run']})"
                  + (f", [runs table]({links['runs_table']})" if links.get("runs_table") else ""), ""]
+        if uri and not uri.startswith(("http://", "https://")):
+            head += [f"(a local store, `{uri}`: serve it with `mlflow ui --backend-store-uri "
+                     f"{uri}` at {headline.ui_base(uri)} for these links)", ""]
     return "\n".join([*head, report["markdown"]])
 
 

@@ -39,6 +39,7 @@ from grpo_core.train.throughput import (
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
 from tasks.launch import require_plan
+from tasks.tracking import tracking_store, verdict_freshness
 
 
 def git_commit() -> str:
@@ -96,6 +97,7 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
             parent_run(cfg, ws, log, progress, config_hash=cfg.hash(),
                        recipe=cfg.project.recipe) as ctx:
         out = _stages(ctx, log)
+        verdict_freshness.mark_if_stale(tracking_store.experiment_name(cfg))  # a newer champion?
     log_findings(log, out["findings"])
     return out
 

@@ -14,18 +14,20 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from flows.pipeline import (  # first: it configures prefect before import
+    contamination_findings,
     eval_scorer_for,
     filter_round,
     parent_run,
+    scorer_error_findings,
 )
-from flows.stage_log import named, retrain_run_name
+from flows.stage_log import log_findings, retrain_run_name, run_stage
 from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
 from grpo_core.eval.round_gate import regressions
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
-from tasks.tracking import comparison
+from tasks.tracking import comparison, tracking_store, verdict_freshness
 
 
 @flow(name="grpo-retrain", validate_parameters=True, flow_run_name=retrain_run_name)
@@ -50,6 +52,8 @@ def retrain(config: PipelineConfig, progress: bool = True) -> dict:
                         recipe=f"{cfg.project.recipe}+retrain") as ctx:
             tracking.set_tags(ctx.parent_run, {"grpo.champion_version": champion.version})
             out = _stages(ctx, champion_dir, log)
+        # the champion it was retrained from may be newer than the experiment's verdict
+        verdict_freshness.mark_if_stale(tracking_store.experiment_name(cfg))
         report, bench = out["decision"], cfg.eval.benchmarks[0]
         tracking.log_json(ctx.parent_run, {
             "champion_version": str(champion.version), "champion": out["champion"][bench]["metrics"],
@@ -57,26 +61,35 @@ def retrain(config: PipelineConfig, progress: bool = True) -> dict:
             "promoted": report.get("promoted"), "reason": report.get("reason"),
             "rule": report.get("rule"), "paired": report.get("paired")},
             "report/retrain_decision.json")
+    log_findings(log, out["findings"])  # as grpo_pipeline does: the count, then each one
     log.info("retrain: %s", report.get("summary"))
     return {"parent_run": ctx.parent_run, "model_dir": out["model_dir"], "decision": report,
             "findings": out["findings"]}
 
 
 def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
+    """The retrain's stages, each between its start and end lines (flows.stage_log), as the
+    pipeline's are: data, filter/round-1, grpo/round-1, eval/champion, eval/final."""
     cfg, ws = ctx.cfg, ctx.ws
-    scorer = eval_scorer_for(cfg, ws)
-    data = named(stages.ingest, "data")(ctx)
-    pool, findings = stage_data.pool_of(data), []
+    scorer, primary = eval_scorer_for(cfg, ws), cfg.eval.primary_metric
+    data = run_stage(log, "data", "data", stages.ingest, ctx)
+    findings = contamination_findings(data.get("contamination") or {})
+    pool = stage_data.pool_of(data)
     if cfg.filter.enabled:
         pool, note = filter_round(ctx, champion_dir, pool, 1, log)
         findings += [note] if note else []
-    train = named(stages.grpo_round, "grpo/round-1")(ctx, champion_dir, pool, 1)
-    before = named(stages.evaluate_model, "eval/champion")(ctx, champion_dir, "eval/champion",
-                                                         cfg.eval.benchmarks, scorer)
-    after = named(stages.evaluate_model, "eval/final")(ctx, train["model_dir"], "eval/final",
-                                                     cfg.eval.benchmarks, scorer)
+    train = run_stage(log, "grpo/round-1", "grpo", stages.grpo_round, ctx, champion_dir, pool, 1)
+
+    def eval_stage(model: str, label: str) -> dict:
+        return run_stage(log, label, "eval", stages.evaluate_model, ctx, model, label,
+                         cfg.eval.benchmarks, scorer, primary=primary)
+
+    before = eval_stage(champion_dir, "eval/champion")
+    after = eval_stage(train["model_dir"], "eval/final")
     findings += train.get("findings", [])
-    findings += regressions(1, before["benchmarks"], after["benchmarks"], cfg.eval.primary_metric)
+    for label, evaluated in (("eval/champion", before), ("eval/final", after)):
+        findings += scorer_error_findings(label, evaluated)
+    findings += regressions(1, before["benchmarks"], after["benchmarks"], primary)
     # The champion's per-problem rows, scored under today's protocol, to pair with the
     # challenger's; a retrain has no base eval, so no final-vs-base deltas (base={}).
     bench = cfg.eval.benchmarks[0]

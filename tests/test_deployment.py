@@ -1,15 +1,22 @@
 """The deployment path, for real, on loopback, locked down as infra/compose.yaml runs it: a
 `prefect server` that requires an API auth string (it refuses a call without it or with a
-wrong one), a `process` work pool and worker, `prefect deploy` of infra/prefect.yaml and
-`prefect deployment run` of the quickstart deployment (with a tiny model), all given the
-string through PREFECT_API_AUTH_STRING, against an `mlflow server` behind basic auth that the
-flow run reaches as the pipeline's user (MLFLOW_TRACKING_USERNAME / _PASSWORD from the
-worker's environment). Then the runs are checked in MLflow, and no credential is found in
-Prefect's database, the workspace, MLflow's stores, any log or output. Everything started
-here is stopped by process group."""
+wrong one), a `process` work pool and worker (flows.worker), `prefect deploy` of
+infra/prefect.yaml and `prefect deployment run` of the compare, quickstart and
+weekly-retrain deployments (with a tiny model), all given the string through
+PREFECT_API_AUTH_STRING, against an `mlflow server` behind basic auth that the flow runs
+reach as the pipeline's user (MLFLOW_TRACKING_USERNAME / _PASSWORD from the worker's
+environment). The runs tell the story `grpo run` tells (issue 34, item 7): named as it names
+them, every stage's start/end lines and the findings in the retrain's log too, no library
+warnings or progress bars on the worker's terminal, the promotion's delta written as
+everywhere else, the verdict saying which versions it was computed with and marked STALE
+once a newer champion is in; and the worker stops promptly on SIGTERM mid-run, its flow run
+and every process under it with it. Then the runs are checked in MLflow, and no credential
+is found in Prefect's database, the workspace, MLflow's stores, any log or output.
+Everything started here is stopped by process group."""
 import base64
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,11 +26,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from mlflow_server import MlflowServer
 from pipeline_runs import basic_auth_token, scan_for_secrets
 
+from fixtures_models import MAIN_JOB_SHRINK
+from grpo_core.config import load_config
 from tasks.tracking.mlflow_client import stage_of
 
 pytest_plugins = ["fixtures_models"]
@@ -77,16 +87,28 @@ def _prefect_post(api: str, path: str, body: dict, auth: str) -> list[dict]:
 
 
 def _prefect_story(api: str, auth: str) -> dict:
-    """Flow run name -> its task run names and log lines, read from the server's API."""
+    """Flow run name -> its task run names, log lines, state and whether it is a subflow,
+    read from the server's API (scheduled runs of the weekly cron left out)."""
     story = {}
     for run in _prefect_post(api, "flow_runs/filter", {}, auth):
+        if run["state_type"] == "SCHEDULED":
+            continue
         ids = {"any_": [run["id"]]}
         story[run["name"]] = {
+            "id": run["id"], "state": run["state_type"], "sub": bool(run["parent_task_run_id"]),
             "tasks": {t["name"] for t in _prefect_post(api, "task_runs/filter",
                                                         {"flow_runs": {"id": ids}}, auth)},
             "logs": [x["message"] for x in _prefect_post(
-                api, "logs/filter", {"logs": {"flow_run_id": ids}, "limit": 200}, auth)]}
+                api, "logs/filter", {"logs": {"flow_run_id": ids}, "limit": 400}, auth)]}
     return story
+
+
+def _run_state(api: str, auth: str, run_id: str) -> tuple[str, list[str]]:
+    """(state type, log lines) of flow run `run_id`."""
+    ids = {"any_": [run_id]}
+    run = _prefect_post(api, "flow_runs/filter", {"flow_runs": {"id": ids}}, auth)[0]
+    logs = _prefect_post(api, "logs/filter", {"logs": {"flow_run_id": ids}, "limit": 400}, auth)
+    return run["state_type"], [x["message"] for x in logs]
 
 
 class Services:
@@ -103,7 +125,7 @@ class Services:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)  # a Prefect worker ignores SIGTERM
+                os.killpg(proc.pid, signal.SIGINT)  # the servers' (and a worker's) clean stop
         for proc in self.procs:
             try:
                 proc.wait(timeout=15)
@@ -112,11 +134,25 @@ class Services:
                 proc.wait()
 
 
-def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
+
+RUN_NAME = re.compile(r"^((r1_zero|sft_grpo|retrain-r1_zero)-[0-9a-f]{8}|compare-r1_zero-vs-sft_grpo)$")
+# what `grpo run` keeps off a terminal (flows.cli_common.quiet_libraries)
+NOISE = ("FutureWarning", "UserWarning", "Loading weights", "Writing model shards", "it/s]")
+RETRAIN_STAGES = ("data", "filter/round-1", "grpo/round-1", "eval/champion", "eval/final")
+
+
+def _config_hash(config: Path, workdir: Path) -> str:
+    cfg = load_config(config)
+    cfg.project.workdir = str(workdir)
+    return cfg.hash()
+
+
+def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_path):
     prefect_port, mlflow_port = _free_port(), _free_port()
     api = f"http://127.0.0.1:{prefect_port}/api"
     mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("PREFECT_", "MLFLOW_", "GRPO_VERBOSE"))}
     env = {**base, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_TRACKING_URI": mlflow_uri,
            "MLFLOW_DISABLE_TELEMETRY": "true", "GRPO_TORCH_THREADS": "1", "GRPO_REPO_DIR": str(ROOT),
@@ -136,11 +172,16 @@ def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
         "grpo": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 8},
         "eval": {"limit": 4, "samples": 2, "max_new_tokens": 8, "bootstrap": 20},
     }))
+    ws = tmp_path / "ws"
+    params = {"config_path": str(config), "workdir": str(ws)}
+    # the default recipes (r1_zero, sft_grpo), shrunk, in the same experiment and store
+    compare_params = {"overrides": [*MAIN_JOB_SHRINK, f"model.name_or_path={tiny_model_path}",
+                                    "project.name=itest-deploy"], "workdir": str(ws)}
     services = Services(tmp_path)
     (tmp_path / "mlflow").mkdir()
     mlflow = MlflowServer(tmp_path / "mlflow", tmp_path / "mlflow" / "mlflow.db", port=mlflow_port,
                           admin=MLFLOW_ADMIN)
-    outputs = []
+    outputs, timings = [], {}
     try:
         server = services.start("prefect-server", [str(BIN / "prefect"), "server", "start", "--host",
                                                    "127.0.0.1", "--port", str(prefect_port)], server_env)
@@ -156,25 +197,64 @@ def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
         assert user.returncode == 0, user.stdout + user.stderr
 
         def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+            t0 = time.monotonic()
             out = subprocess.run([str(BIN / "prefect"), "--no-prompt", *args], env=env, cwd=ROOT,
                                  capture_output=True, text=True, timeout=timeout, check=False)
+            timings[" ".join(args[:3])] = round(time.monotonic() - t0)
             outputs.append(out.stdout + out.stderr)
             assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
             return out
 
+        def deployment_run(name: str, body: dict) -> None:
+            run = cli("deployment", "run", name, "--params", json.dumps(body), "--watch", timeout=900)
+            assert "Completed" in run.stdout, run.stdout[-3000:]
+
         cli("work-pool", "create", "grpo-cpu", "--type", "process")
         cli("deploy", "--prefect-file", "infra/prefect.yaml", "--all")
-        services.start("worker", [str(BIN / "prefect"), "worker", "start", "--pool", "grpo-cpu"], env)
-        params = {"config_path": str(config), "workdir": str(tmp_path / "ws")}
-        run = cli("deployment", "run", "grpo-run-config/quickstart", "--params", json.dumps(params),
-                  "--watch", timeout=600)
-        assert "Completed" in run.stdout, run.stdout[-3000:]
-        story = _prefect_story(api, PREFECT_AUTH)  # checked below, with MLflow's config hash
+        worker = services.start("worker", [str(BIN / "python"), "-m", "flows.worker", "--pool",
+                                           "grpo-cpu"], env)
+        deployment_run("grpo-compare-recipes/compare", compare_params)  # r1_zero v1, champion
+        experiment = mlflow.request("/api/2.0/mlflow/experiments/get-by-name?experiment_name="
+                                    "itest-deploy", MLFLOW_ADMIN)[1]["experiment"]
+        note = {t["key"]: t["value"] for t in experiment["tags"]}["mlflow.note.content"]
+        assert "(computed with itest-deploy-r1_zero v1 (champion), itest-deploy-sft_grpo v1 " \
+               "(champion))" in note, note
+        deployment_run("grpo-run-config/quickstart", params)  # r1_zero v2, a challenger
+        # A newer champion than the verdict's (what a retrain that wins does; here by hand, a
+        # tiny random model never wins): the retrain started from it marks the verdict STALE.
+        status, said = mlflow.request("/api/2.0/mlflow/registered-models/alias", MLFLOW_ADMIN, "POST",
+                                      {"name": "itest-deploy-r1_zero", "alias": "champion",
+                                       "version": "2"})
+        assert status == 200, said
+        deployment_run("grpo-retrain/weekly-retrain", params)
+        story = _prefect_story(api, PREFECT_AUTH)  # checked below, with MLflow's config hashes
+
+        # SIGTERM mid-run: the worker and its flow run (and all under it) stop within seconds.
+        started = cli("deployment", "run", "grpo-run-config/quickstart", "--params",
+                      json.dumps({**params, "workdir": str(tmp_path / "ws-killed")}))
+        run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
+        deadline = time.monotonic() + 300
+        while "data: started" not in _run_state(api, PREFECT_AUTH, run_id)[1]:
+            assert time.monotonic() < deadline, _run_state(api, PREFECT_AUTH, run_id)
+            time.sleep(1)
+        family = psutil.Process(worker.pid).children(recursive=True)
+        assert any("prefect.engine" in " ".join(p.cmdline()) for p in family), family
+        t0 = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+        timings["worker stop after SIGTERM"] = stopped_s = round(time.monotonic() - t0, 1)
+        _, alive = psutil.wait_procs(family, timeout=5)
+        assert not alive, alive
+        assert stopped_s < 30, stopped_s
+        time.sleep(2)
+        killed_state = _run_state(api, PREFECT_AUTH, run_id)[0]
     finally:
         services.stop()
         mlflow.stop()
         worker_log = tmp_path / "worker.log"
-        print(worker_log.read_text()[-3000:] if worker_log.exists() else "no worker log")
+        terminal = worker_log.read_text() if worker_log.exists() else "no worker log"
+        print(terminal[-3000:], "\ntimings (s):", timings)
+    assert killed_state == "CRASHED", killed_state  # not left RUNNING, as a SIGKILLed worker leaves it
 
     # No credential in Prefect's database and home, the workspace, MLflow's stores and
     # artifacts, the servers' and the worker's logs, or the CLI's output.
@@ -184,27 +264,65 @@ def test_quickstart_deployment_runs_on_a_worker(tiny_model_path, tmp_path):
                               base64.b64encode(PREFECT_AUTH.encode()).decode(),
                               basic_auth_token(*MLFLOW_ADMIN), basic_auth_token(*MLFLOW_PIPELINE)])
     assert not leaks, leaks
+    # The worker's terminal: the stage lines, none of the libraries' noise `grpo run` hides.
+    assert "grpo/round-1: started" in terminal
+    assert not [n for n in NOISE if n in terminal], [n for n in NOISE if n in terminal]
 
     # The runs are in the MLflow server's store (read back from its SQLite file, the
-    # server being stopped): one FINISHED parent with its children and a champion.
+    # server being stopped).
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow/mlflow.db")
+    from tasks.tracking.headline import comparison_verdict
+
+    db = f"sqlite:///{tmp_path}/mlflow/mlflow.db"
+    client = MlflowClient(db, db)
     exp = client.get_experiment_by_name("itest-deploy")
     runs = client.search_runs([exp.experiment_id])
-    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert parents[0].data.tags.get("prefect_flow_run_id") not in (None, "", "None")
-    # The worker's flow run told Prefect the same story: the pipeline subflow named after
-    # recipe and config hash, task runs after the stages, the stage lines in its log.
-    pipeline = story.get(f"r1_zero-{parents[0].data.tags['config_hash'][:8]}")
-    assert pipeline is not None, sorted(story)
+    parents = {r.data.tags.get("config_hash"): r for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    quick_hash = _config_hash(config, ws)
+    quick = parents[quick_hash]
+    assert quick.info.status == "FINISHED"
+    assert quick.data.tags.get("prefect_flow_run_id") not in (None, "", "None")
+    names = {stage_of(r) for r in runs}
+    assert {"data", "filter/round-1", "grpo/round-1", "eval/final", "eval/champion"} <= names
+    assert not (ROOT / "mlruns").exists()
+
+    # Every run a deployment started is named as `grpo run` names it: no "frisky-bat".
+    assert all(RUN_NAME.match(n) for n in story), sorted(story)
+    pipelines = {f"{r.data.tags['recipe']}-{h[:8]}" for h, r in parents.items()
+                 if h and r.data.tags.get("recipe") in ("r1_zero", "sft_grpo")}
+    retrain_name = f"retrain-r1_zero-{quick_hash[:8]}"
+    assert pipelines | {"compare-r1_zero-vs-sft_grpo", retrain_name} <= set(story), sorted(story)
+    top = {n for n, s in story.items() if not s["sub"]}
+    assert {f"r1_zero-{quick_hash[:8]}", "compare-r1_zero-vs-sft_grpo", retrain_name} <= top
+    # The quickstart's run is the pipeline's: task runs after the stages, the lines in its log.
+    pipeline = story[f"r1_zero-{quick_hash[:8]}"]
     assert {"data", "filter/round-1", "grpo/round-1", "eval/final"} <= pipeline["tasks"]
     assert "data: started" in pipeline["logs"], pipeline["logs"]
     assert any(m.startswith(("eval/final: computed in", "eval/final: cached in"))
                for m in pipeline["logs"]), pipeline["logs"]
     assert any(m.startswith("final: ") for m in pipeline["logs"]), pipeline["logs"]
-    names = {stage_of(r) for r in runs}
-    assert {"data", "filter/round-1", "grpo/round-1", "eval/final"} <= names
     assert client.get_model_version_by_alias("itest-deploy-r1_zero", "champion")
-    assert not (ROOT / "mlruns").exists()
+
+    # The retrain's log: every stage's start and end lines, its findings as MLflow counts them
+    # (one `finding:` line each), its decision with the delta written as `grpo run` writes it.
+    logs = story[retrain_name]["logs"]
+    for stage in RETRAIN_STAGES:
+        assert f"{stage}: started" in logs, (stage, logs)
+        assert any(m.startswith((f"{stage}: computed in", f"{stage}: cached in")) for m in logs), (stage, logs)
+    retrain_run = next(r for h, r in parents.items() if h and "-retrain-v2" in h)
+    counted = retrain_run.data.tags["findings.count"]
+    findings = [m for m in logs if m.startswith("finding: ")]
+    if findings:
+        assert f"findings: {counted}" in logs, (counted, logs)
+    assert len(findings) == (0 if retrain_run.data.tags["findings"] == "none"
+                             else len(retrain_run.data.tags["findings"].split(" | "))), logs
+    said = next(m for m in logs if m.startswith("retrain: "))
+    assert re.search(r"paired delta [+-]\d", said) or "paired delta" not in said, said
+
+    # The verdict says what it was computed with, and that the champion is newer now.
+    verdict = comparison_verdict(db, "itest-deploy")
+    assert "computed with itest-deploy-r1_zero v1" in verdict, verdict
+    assert "STALE: itest-deploy-r1_zero's champion is now v2" in verdict, verdict
+    landing = client.get_experiment(exp.experiment_id).tags["mlflow.note.content"]
+    assert landing.startswith("STALE: itest-deploy-r1_zero's champion is now v2"), landing

@@ -318,7 +318,7 @@ def _compose_pools() -> dict[str, str]:
     pools = {}
     for name, svc in _compose()["services"].items():
         cmd = _command(name) if "command" in svc else []
-        if cmd[:3] == ["prefect", "worker", "start"]:
+        if cmd[:3] in (["prefect", "worker", "start"], ["python", "-m", "flows.worker"]):
             pools[cmd[cmd.index("--pool") + 1]] = name
             assert cmd[cmd.index("--type") + 1] == "process", f"{name}: --type creates the pool"
     return pools

@@ -150,7 +150,7 @@ def _deployments() -> set[str]:
     deploy by hand (`prefect deploy ENTRYPOINT --name N`)."""
     source = (ROOT / "flows" / "deployments.py").read_text(encoding="utf-8")
     flows = dict((fn, name) for name, fn in
-                 re.findall(r'@flow\(name="([^"]+)"\)\s*\ndef (\w+)', source))
+                 re.findall(r'@flow\(name="([^"]+)".*\n\s*def (\w+)', source))
     pairs = [(d["entrypoint"], d["name"]) for f in ("infra/prefect.yaml", "infra/k8s/prefect.yaml")
              for d in yaml.safe_load((ROOT / f).read_text(encoding="utf-8"))["deployments"]]
     pairs += [m.groups() for doc in DOCS for line in fenced_lines(doc)

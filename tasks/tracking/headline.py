@@ -25,6 +25,7 @@ No Prefect import; the MLflow client comes from the caller."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
@@ -214,10 +215,11 @@ def set_experiment_view(client: MlflowClient, exp_id: str, benchmarks: Iterable[
 
 def ui_base(tracking_uri: str) -> str:
     """Where the MLflow UI of `tracking_uri` is: the server itself for http(s) stores
-    (credentials stripped), else `mlflow ui`'s default local address."""
+    (credentials stripped), else $GRPO_MLFLOW_UI_URL (the `mlflow ui` serving the local
+    store), else `mlflow ui`'s default local address."""
     if tracking_uri.startswith(("http://", "https://")):
         return strip_userinfo(tracking_uri).rstrip("/")
-    return DEFAULT_UI
+    return os.environ.get("GRPO_MLFLOW_UI_URL") or DEFAULT_UI
 
 
 def ui_links(tracking_uri: str, exp_id: str, run_id: str | None = None,
@@ -289,4 +291,8 @@ def comparison_verdict(uri: str | None, experiment: str) -> str | None:
     found = client.search_runs([exp.experiment_id], "tags.`grpo.pipeline` = 'comparison'",
                                order_by=["attributes.start_time DESC"], max_results=1)
     said = found[0].data.tags.get(VERDICT_TAG) if found else None
-    return None if said in (None, "none") else said
+    if said in (None, "none"):
+        return None
+    from tasks.tracking.verdict_freshness import annotate  # what it was computed with, STALE
+
+    return annotate(said, found[0], client)

@@ -16,6 +16,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from grpo_core.eval.attribution import ci_phrase
 from grpo_core.eval.paired import paired_delta
 from tasks.tracking.mlflow_client import get_client, sanitize_key, set_tags
 from tasks.tracking.mlflow_model import hf_folder, log_and_register
@@ -243,7 +244,7 @@ def _paired_decision(champ, version: str, metric: str, records: Sequence[Mapping
                        f"champion"), None
     promoted = d["lo"] > 0
     return promoted, (f"challenger v{version} - champion v{against} {metric}: paired delta "
-                      f"{fmt_ci(d['delta'], d['lo'], d['hi'])} over {d['n']} problems, "
+                      f"{ci_phrase(d)} over {d['n']} problems, "
                       f"CI lower bound {'>' if promoted else '<='} 0"), d
 
 
