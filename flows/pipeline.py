@@ -38,6 +38,7 @@ from grpo_core.train.throughput import (
 )
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
+from tasks.finish import finish_pipeline
 from tasks.launch import require_plan
 
 
@@ -226,7 +227,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     final = eval_stage(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)
     evaluated.append(("eval/final", final["benchmarks"], model))
-    report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws,
+    report = finish_pipeline(parent, cfg, model, final, findings, ws,
                                       base=base["benchmarks"], wall_s=time.monotonic() - started,
                                       stages=evaluated)
     log.info("final: %s", report.get("summary"))

@@ -28,8 +28,8 @@ from tasks.tracking.artifacts import (  # noqa: F401 - re-exported
     log_text,
     log_training_curves,
 )
-from tasks.tracking.comparison import COMPARE_COLUMNS, compare_table  # noqa: F401 - re-exported
 from tasks.tracking.headline import (  # noqa: F401 - re-exported
+    compare_table,
     comparison_verdict,
     describe_comparison,
     links_for_run,
@@ -51,8 +51,8 @@ from tasks.tracking.mlflow_client import (  # noqa: F401 - re-exported
     stage_of,
 )
 from tasks.tracking.parent_run import (  # noqa: F401 - re-exported
+    close_pipeline,
     fail_pipeline,
-    finish_pipeline,
     start_parent_run,
 )
 from tasks.tracking.redaction import is_secret_name, redact  # noqa: F401 - re-exported
@@ -61,6 +61,7 @@ from tasks.tracking.registry import (  # noqa: F401 - re-exported
     champion_version,
     download_champion,
     model_name,
+    promote,
     promote_if_better,
     register_model,
 )

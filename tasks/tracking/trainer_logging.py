@@ -6,15 +6,15 @@ from __future__ import annotations
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from tasks.tracking.mlflow_client import get_client, log_metric_items
+from tasks.tracking.mlflow_client import get_client
 from tasks.tracking.tracking_store import workdir_of
 
 
 def send_points(client: MlflowClient | None):
     """The function a MetricShipper sends a run's points with: (key, value, ts, step)s."""
     def send(run_id: str, points: list) -> None:
-        log_metric_items(run_id, [Metric(k, v, ts, step) for k, v, ts, step in points],
-                         get_client(client))
+        get_client(client).log_batch(run_id, metrics=[Metric(k, v, ts, step)
+                                                      for k, v, ts, step in points])
     return send
 
 
