@@ -10,6 +10,7 @@ Imports only the leaves tasks.tracking.tracking_store and tasks.tracking.redacti
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -39,6 +40,23 @@ _lock = threading.Lock()
 
 # --------------------------------------------------------------------------- client
 
+# MLflow's HTTP client retries a refused connection 7 times with a doubling backoff
+# (minutes), and its asynchronous logging drains its queue at process exit: with a down
+# server a run would wait that long to end. Seconds instead (a value already set wins);
+# what cannot be sent goes to the offline spool (tasks.tracking.spool).
+FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+             "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def _client(uri: str) -> MlflowClient:
+    if uri.startswith(("http://", "https://")):
+        for k, v in FAIL_FAST.items():
+            os.environ.setdefault(k, v)
+    if uri not in _clients:
+        _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return _clients[uri]
+
+
 def connect(uri: str, check: bool = True) -> MlflowClient:
     """Make `uri` this process's store for every call below that is given no client, and
     return a client for it.
@@ -54,9 +72,7 @@ def connect(uri: str, check: bool = True) -> MlflowClient:
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     with _lock:
         _current_uri = uri
-        if uri not in _clients:
-            _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
-        return _clients[uri]
+        return _client(uri)
 
 
 def current_uri() -> str:
@@ -68,11 +84,8 @@ def get_client(client: MlflowClient | None = None) -> MlflowClient:
     """`client` if given, else this process's client for `current_uri()`."""
     if client is not None:
         return client
-    uri = current_uri()
     with _lock:
-        if uri not in _clients:
-            _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
-        return _clients[uri]
+        return _client(current_uri())
 
 
 def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = None) -> str:
