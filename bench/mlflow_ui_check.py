@@ -272,9 +272,16 @@ def main() -> int:
               f"{page.url.split('#')[1][:80]} (MLflow 3.17 starts in its GenAI mode)")
 
         metric = next(iter(parents.values())).data.params.get("eval.primary_metric", "")
+        # The comparison run's row fills the paired delta only (its base would be another
+        # recipe's final: one meaning per column)
         cells = {r.info.run_name: {col: r.data.tags.get(headline_tag(bench, metric, col))
-                                   for bench in benches for col in HEADLINE}
+                                   for bench in benches
+                                   for col in (HEADLINE if r in parents.values() else ("delta",))}
                  for r in [*parents.values(), *comps[:1]]}
+        for comp in comps[:1]:
+            c.check("comparison row: base and final columns left empty",
+                    not any(comp.data.tags.get(headline_tag(b, metric, col))
+                            for b in benches for col in ("base", "final")))
         filled = [v for by_col in cells.values() for v in by_col.values() if v]
         text = c.visit("runs-table", link()["runs_table"], wait_for=next(iter(parents), None),
                        rows=filled)

@@ -25,11 +25,18 @@ from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-export
 from flows.stage_log import compare_run_name
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.attribution import verdict
+from grpo_core.eval.comparison import (
+    COMPARE_COLUMNS,
+    attribution_rows,
+    ci_triple,
+    paired_deltas,
+    table_row,
+)
 from grpo_core.workspace import Workspace
 from tasks import tracking
+from tasks.eval_records import records_store, stage_records
 from tasks.plots import comparison_chart
-from tasks.tracking import comparison, headline, verdict_freshness
-from tasks.tracking.comparison import COMPARE_COLUMNS, ci_triple, table_row
+from tasks.tracking import headline, verdict_freshness
 
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
 
@@ -49,7 +56,7 @@ def comparison_rows(results: dict[str, dict], metric: str) -> list[dict]:
 
 
 def _row(label: str, bench: str, metric: str, base: dict, now: dict, paired: dict | None) -> dict:
-    """The table row (tasks.tracking.comparison.table_row) of CI blocks and a paired delta."""
+    """The table row (grpo_core.eval.comparison.table_row) of CI blocks and a paired delta."""
     return table_row(label, bench, metric, ci_triple(base), ci_triple(now),
                      ci_triple(paired, "delta"))
 
@@ -78,7 +85,7 @@ def _paired_finals(cfgs: dict, results: dict, a: str, b: str, bench: str, metric
                    ) -> dict | None:
     """a's final minus b's final on `bench`, paired ({"delta", "lo", "hi", "n"}), or None
     when they cannot be paired."""
-    return comparison.paired_deltas(
+    return paired_deltas(
         _final_records(cfgs[a], results[a], bench), _final_records(cfgs[b], results[b], bench),
         [metric], n_resamples=cfgs[a].eval.bootstrap, seed=cfgs[a].project.seed).get(metric)
 
@@ -96,7 +103,7 @@ def stage_rows(results: dict[str, dict]) -> list[dict]:
     """Each recipe's stage gains (`<recipe> - sft over base`, ...) on the first benchmark,
     from the attribution its pipeline computed (finish_pipeline's `attribution`)."""
     return [row for recipe, res in results.items()
-            for row in comparison.attribution_rows(recipe, _attribution(res))]
+            for row in attribution_rows(recipe, _attribution(res))]
 
 
 def _attribution(res: dict) -> dict:
@@ -119,8 +126,8 @@ def recipes_verdict(configs: list[PipelineConfig], results: dict[str, dict], met
 
 def _final_records(cfg: PipelineConfig, res: dict, bench: str) -> list[dict]:
     ws = Workspace.at(cfg.project.workdir)
-    with comparison.records_store(ws, cfg.data.store_lock_timeout) as store:
-        return comparison.stage_records(store, res["final"][bench], res["model_dir"])
+    with records_store(ws, cfg.data.store_lock_timeout) as store:
+        return stage_records(store, res["final"][bench], res["model_dir"])
 
 
 def _fmt(x) -> str:
@@ -223,7 +230,7 @@ def publish_comparison(cfg: PipelineConfig, report: dict, parent_runs: list[str]
     run = tracking.log_comparison(cfg, Workspace.at(cfg.project.workdir), report["markdown"],
                                   report["csv"], report["chart"], parent_runs)
     tracking.describe_comparison(run, report["verdict"], report["markdown"], parent_runs,
-                                 _prefect_run())
+                                 _prefect_run(), rows=report["rows"])
     return run
 
 

@@ -27,10 +27,13 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
 from grpo_core.data.pool import PoolRef
 from grpo_core.eval.round_gate import Evaluated, gate_round
+from grpo_core.generation.warm_engine import keep_warm, release_warm
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.diagnosis import CollapsedStart, start_collapse
 from grpo_core.train.grpo import prompts_per_update
 from grpo_core.train.throughput import (
+    ENGINE_REUSES_METRIC,
+    ENGINE_STARTS_METRIC,
     PIPELINE_CHILDREN_METRIC,
     PIPELINE_RSS_METRIC,
     child_processes,
@@ -38,6 +41,7 @@ from grpo_core.train.throughput import (
 )
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
+from tasks.finish import finish_pipeline
 from tasks.launch import require_plan
 from tasks.tracking import tracking_store, verdict_freshness
 
@@ -95,8 +99,15 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
     # One pipeline per store: a second one waits, then stops before its MLflow run exists.
     with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout), \
             parent_run(cfg, ws, log, progress, config_hash=cfg.hash(),
-                       recipe=cfg.project.recipe) as ctx:
+                       recipe=cfg.project.recipe) as ctx, \
+            keep_warm(cfg.rollout.reuse_engine) as warm:
         out = _stages(ctx, log)
+        if warm.starts:  # vLLM sampled the filter or an eval here
+            log.info("vLLM engines: %d started for the filter and eval stages, %d taken again "
+                     "by the next stage on the same model (rollout.reuse_engine)",
+                     warm.starts, warm.reuses)
+            tracking.log_metrics(ctx.parent_run, {ENGINE_STARTS_METRIC: warm.starts,
+                                                  ENGINE_REUSES_METRIC: warm.reuses})
         verdict_freshness.mark_if_stale(tracking_store.experiment_name(cfg))  # a newer champion?
     log_findings(log, out["findings"])
     return out
@@ -182,6 +193,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     evaluated = [start]  # the trained model's lineage, for the stage attribution
 
     if cfg.sft_stage.enabled:
+        release_warm()  # eval/base's engine: SFT needs the memory
         sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, stage_data.pool_of(data))
         findings += [f"sft: {f}" for f in sft.get("findings", [])]
         sft_eval = eval_stage(sft["model_dir"], "eval/sft", primary_bench)
@@ -190,7 +202,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
 
     best = start  # the best model evaluated so far: where a regressed round rolls back to
     pool = stage_data.pool_of(data)  # the stored pool: stages read what they need of it
-    pipeline_rss = []  # this process's RSS after each round (its eval included)
+    pipeline_rss = []  # this process's RSS after each round's training
     evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
     for r in range(1, cfg.rounds.count + 1):
         if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
@@ -205,8 +217,13 @@ def _stages(ctx: stages.Ctx, log) -> dict:
                 break
             if note:
                 findings.append(note)
+        release_warm()  # the filter's engine: the trainer (or TRL's own engine) needs the memory
         train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, start.model,
                           pool, r)
+        # measured here, where no filter/eval engine is parked: what the stages so far left
+        pipeline_rss.append(rss_now_gb())
+        tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1],
+                                      PIPELINE_CHILDREN_METRIC: child_processes()}, step=r)
         evidence_run = train.get("mlflow_run")
         label = f"eval/round-{r}"
         after = eval_stage(train["model_dir"], label, primary_bench)
@@ -220,15 +237,12 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         else:
             evaluated.append(gate.start)
         start, best = gate.start, gate.best
-        pipeline_rss.append(rss_now_gb())
-        tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1],
-                                      PIPELINE_CHILDREN_METRIC: child_processes()}, step=r)
 
     model = start.model
     final = eval_stage(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)
     evaluated.append(("eval/final", final["benchmarks"], model))
-    report = tracking.finish_pipeline(parent, cfg, model, final, findings, ws,
+    report = finish_pipeline(parent, cfg, model, final, findings, ws,
                                       base=base["benchmarks"], wall_s=time.monotonic() - started,
                                       stages=evaluated)
     log.info("final: %s", report.get("summary"))

@@ -27,7 +27,9 @@ from grpo_core.eval.round_gate import regressions
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
-from tasks.tracking import comparison, tracking_store, verdict_freshness
+from tasks.tracking import tracking_store, verdict_freshness
+from tasks.eval_records import records_store, stage_records
+from tasks.finish import finish_pipeline
 
 
 @flow(name="grpo-retrain", validate_parameters=True, flow_run_name=retrain_run_name)
@@ -93,10 +95,9 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     # The champion's per-problem rows, scored under today's protocol, to pair with the
     # challenger's; a retrain has no base eval, so no final-vs-base deltas (base={}).
     bench = cfg.eval.benchmarks[0]
-    with comparison.records_store(ws, cfg.data.store_lock_timeout) as store:
-        champion_records = comparison.stage_records(store, before["benchmarks"][bench],
-                                                    champion_dir) or None
-    report = tracking.finish_pipeline(ctx.parent_run, cfg, train["model_dir"], after, findings, ws,
-                                      champion_records=champion_records, base={})
+    with records_store(ws, cfg.data.store_lock_timeout) as store:
+        champion_records = stage_records(store, before["benchmarks"][bench], champion_dir) or None
+    report = finish_pipeline(ctx.parent_run, cfg, train["model_dir"], after, findings, ws,
+                             champion_records=champion_records, base={})
     return {"model_dir": train["model_dir"], "champion": before["benchmarks"],
             "challenger": after["benchmarks"], "findings": findings, "decision": report}

@@ -191,7 +191,7 @@ def passrate_histogram(pass_rates: Sequence[float], band: tuple[float, float], p
 
 
 def comparison_chart(rows: Sequence[dict], path: str | Path) -> Path:
-    """Every comparison row (tasks.tracking.comparison.COMPARE_COLUMNS): per recipe base vs
+    """Every comparison row (grpo_core.eval.comparison.COMPARE_COLUMNS): per recipe base vs
     final, each stage vs the one before (`<recipe> - sft over base`) and recipe vs recipe
     (`A vs B`: B's final, then A's), with 95% CI error bars and the paired delta with its CI
     written above each pair; the y-axis fitted to the data (a 0-1 axis flattens the small
@@ -199,8 +199,8 @@ def comparison_chart(rows: Sequence[dict], path: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from grpo_core.eval.comparison import ci_text
     from grpo_core.eval.metric_names import ci_cells
-    from tasks.tracking.comparison import ci_text
 
     fig = Figure(figsize=(max(5, 1.8 * len(rows)), 4.2))
     FigureCanvasAgg(fig)

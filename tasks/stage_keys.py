@@ -130,7 +130,8 @@ def filter_key(cfg: PipelineConfig, model_fp: str, problems_fp: str,
     if cfg.rewards.extraction != "strict":  # how a success is read (strict: keys as before)
         extra["extraction"] = cfg.rewards.extraction
     return stage_key("filter", model=model_fp, problems=problems_fp, filter=how,
-                     rollout=cfg.rollout.model_dump(mode="json"), sampling=_sampling_model(cfg),
+                     rollout=cfg.rollout.model_dump(mode="json", exclude={"reuse_engine"}),
+                     sampling=_sampling_model(cfg),
                      seed=cfg.project.seed, **extra)
 
 
@@ -169,5 +170,6 @@ def eval_key(cfg: PipelineConfig, model_fp: str, benchmarks: list[str],
     how = cfg.eval.model_dump(mode="json", exclude={"shards", "benchmarks", "primary_metric"})
     return stage_key("eval", model=model_fp, benchmarks=list(benchmarks),
                      problem_sets=problem_sets, eval=how, sampling=_sampling_model(cfg),
-                     rollout=cfg.rollout.model_dump(mode="json", exclude={"max_new_tokens"}),
+                     rollout=cfg.rollout.model_dump(mode="json",
+                                                   exclude={"max_new_tokens", "reuse_engine"}),
                      seed=cfg.project.seed)

@@ -253,9 +253,9 @@ def test_graph_sees_submodule_and_relative_imports():
                      "def f():\n    import tasks.plots\n")
     targets = {t for node in _import_time_nodes(tree.body) for t, _ in _targets(mod, node)}
     assert targets == {"tasks.stages", "tasks.cache", "flows.pipeline"}
-    sub = ast.parse("from . import comparison\nfrom .. import cache\nfrom tasks.tracking import headline\n")
+    sub = ast.parse("from . import artifacts\nfrom .. import cache\nfrom tasks.tracking import headline\n")
     assert {t for node in _import_time_nodes(sub.body) for t, _ in _targets("tasks.tracking.registry", node)} \
-        == {"tasks.tracking.comparison", "tasks.cache", "tasks.tracking.headline"}
+        == {"tasks.tracking.artifacts", "tasks.cache", "tasks.tracking.headline"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
 

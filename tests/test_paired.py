@@ -9,6 +9,7 @@ problems; finish_pipeline reads both record sets back from the store."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,11 +18,13 @@ import pytest
 from grpo_core.config import PipelineConfig
 from grpo_core.data.records import write_eval
 from grpo_core.data.store import Store
+from grpo_core.eval.comparison import COMPARE_COLUMNS
 from grpo_core.eval.metrics import summarise
 from grpo_core.modeling.loading import model_fingerprint
 from grpo_core.workspace import Workspace
+from tasks import eval_records as comparison
 from tasks import tracking as T
-from tasks.tracking import comparison
+from tasks.finish import finish_pipeline
 from tasks.tracking.registry import EVAL_RUN_TAG, PAIRED_RULE
 
 K = 20  # samples per problem: avg@20 moves in steps of 0.05
@@ -86,7 +89,7 @@ def _pipeline(cfg: PipelineConfig, wd: Path, model: Path, final: dict, base: dic
     for label, res in (("eval/base", base), ("eval/final", final)):
         if res is not None:
             T.log_metrics(T.child_run(parent, label), T.eval_metrics(res["benchmarks"]))
-    return T.finish_pipeline(parent, cfg, model, final, [], wd,
+    return finish_pipeline(parent, cfg, model, final, [], wd,
                              base=base["benchmarks"] if base else {})
 
 
@@ -124,8 +127,12 @@ def _check_registry(wd: Path, project: str, report: dict, promoted: bool) -> Non
     assert tags[EVAL_RUN_TAG] == f"{project}-e2"
     # the decision in words on the version's page (issue 27): what, against what, by which rule
     said = c.get_model_version(name, "2").description
-    assert said.startswith("**Promoted to champion.**" if promoted else "**Kept as challenger")
+    assert said.startswith("Promoted to champion." if promoted else "Kept as challenger")
     assert "Compared with champion v1" in said and f"Rule: {PAIRED_RULE}" in said
+    # the registry's versions table shows descriptions unrendered (issue 34, item 8): no
+    # markdown in them, and its numbers with three decimals as everywhere else
+    assert not re.search(r"[*_`#|]{1,2}\w|\w[*_`]{2}", said.replace("per-problem", "")), said
+    assert re.search(r"paired delta \+0\.050 \[-?0\.\d{3}, -?0\.\d{3}\] over 40 problems", said), said
     assert c.get_model_version(name, "1").tags["grpo.compared_with"] == "none (first version)"
 
 
@@ -135,7 +142,7 @@ def _check_comparison(wd: Path, project: str, stage_results: dict, promoted: boo
     rows = T.compare_table(T.tracking_uri(_cfg(wd, project), wd), project)
     assert [(r["recipe"], r["benchmark"]) for r in rows] == [("r1_zero", BENCH)]
     row = rows[0]
-    assert list(row) == T.COMPARE_COLUMNS
+    assert list(row) == COMPARE_COLUMNS
     assert row["delta"] == pytest.approx(0.05) and (row["delta_lo"] > 0) is promoted
     # The flow's own table (from the pipeline's return value) says the same.
     (flow_row,) = comparison_rows({"r1_zero": stage_results}, METRIC)
@@ -192,7 +199,7 @@ def test_retrain_passes_the_champion_records(wd):
         champion_records = comparison.stage_records(store, again["benchmarks"][BENCH], str(m1))
     parent = T.start_parent_run(_cfg(wd, "retrain", beta=0.01), "h-retrain", "r1_zero+retrain",
                                 "abc", "flow", wd)
-    report = T.finish_pipeline(parent, _cfg(wd, "retrain"), m2,
+    report = finish_pipeline(parent, _cfg(wd, "retrain"), m2,
                                _evaluate(wd, m2, [c + 1 for c in SPREAD], "r-e2"), [], wd,
                                champion_records=champion_records, base={})
     assert report["promoted"] and report["paired"]["lo"] == pytest.approx(0.05)
@@ -224,7 +231,7 @@ def test_recipe_against_recipe_row(wd):
                "sft_grpo": {"final": _evaluate(wd, m2, [c + 1 for c in SPREAD], "s")["benchmarks"],
                             "model_dir": str(m2)}}
     (row,) = recipe_pair_rows(cfgs, results, METRIC)
-    assert row["recipe"] == "sft_grpo vs r1_zero" and list(row) == T.COMPARE_COLUMNS
+    assert row["recipe"] == "sft_grpo vs r1_zero" and list(row) == COMPARE_COLUMNS
     assert row["base"] == pytest.approx(summarise(_records(SPREAD))[METRIC]["mean"])
     assert row["delta"] == pytest.approx(0.05) and row["delta_lo"] == pytest.approx(0.05)
     # Other problems: no row rather than an unpaired delta.
@@ -271,7 +278,7 @@ def _stage_pipeline(wd: Path, recipe: str, stages: list[tuple[str, list[int]]]) 
     final, model = evaluated[-1][1], evaluated[-1][2]
     for label, res, _ in (evaluated[0], evaluated[-1]):
         T.log_metrics(T.child_run(parent, label), T.eval_metrics(res))
-    report = T.finish_pipeline(parent, cfg, model, {"benchmarks": final}, [], wd,
+    report = finish_pipeline(parent, cfg, model, {"benchmarks": final}, [], wd,
                                base=evaluated[0][1], stages=evaluated)
     return {"parent_run": parent, "final": final, "base": evaluated[0][1], "model_dir": model,
             "registered": report}
@@ -280,7 +287,7 @@ def _stage_pipeline(wd: Path, recipe: str, stages: list[tuple[str, list[int]]]) 
 def test_stage_attribution_and_verdict_reach_every_page(wd):
     """Issue 27: each stage's paired gain on the parent, the stage rows of the comparison,
     and the verdict on the comparison run, the experiment's landing text and `grpo compare`."""
-    from flows.compare import recipes_verdict, stage_rows, to_markdown
+    from flows.compare import comparison_rows, recipes_verdict, stage_rows, to_markdown
 
     base = [c % 17 for c in SPREAD]  # 0..16 of 20 right: room for 3 more
     sft_grpo = _stage_pipeline(wd, "sft_grpo", [("eval/base", base), ("eval/sft", [c + 2 for c in base]),
@@ -298,6 +305,13 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     assert not [k for k in parent_metrics if k.startswith("final/") and "avg_at_20" not in k]
     note = c.get_run(sft_grpo["parent_run"]).data.tags["mlflow.note.content"]
     assert "SFT alone gave +0.100" in note and "| eval/round-1 | eval/sft | +0.050" in note
+    # above MLflow's "Show more" fold (issue 34, item 8): the result, then what earned it,
+    # each one short paragraph, with three decimals; the tables after them
+    head, earned, table = note.split("\n\n")[:3]
+    assert head.startswith("**sft_grpo**: synthetic avg@20 0.") and len(head) < 250
+    assert re.search(r"avg@20 0\.\d{3} \[0\.\d{3}, 0\.\d{3}\];", head), head
+    assert earned.startswith("**What earned it") and "SFT alone gave +0.100" in earned
+    assert table.startswith("| benchmark (avg@20, 95% CI) |")
 
     results = {"r1_zero": r1_zero, "sft_grpo": sft_grpo}
     cfgs = [_cfg(wd, "verdict", r) for r in results]
@@ -305,14 +319,21 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     assert said.startswith(f"sft_grpo beats r1_zero on {BENCH} {METRIC} by +0.100")
     assert "SFT alone gave +0.100" in said and "GRPO after SFT (1 round) +0.050" in said
     rows = stage_rows(results)
-    assert [r["recipe"] for r in rows] == ["r1_zero - round-1 over base", "sft_grpo - sft over base",
-                                           "sft_grpo - round-1 over sft"]
+    # r1_zero's one stage gain (round-1 over base) is its recipe row again: left out
+    # (issue 34, item 8); sft_grpo's two stages are not its final over its base
+    assert [r["recipe"] for r in rows] == ["sft_grpo - sft over base", "sft_grpo - round-1 over sft"]
+    rows = comparison_rows(results, METRIC) + rows
     md = to_markdown(rows)
     run = T.log_comparison(cfgs[0], wd, md, "recipe\n", None, [sft_grpo["parent_run"], r1_zero["parent_run"]])
     T.describe_comparison(run, said, md, [sft_grpo["parent_run"], r1_zero["parent_run"]],
-                          {"id": "prefect-run-id", "url": None})
+                          {"id": "prefect-run-id", "url": None}, rows=rows)
     page = c.get_run(run).data.tags["mlflow.note.content"]
     assert page.startswith(f"**{said}**") and sft_grpo["parent_run"] in page and "prefect-run-id" in page
+    # above the fold: the verdict, then one short line per recipe; the table after them
+    lines = page.splitlines()
+    assert lines[1].startswith("- r1_zero: 0.") and lines[2].startswith("- sft_grpo: 0.")
+    assert all(len(x) < 100 for x in lines[1:3]) and "over the base" in lines[2]
+    assert lines[4].startswith("| recipe |") and page.index("Parent runs") > page.index("| recipe |")
     exp = c.get_experiment(c.get_run(run).info.experiment_id)
     assert exp.tags["mlflow.note.content"].startswith(f"Verdict: {said}") and run in exp.tags["mlflow.note.content"]
     assert T.headline.VIEW_NAME in exp.tags["mlflow.note.content"]  # where the view is listed

@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import time
@@ -19,7 +20,9 @@ import pytest
 from mlflow_server import MlflowServer
 
 from grpo_core.config import PipelineConfig
+from grpo_core.eval.comparison import COMPARE_COLUMNS
 from tasks import tracking as T
+from tasks.finish import finish_pipeline
 from tasks.tracking.step_logger import StepLogger
 from tasks.tracking.trainer_logging import RUN_SUMMARY
 
@@ -181,7 +184,7 @@ def test_parent_and_children_reused_on_resume(store):
     # A finished config run again is a cache hit: still the same parent.
     with pytest.raises(ValueError, match="contains the artifact store"):
         T.register_model(parent, wd, "m")  # the workdir itself: would copy into itself
-    T.finish_pipeline(parent, cfg, _fake_model(wd / "model", "x"), {"benchmarks": {}}, [], wd)
+    finish_pipeline(parent, cfg, _fake_model(wd / "model", "x"), {"benchmarks": {}}, [], wd)
     assert client.get_run(parent).info.status == "FINISHED"
     assert all(client.get_run(k).info.status == "FINISHED" for k in kids.values())
     assert json.loads((wd / "runs" / f"{cfg.hash()}.json").read_text())["status"] == "FINISHED"
@@ -318,7 +321,7 @@ def test_register_and_promote_champion(store):
     # Better than the champion's mean but inside its CI: not a win.
     ok, why = T.promote_if_better(c, name, v2, "greedy_accuracy", 0.55, 0.45, ci_hi=0.65,
                                   protocol_hash="P")
-    assert not ok and "0.6000" in why
+    assert not ok and "upper CI 0.600 " in why  # three decimals, as every number shown
     assert str(c.get_model_version_by_alias(name, "champion").version) == "1"
     assert str(c.get_model_version_by_alias(name, "challenger").version) == v2
     assert c.get_model_version(name, v2).tags["grpo.decision"] == "rejected"
@@ -362,7 +365,7 @@ def test_finish_pipeline_and_compare_table(store):
                 "greedy_accuracy": {"mean": acc, "lo": acc - 0.1, "hi": acc + 0.1, "n": 50}}}}))
         final_res = {"benchmarks": {"synthetic": {"protocol_hash": "P", "metrics": {
             "greedy_accuracy": {"mean": final, "lo": final - 0.1, "hi": final + 0.1}}}}}
-        out = T.finish_pipeline(parent, cfg, _fake_model(wd / f"m-{recipe}", recipe), final_res,
+        out = finish_pipeline(parent, cfg, _fake_model(wd / f"m-{recipe}", recipe), final_res,
                                 ["collapse at step 3"], wd)
         results[recipe] = out
         assert out["promoted"] and out["model_name"] == f"recipes-{recipe}"
@@ -376,7 +379,10 @@ def test_finish_pipeline_and_compare_table(store):
     assert m["synthetic/final"] == 0.5 and m["synthetic/final_lo"] == pytest.approx(0.4)
     assert m["findings"] == 1 and m["grpo_steps"] == 0 and m["wall_min"] >= 0
     assert "synthetic/base" not in m and "synthetic/delta" not in m
-    assert "0.5000" in p.data.tags["mlflow.note.content"]
+    # the header line with three decimals, as every other cell (issue 34, item 8)
+    head = p.data.tags["mlflow.note.content"].split("\n\n")[0]
+    assert head.startswith("**r1_zero**: synthetic greedy_accuracy 0.500 [0.400, 0.600];"), head
+    assert not re.search(r"\d\.\d{4}", head), head
     # ... and the experiment opens on the runs table showing them.
     exp = client.get_experiment(p.info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
@@ -394,13 +400,13 @@ def test_finish_pipeline_and_compare_table(store):
                                                              ("sft_grpo", "synthetic")]
     assert rows[1]["final"] == 0.6 and rows[1]["base"] == 0.2
     assert rows[1]["final_lo"] == pytest.approx(0.5) and rows[1]["delta"] == pytest.approx(0.4)
-    assert list(rows[0]) == T.COMPARE_COLUMNS
+    assert list(rows[0]) == COMPARE_COLUMNS
     assert T.compare_table(T.tracking_uri(cfg, wd), "nope") == []
 
     chart = wd / "chart.png"
     chart.write_bytes(PNG_MAGIC)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=T.COMPARE_COLUMNS)
+    writer = csv.DictWriter(buf, fieldnames=COMPARE_COLUMNS)
     writer.writeheader()
     writer.writerows(rows)
     csv_text = buf.getvalue()

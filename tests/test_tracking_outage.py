@@ -17,7 +17,7 @@ from tasks import tracking as T
 from tasks.tracking.step_logger import StepLogger
 
 pytest_plugins = ["fixtures_models"]
-pytestmark = pytest.mark.integration
+
 
 STEPS = 12
 
@@ -56,6 +56,7 @@ def _steps(client, run_id: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, "reward"))
 
 
+@pytest.mark.integration
 def test_mlflow_server_killed_mid_round(tiny_model_path, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -96,3 +97,33 @@ def test_mlflow_server_killed_mid_round(tiny_model_path, tmp_path):
     finally:
         server.stop()
         shutil.rmtree(tmp_path / "r1", ignore_errors=True)
+
+
+def test_exit_with_the_server_down_takes_seconds(tmp_path):
+    """MLflow's HTTP client retries a refused connection for minutes, and its asynchronous
+    logging drains its queue when the process exits: with the retries cut to seconds
+    (tasks.tracking.mlflow_client.FAIL_FAST) a process whose server is down spools its
+    points and ends in seconds."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the block ends
+    script = (f"from tasks.tracking.mlflow_client import connect\n"
+              f"from tasks.tracking.spool import MetricSpool\n"
+              f"c = connect('http://127.0.0.1:{port}', check=False)\n"
+              f"s = MetricSpool('ab' * 16, c, {str(tmp_path)!r})\n"
+              f"s.put([('reward', 0.5, 1000, i) for i in range(3)])\n"
+              f"print('unsent', s.close(1.0))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    took = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "unsent 3" in out.stdout
+    assert len((tmp_path / f"{'ab' * 16}.jsonl").read_text().splitlines()) == 3
+    assert took < 60, f"{took:.0f} s to end with the server down"

@@ -14,7 +14,8 @@ import mlflow
 import pytest
 from mlflow_server import MlflowServer
 
-from tasks.tracking import headline
+from grpo_core.eval import headline
+from tasks.tracking import headline as views
 from tasks.tracking.trainer_logging import HEADLINE_CURVES, chart_copies
 
 JS = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
@@ -29,7 +30,7 @@ def _bundle_has(text: str) -> bool:
 
 def test_the_installed_web_app_lists_views_stored_as_we_store_them():
     """The tag prefix and the envelope are the web app's, not ours: both are in its bundle."""
-    assert _bundle_has(f'"{headline.VIEW_TAG_PREFIX}"'), "MLflow's runs views moved off the tag"
+    assert _bundle_has(f'"{views.VIEW_TAG_PREFIX}"'), "MLflow's runs views moved off the tag"
     assert _bundle_has(ENVELOPE_RULE), "MLflow's saved-view envelope changed"
 
 
@@ -50,17 +51,17 @@ def test_headline_view_saved_under_views_over_http(tmp_path, template_db):
         server.wait_healthy()
         client = mlflow.MlflowClient(server.uri)
         exp_id = client.create_experiment("recipes")
-        tag = headline.VIEW_TAG_PREFIX + headline.VIEW_KEY
+        tag = views.VIEW_TAG_PREFIX + views.VIEW_KEY
         # a view as an earlier version wrote it (bare state, metric columns): replaced
         client.set_experiment_tag(exp_id, tag, json.dumps({"selectedColumns": [
             "metrics.`synthetic/final`", "tags.`gsm8k avg_at_8 final`"]}))
-        key = headline.set_experiment_view(client, exp_id, ["synthetic"], "avg@8")
-        assert key == headline.VIEW_KEY
+        key = views.set_experiment_view(client, exp_id, ["synthetic"], "avg@8")
+        assert key == views.VIEW_KEY
         status, got = server.request(f"/api/2.0/mlflow/experiments/get?experiment_id={exp_id}")
         assert status == 200
         tags = {t["key"]: t["value"] for t in got["experiment"]["tags"]}
         env = json.loads(tags[tag])
-        assert env["name"] == headline.VIEW_NAME
+        assert env["name"] == views.VIEW_NAME
         state = _ui_parse(tags[tag])
         cols = state["selectedColumns"]
         assert cols[:4] == ["attributes.`Models`", "tags.`gsm8k avg_at_8 final`",
@@ -72,11 +73,11 @@ def test_headline_view_saved_under_views_over_http(tmp_path, template_db):
         assert state["columnWidths"]["tags.`synthetic avg_at_8 base`"] >= 200
         assert set(state["columnWidths"]) == {c for c in cols if c.startswith("tags.")}
         # saved again (a second pipeline): still one view, created when it first was
-        headline.set_experiment_view(client, exp_id, ["synthetic"], "avg@8")
+        views.set_experiment_view(client, exp_id, ["synthetic"], "avg@8")
         again = json.loads(client.get_experiment(exp_id).tags[tag])
         assert again["createdAt"] == env["createdAt"] and _ui_parse(json.dumps(again)) == state
         assert len([k for k in client.get_experiment(exp_id).tags
-                    if k.startswith(headline.VIEW_TAG_PREFIX)]) == 1
+                    if k.startswith(views.VIEW_TAG_PREFIX)]) == 1
     finally:
         server.stop()
 
@@ -106,9 +107,10 @@ def test_comparison_row_names_its_recipes():
              "base": "0.121", "base_lo": "0.089", "base_hi": "0.153", "final": "0.20125",
              "final_lo": "0.156", "final_hi": "0.245", "delta": "0.08000000000000002",
              "delta_lo": "0.047", "delta_hi": "0.113"}]
+    # One meaning per column (issue 34, item 8): the base column holds a base model's
+    # number in every row, so the comparison row (whose "base" is r1_zero's final) leaves
+    # base and final empty and fills the paired delta, naming both recipes.
     assert headline.comparison_tags(rows) == {
-        "synthetic avg_at_8 base": "r1_zero 0.121 [0.089, 0.153]",
-        "synthetic avg_at_8 final": "sft_grpo 0.201 [0.156, 0.245]",
         "synthetic avg_at_8 delta paired": "sft_grpo - r1_zero +0.080 [0.047, 0.113]"}
     assert headline.comparison_tags(rows[:2]) == {}
 

@@ -8,7 +8,8 @@ the one private vLLM member the CPU path uses; the CPU refusals (sleep mode, ser
 weight sync, head size) before any engine starts; `rollout.backend: auto` choosing vLLM;
 TRL's colocated engine sampling from the policy the trainer holds after each push (full
 weights and LoRA's merged ones), with TRL's importance-sampling metrics; two pipeline rounds
-with vLLM filter/eval and colocated training, the engines released between stages.
+with vLLM filter/eval and colocated training, the engines released between stages; one engine
+kept for consecutive stages on the same model, sampling what a fresh one samples.
 
 Skipped, with the reason, where vLLM is not installed (the default .venv) or cannot run.
 """
@@ -93,6 +94,48 @@ def test_a_model_with_heads_too_small_is_refused_before_the_engine(tmp_path, vll
     backend, _ = build_backend(tiny, config_from_dict({"rollout": {"backend": "auto"}}))
     assert isinstance(backend, HFBackend)
     assert resolve_backend_name("auto", vllm_model_path) == "vllm"
+
+
+# ------------------------------------------------------------------ one engine, two stages
+
+
+def test_consecutive_stages_on_one_model_share_one_engine(vllm_model_path, tmp_path):
+    """Inside the flow's keep_warm block a stage's vLLM engine outlives the stage, and the
+    next stage on the same model takes it without a start; what it samples equals a fresh
+    engine's (every request carries its own seed); leaving the block stops it."""
+    from grpo_core.config import config_from_dict
+    from grpo_core.data.synthetic import generate_problems
+    from grpo_core.generation.rollout import SamplingParams
+    from grpo_core.generation.sampling import build_backend, derive_seed, sample_seeded
+    from grpo_core.generation.warm_engine import keep_warm, release_warm
+    from grpo_core.modeling.gpu import stage_memory
+    from grpo_core.prompts import render_prompt
+
+    cfg = config_from_dict({"project": {"workdir": str(tmp_path)}, "rollout": {"backend": "vllm"}})
+    problems = generate_problems("eval", n=4, seed=0)
+    prompts = [render_prompt(p.problem, "r1_zero") for p in problems]
+    seeds = [derive_seed(0, "warm-test", p.fingerprint) for p in problems]
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16, seed=0)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+
+    with keep_warm() as warm:
+        with stage_memory() as eval_stage:  # an eval: greedy
+            first, _ = build_backend(vllm_model_path, cfg)
+            greedy_warm = [c[0].text for c in first.sample(prompts, 1, greedy)]
+        assert eval_stage.released == 0  # parked, not stopped
+        with stage_memory():  # the filter on the same model: seeded samples
+            second, _ = build_backend(vllm_model_path, cfg)
+            seeded_warm = [[c.text for c in g] for g in sample_seeded(second, prompts, 2, params, seeds)]
+        assert second is first and (warm.starts, warm.reuses) == (1, 1)
+        assert release_warm() and first.llm is None  # before a training stage: stopped
+        assert not release_warm()
+    with stage_memory() as fresh_stage:  # no block: the engine is the stage's own
+        fresh, _ = build_backend(vllm_model_path, cfg)
+        seeded_fresh = [[c.text for c in g] for g in sample_seeded(fresh, prompts, 2, params, seeds)]
+        greedy_fresh = [c[0].text for c in fresh.sample(prompts, 1, greedy)]
+    assert fresh_stage.released == 1
+    assert seeded_warm == seeded_fresh
+    assert greedy_warm == greedy_fresh
 
 
 # ------------------------------------------------------------------ colocated training
@@ -208,8 +251,9 @@ def test_lora_with_vllm_pushes_the_merged_weights(vllm_model_path, tmp_path, res
 
 def test_two_rounds_with_vllm_filter_eval_and_colocated_training(vllm_model_path, tmp_path):
     """`grpo run` on CPU: vLLM samples the filter and the evals, TRL's colocated engine the
-    rounds; each round re-filters; after each round the pipeline process holds no engine
-    process and its RSS does not grow with the rounds."""
+    rounds; each round re-filters; after each round's training the pipeline process holds no
+    engine process and its RSS does not grow with the rounds; an eval's engine serves the
+    filter after it."""
     from pipeline_runs import GRPO, ROOT, run_env, write_config
     from test_stage_process import mlflow_runs
 
@@ -234,6 +278,11 @@ def test_two_rounds_with_vllm_filter_eval_and_colocated_training(vllm_model_path
     rss, procs = history("system/pipeline_rss_gb"), history("system/pipeline_child_processes")
     print(f"pipeline RSS after each round {rss}; child processes {procs}")
     assert set(rss) == {1, 2} and set(procs) == {0, 1, 2}, (rss, procs)
+    # eval/base -> filter/round-1 and eval/round-1 -> filter/round-2: one engine each pair
+    engines = {k: history(f"system/vllm_engine_{k}")[0] for k in ("starts", "reuses")}
+    print(f"vLLM engines for the filter and evals: {engines}")
+    assert engines["reuses"] >= 2, engines
+    assert "taken again by the next stage on the same model" in out
     assert procs[1] == procs[2] == procs[0], procs  # no engine process outlives its stage
     assert rss[2] - rss[1] <= 0.5, rss  # a second round's engines are not added to the first's
     grpo_runs = [x for x in runs if "grpo/round-" in x.data.tags.get("mlflow.runName", "")]

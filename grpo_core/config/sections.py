@@ -139,6 +139,11 @@ class RolloutConfig(Section):
     GPU, 1024 on CPU (the CPU engine's start-up profile run is a forward pass that long)."""
     cpu_kv_cache_gib: int = Field(default=1, ge=1)
     """vLLM on CPU: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE; an exported value wins)."""
+    reuse_engine: bool = True
+    """vLLM: keep a filter or eval stage's engine for the next stage when it asks for the same
+    model with the same settings (eval/sft then filter/round-1, eval/round-N then
+    filter/round-N+1): one start instead of two (40-100 s each on a CPU). Released before
+    every training stage. Results do not change (every request carries its own seed)."""
 
 
 class FilterConfig(Section):

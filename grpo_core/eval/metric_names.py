@@ -21,7 +21,10 @@ As logged (tasks/ logs them, through its sanitize_key: "pass@4" -> "pass_at_4"):
 Pure string work: no tracking import (the names are MLflow's, the grammar is ours)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import math
+import re
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 EXTRACTIONS = ("strict", "flexible")
@@ -143,3 +146,59 @@ def shown(x: float) -> float:
     float noise (0.18121874999999998 -> 0.18121875) and keeps every digit a mean of
     per-problem scores has."""
     return round(float(x), 10)
+
+
+# --------------------------------------------------------------------------- as logged
+
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
+MAX_KEY_LENGTH = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
+
+
+def sanitize_key(name: str) -> str:
+    """A valid MLflow metric/param/tag name: alphanumerics, `_ - . /` and space only
+    ("pass@4" -> "pass_at_4", other characters -> "_"), no empty or dot path segments."""
+    name = _BAD_CHARS.sub("_", str(name).replace("@", "_at_"))
+    parts = [p for p in name.split("/") if p not in ("", ".", "..")]
+    return ("/".join(parts) or "_")[:MAX_KEY_LENGTH]
+
+
+def _number(v) -> float | None:
+    if v is None or isinstance(v, str):
+        return None
+    if isinstance(v, bool):
+        return float(v)
+    if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:  # numpy / torch scalars
+        with contextlib.suppress(Exception):
+            v = v.item()
+    if isinstance(v, (int, float)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    return None
+
+
+def flatten_metrics(metrics: Mapping, prefix: str = "") -> dict[str, float]:
+    """Nested metric dicts to flat numbers. A CI block {"mean", "lo", "hi", "n"} becomes
+    name, name_ci_lo, name_ci_hi, name_n; other nesting joins with "/"; strings, lists,
+    None and NaN are dropped."""
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            if "mean" in v and ("lo" in v or "hi" in v):
+                out.update({key + suffix: x for sub, suffix in CI_BLOCK
+                            if (x := _number(v.get(sub))) is not None})
+            else:
+                out.update(flatten_metrics(v, key))
+        elif (x := _number(v)) is not None:
+            out[key] = x
+    return out
+
+
+def eval_metrics(benchmarks: Mapping) -> dict[str, float]:
+    """{bench: {"metrics": {...}}} (an eval stage's output) -> "<bench>/<metric>" numbers,
+    e.g. synthetic/greedy_accuracy, synthetic/greedy_accuracy_ci_lo, synthetic/pass_at_4."""
+    out: dict[str, float] = {}
+    for bench, res in benchmarks.items():
+        m = res.get("metrics", res) if isinstance(res, Mapping) else {}
+        out.update({sanitize_key(k): v for k, v in flatten_metrics(m, str(bench)).items()})
+    return out

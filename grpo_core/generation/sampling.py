@@ -154,7 +154,9 @@ def _vllm_seeded(backend: VLLMBackend, prompts: list[str], n: int, params: Sampl
 
 def build_backend(model_path: str, cfg, progress: bool = False):
     """(backend, tokenizer) for a resolved model folder or hub id under cfg.rollout/cfg.model.
-    Made inside a grpo_core.modeling.gpu.stage_memory block, the backend is shut down when it ends."""
+    Made inside a grpo_core.modeling.gpu.stage_memory block, the backend is shut down when it
+    ends; a vLLM one inside a grpo_core.generation.warm_engine.keep_warm block is kept for the
+    next stage on the same model instead."""
     from grpo_core.generation.rollout import resolve_backend_name
     from grpo_core.modeling.gpu import track
     from grpo_core.prompts import stop_strings
@@ -162,15 +164,22 @@ def build_backend(model_path: str, cfg, progress: bool = False):
     name = resolve_backend_name(cfg.rollout.backend, model_path)
     stops = stop_strings(cfg.model.template)  # filter, eval and training stop alike
     if name == "vllm":
+        from grpo_core.generation.warm_engine import warm_slot
         from grpo_core.modeling.threads import configure_threads
 
-        backend = VLLMBackend(model_path, cfg.rollout.tensor_parallel_size,
-                              cfg.rollout.gpu_memory_utilization, cfg.model.dtype,
-                              seed=cfg.project.seed,
-                              data_parallel_size=cfg.rollout.data_parallel_size,
-                              stop_strings=stops, max_model_len=cfg.rollout.max_model_len,
-                              cpu_kv_cache_gib=cfg.rollout.cpu_kv_cache_gib,
-                              threads=configure_threads())
+        settings = dict(tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+                        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                        dtype=cfg.model.dtype, seed=cfg.project.seed,
+                        data_parallel_size=cfg.rollout.data_parallel_size,
+                        stop_strings=stops, max_model_len=cfg.rollout.max_model_len,
+                        cpu_kv_cache_gib=cfg.rollout.cpu_kv_cache_gib,
+                        threads=configure_threads())
+        make = lambda: VLLMBackend(model_path, **settings)  # noqa: E731
+        slot = warm_slot()  # a flow's keep_warm block: the engine outlives this stage
+        if slot is not None:
+            backend = slot.take((model_path, tuple(sorted(settings.items()))), make)
+            return backend, backend.tokenizer
+        backend = make()
         return track(backend), backend.tokenizer
     from grpo_core.modeling.loading import load_policy
 

@@ -50,11 +50,15 @@ PEAK = PREFIX + "peak_tflops"
 STEP_PARTS = ("sample_seconds", "score_seconds", "logprob_seconds")  # inside gen_seconds
 RSS_PEAK_METRIC = "system/rss_peak_gb"
 IS_RATIO = "sampling/importance_sampling_ratio/mean"  # TRL's, with vLLM generation
-# The pipeline process's own resident memory after each round (step = round): flat from
+# The pipeline process's own resident memory after each round's training (step = round): flat from
 # round to round when no stage leaves memory behind in it (train.stage_process).
 PIPELINE_RSS_METRIC = "system/pipeline_rss_gb"
 # ... and how many processes it has left running then (0: no engine or worker outlived its stage)
 PIPELINE_CHILDREN_METRIC = "system/pipeline_child_processes"
+# vLLM engines the filter and eval stages started, and how often the next stage on the same
+# model took the running one instead (grpo_core.generation.warm_engine; rollout.reuse_engine)
+ENGINE_STARTS_METRIC = "system/vllm_engine_starts"
+ENGINE_REUSES_METRIC = "system/vllm_engine_reuses"
 
 # bf16 dense peak TFLOP/s (no sparsity), by a substring of torch.cuda.get_device_name();
 # the first match wins, so the more specific names come first.

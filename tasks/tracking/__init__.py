@@ -1,21 +1,19 @@
-"""One entry point to MLflow tracking for flows and stages (`tracking.<name>`): a facade
-re-exporting what its callers use from the modules doing the work, layered bottom-up
-(each imports only modules above it in this list, so there is no import cycle). All are
-this package's modules, tasks.tracking.<name> (the list names them tasks.<name>, as before
-the move; metric_shipper is trainer_logging's sending thread):
+"""One entry point to MLflow tracking for flows and stages (`tracking.<name>`): a thin
+adapter that logs what grpo_core.eval decides. It re-exports what its callers use from
+the modules doing the work, layered bottom-up (each imports only modules above it):
 
-- tasks.redaction, tasks.tracking_store: secrets, where the store is and whether it
-  answers, the workdir and its run-state files (no mlflow import)
-- tasks.mlflow_client: the process's client, params/tags/metrics, child runs
-- tasks.comparison, tasks.mlflow_model: paired comparisons and their tables; a model as
-  an MLflow transformers model
-- tasks.artifacts, tasks.registry, tasks.trainer_logging: artifacts and tables, the model
-  registry, the trainer callback's keys and the replay of unsent points (the callback
-  itself, tasks.tracking.step_logger.StepLogger, imports transformers: it is not
-  re-exported, so importing this facade does not import transformers)
-- tasks.headline: the headline metrics, the experiment's runs-table view, UI links
-- tasks.parent_run: a pipeline's parent run from start to finish (see its docstring for
-  the layout in MLflow)
+- redaction, tracking_store: secrets; where the store is and whether it answers (MLflow's
+  own credentials); the workdir and its run-state files
+- mlflow_client: the process's client (MLflow's HTTP retries cut to seconds), params,
+  tags, metrics (one log_batch: MLflow splits it), child runs
+- mlflow_model, spool: a model as an MLflow transformers model; the offline spool of
+  metric points MLflow's asynchronous logging could not send
+- artifacts, registry, trainer_logging: artifacts and tables, the model registry and the
+  promotion rule's decision recorded, the trainer callback's keys and the replay of
+  unsent points (the callback itself, step_logger.StepLogger, imports transformers: it
+  is not re-exported, so importing this facade does not import transformers)
+- headline: the experiment's runs-table view, UI links, the comparison's descriptions
+- parent_run: a pipeline's parent run from start to close (see its docstring)
 """
 from __future__ import annotations
 
@@ -28,8 +26,8 @@ from tasks.tracking.artifacts import (  # noqa: F401 - re-exported
     log_text,
     log_training_curves,
 )
-from tasks.tracking.comparison import COMPARE_COLUMNS, compare_table  # noqa: F401 - re-exported
 from tasks.tracking.headline import (  # noqa: F401 - re-exported
+    compare_table,
     comparison_verdict,
     describe_comparison,
     links_for_run,
@@ -51,8 +49,8 @@ from tasks.tracking.mlflow_client import (  # noqa: F401 - re-exported
     stage_of,
 )
 from tasks.tracking.parent_run import (  # noqa: F401 - re-exported
+    close_pipeline,
     fail_pipeline,
-    finish_pipeline,
     start_parent_run,
 )
 from tasks.tracking.redaction import is_secret_name, redact  # noqa: F401 - re-exported
@@ -61,6 +59,7 @@ from tasks.tracking.registry import (  # noqa: F401 - re-exported
     champion_version,
     download_champion,
     model_name,
+    promote,
     promote_if_better,
     register_model,
 )

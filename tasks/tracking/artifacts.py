@@ -14,8 +14,8 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tasks.tracking.comparison import comparison_metrics, comparison_params
-from tasks.tracking.headline import comparison_tags
+from grpo_core.eval.comparison import comparison_metrics, comparison_params
+from grpo_core.eval.headline import comparison_tags
 from tasks.tracking.mlflow_client import (
     connect,
     experiment_id,

@@ -1,27 +1,18 @@
-"""The few numbers a person opens MLflow for, where the UI shows them without a guide.
+"""The experiment's views in MLflow's UI: the headline runs-table view, UI links, the
+comparison run's and the experiment's descriptions, and the comparison table read back
+(the numbers and texts are grpo_core.eval.headline's).
 
-- `headline_metrics`: the parent run's short-named metrics, per benchmark of the config
-  and on its primary metric: `<bench>/base`, `<bench>/final`, `<bench>/delta` (paired,
-  final minus base), each with `_lo` / `_hi` (95% CI), then `grpo_steps`, `sft_steps`,
-  `wall_min` and `findings` (how many).
-- `headline_tags`: the same numbers as text tags whose names say the metric, each value
-  with its CI and rounded to it ("synthetic avg_at_8 final" = "0.121 [0.089, 0.153]"):
-  MLflow's runs table shows tags as columns, so the table reads like the report (a metric
-  column shows the raw float and no CI). `comparison_tags` fills the comparison run's
-  row under the same names, recipe against recipe, each cell naming its recipe.
 - `set_experiment_view`: the experiment is tagged as model development (MLflow's
   `mlflow.experimentKind`) and given a saved runs-table view whose columns are the
   headline tags, first. MLflow 3.17 keeps a runs-table view as the experiment tag
   `mlflow.sharedViewState.<id>`; a value in its saved-view envelope ({"name",
-  "createdAt", "updatedAt", "state": the view as a JSON string}, the web app's
-  `experiment-page` saved views) is listed under the runs table's "Views" menu by its
-  name, and opens through `?viewStateShareKey=<id>` too (a bare state only through the
-  link). The link `grpo run` prints asks for MLflow's model-training mode
-  (`?workflowType=machine_learning`: MLflow 3.17 ignores the kind tag and opens every
-  experiment in its GenAI view).
+  "createdAt", "updatedAt", "state": the view as a JSON string}) is listed under the
+  runs table's "Views" menu by its name, and opens through `?viewStateShareKey=<id>`.
+  Links ask for MLflow's model-training mode (`?workflowType=machine_learning`: MLflow
+  3.17 ignores the kind tag and opens every experiment in its GenAI view).
 - `ui_links`: the UI addresses of the runs table, a run and a model version.
-
-No Prefect import; the MLflow client comes from the caller."""
+- `compare_table`: the recipes' rows from the finished parent runs (`grpo compare`).
+"""
 from __future__ import annotations
 
 import json
@@ -33,10 +24,16 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
-from grpo_core.eval.attribution import ci_phrase, phases_phrase
-from grpo_core.eval.metric_names import HEADLINE, ci_cells, shown
-from tasks.tracking.comparison import cell_number, ci_text
-from tasks.tracking.mlflow_client import current_uri, get_client, sanitize_key, set_tags
+from grpo_core.eval.comparison import table_row
+from grpo_core.eval.headline import comparison_description, headline_tag  # noqa: F401 - re-exported
+from grpo_core.eval.metric_names import (
+    HEADLINE,
+    benchmarks_in,
+    ci_block_keys,
+    delta_key,
+    sanitize_key,
+)
+from tasks.tracking.mlflow_client import child_runs, current_uri, get_client, set_tags, stage_of
 from tasks.tracking.tracking_store import strip_userinfo
 
 EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
@@ -50,114 +47,6 @@ VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui`'s default address, for a local store
 _STATS = ("grpo_steps", "sft_steps", "wall_min", "findings")
 CELL_PX, DELTA_PX = 210, 300  # runs-table widths of a headline cell, of the delta cell
-
-
-def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, Any],
-                     final: Mapping[str, Any], deltas: Mapping[str, Any], *, grpo_steps: int,
-                     sft_steps: int, wall_s: float, findings: int) -> dict[str, float]:
-    """`base`/`final`: {bench: {"metrics": {metric: {"mean", "lo", "hi"}}}} (stage results);
-    `deltas`: {bench: {metric: {"delta", "lo", "hi"}}} (finish_pipeline's paired deltas).
-    A number that does not exist (no base evaluation of a benchmark, an unpaired delta) is
-    left out rather than logged as 0."""
-    out: dict[str, float] = {}
-    for bench in benchmarks:
-        b = sanitize_key(bench)
-        blocks = {"base": _block(base, bench, metric), "final": _block(final, bench, metric),
-                  "delta": _delta(deltas, bench, metric)}
-        for name, triple in blocks.items():
-            for key, x in zip(ci_cells(f"{b}/{name}"), triple, strict=True):
-                if x is not None:
-                    out[key] = shown(x)
-    out.update({"grpo_steps": float(grpo_steps), "sft_steps": float(sft_steps),
-                "wall_min": round(wall_s / 60.0, 2), "findings": float(findings)})
-    return out
-
-
-def headline_table(benchmarks: Sequence[str], metric: str, numbers: Mapping[str, float],
-                   findings_said: str | None = None) -> str:
-    """The headline as a markdown table (a parent run's description, at the top of its
-    page): base, final and the paired delta per benchmark with their CIs, then the size."""
-    def cell(key: str, sign: str = "") -> str:
-        return ci_text(*(numbers.get(cell) for cell in ci_cells(key)), sign=sign)
-
-    rows = [f"| {bench} | {cell(f'{b}/base')} | {cell(f'{b}/final')} | {cell(f'{b}/delta', '+')} |"
-            for bench, b in ((x, sanitize_key(x)) for x in benchmarks)]
-    return "\n".join([f"| benchmark ({metric}, 95% CI) | base | final | delta (paired) |",
-                      "|---|---|---|---|", *rows, "",
-                      f"{numbers['grpo_steps']:.0f} GRPO steps, {numbers['sft_steps']:.0f} SFT "
-                      f"steps, {numbers['wall_min']:.1f} min, "
-                      f"{findings_said or format(numbers['findings'], '.0f') + ' findings'}. "
-                      "Columns of the runs table: `<benchmark>/base`, `/final`, `/delta`."])
-
-
-def attribution_text(attribution: Mapping[str, Any] | None) -> str:
-    """The stage attribution (tasks.tracking.comparison.stage_attribution) as markdown for
-    a description: the phases in one line, then each stage's paired gain over the one
-    before; "" without one."""
-    if not attribution or not attribution.get("stages"):
-        return ""
-    rows = [f"| {g['stage']} | {g['over']} | {ci_phrase(g)} |" for g in attribution["stages"]]
-    said = phases_phrase(attribution.get("phases") or {})
-    return "\n".join(["", "", f"**What earned it** ({attribution['benchmark']} "
-                       f"{attribution['metric']}, paired 95% CI): {said or 'n/a'}.", "",
-                       "| stage | over | gain |", "|---|---|---|", *rows])
-
-
-def _block(results: Mapping[str, Any], bench: str, metric: str) -> tuple:
-    m = ((results.get(bench) or {}).get("metrics") or {}).get(metric) or {}
-    return m.get("mean"), m.get("lo"), m.get("hi")
-
-
-def _delta(deltas: Mapping[str, Any], bench: str, metric: str) -> tuple:
-    d = (deltas.get(bench) or {}).get(metric) or {}
-    return d.get("delta"), d.get("lo"), d.get("hi")
-
-
-def headline_tag(bench: str, metric: str, col: str) -> str:
-    """The tag (a runs-table column) of one headline cell: "synthetic avg_at_8 final";
-    the delta says it is paired ("... delta paired")."""
-    return sanitize_key(f"{bench} {metric} {col}" + (" paired" if col == "delta" else ""))
-
-
-def cell_text(value: float | None, lo: float | None, hi: float | None, signed: bool = False) -> str:
-    """"0.121 [0.089, 0.153]": a value rounded to the precision its CI supports (the
-    verdict's rounding), "" without a value."""
-    if value is None:
-        return ""
-    return ci_phrase({"delta": value, "lo": lo, "hi": hi}, signed=signed)
-
-
-def headline_tags(benchmarks: Sequence[str], metric: str, numbers: Mapping[str, float]
-                  ) -> dict[str, str]:
-    """headline_metrics' numbers as text tags with CIs, for the runs table's columns."""
-    out = {}
-    for bench in benchmarks:
-        b = sanitize_key(bench)
-        for col in HEADLINE:
-            text = cell_text(*(numbers.get(k) for k in ci_cells(f"{b}/{col}")),
-                             signed=col == "delta")
-            if text:
-                out[headline_tag(bench, metric, col)] = text
-    return out
-
-
-def comparison_tags(rows: Iterable[Mapping]) -> dict[str, str]:
-    """The comparison run's row of the runs table: for each recipe-vs-recipe row ("A vs
-    B", whose base is B's final and final A's), base and final name their recipe and the
-    paired delta names both ("sft_grpo - r1_zero +0.080 [0.047, 0.113]"). `rows`:
-    COMPARE_COLUMNS rows, numbers or CSV strings."""
-    out = {}
-    for r in rows:
-        a, vs, b = str(r["recipe"]).partition(" vs ")
-        if not vs or " - " in a:
-            continue
-        cells = {col: cell_text(*(cell_number(r.get(k)) for k in ci_cells(col)), signed=col == "delta")
-                 for col in HEADLINE}
-        said = {"base": f"{b} {cells['base']}", "final": f"{a} {cells['final']}",
-                "delta": f"{a} - {b} {cells['delta']}"}
-        out.update({headline_tag(r["benchmark"], r["metric"], col): said[col]
-                    for col in HEADLINE if cells[col]})
-    return out
 
 
 def headline_columns(benchmarks: Iterable[str], metric: str) -> list[str]:
@@ -249,10 +138,11 @@ VERDICT_TAG = "grpo.verdict"
 
 def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequence[str],
                         prefect_run: Mapping[str, str | None] | None = None,
-                        client: MlflowClient | None = None) -> None:
+                        client: MlflowClient | None = None, rows: Sequence[Mapping] = ()) -> None:
     """The answer where a newcomer lands: the comparison run's description (shown at the
     top of its page) and the experiment's (`mlflow.note.content`, its landing text) start
-    with the verdict sentence, then link the comparison run, the parent runs, the saved
+    with the verdict sentence (the run's, then each recipe's final in a line: `rows`, the
+    comparison table), then link the comparison run, the parent runs, the saved
     headline view and the Prefect flow run. Links are relative to the UI's address (the
     same whichever host or port serves it)."""
     c = get_client(client)
@@ -266,9 +156,8 @@ def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequ
     prefect = prefect_run or {}
     prefect_link = (f"[Prefect flow run]({prefect['url']})" if prefect.get("url")
                     else f"Prefect flow run `{prefect['id']}`" if prefect.get("id") else "")
-    lines = [f"**{said}**" if said else "", "",
-             f"Parent runs: {parents}" + (f"; {prefect_link}" if prefect_link else "") + ".", ""]
-    set_tags(run_id, {"mlflow.note.content": "\n".join([*lines, markdown]),
+    links = f"Parent runs: {parents}" + (f"; {prefect_link}" if prefect_link else "") + "."
+    set_tags(run_id, {"mlflow.note.content": comparison_description(said, rows, markdown, links),
                       VERDICT_TAG: said or "none",
                       **({"prefect_flow_run_id": prefect["id"]} if prefect.get("id") else {})}, c)
     table = ui_links("", exp_id, base="/")["runs_table"]
@@ -296,3 +185,45 @@ def comparison_verdict(uri: str | None, experiment: str) -> str | None:
     from tasks.tracking.verdict_freshness import annotate  # what it was computed with, STALE
 
     return annotate(said, found[0], client)
+
+
+def compare_table(uri: str | None, experiment: str, metric: str | None = None,
+                  latest_only: bool = True) -> list[dict]:
+    """Rows (COMPARE_COLUMNS) from the FINISHED parent runs of `experiment`: per recipe (the
+    newest parent when latest_only) and benchmark, the metric on eval/base and eval/final
+    with CIs, and the paired delta with its CI when the pipeline logged one (else the
+    difference of the means, without a CI). `metric` defaults to each parent's
+    eval.primary_metric param."""
+    c = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else get_client()
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    parents = c.search_runs([exp.experiment_id],
+                            "tags.`grpo.pipeline` = 'parent' and attributes.status = 'FINISHED'",
+                            order_by=["attributes.start_time DESC"], max_results=1000)
+    rows, seen = [], set()
+    for parent in parents:
+        recipe = parent.data.tags.get("recipe", "?")
+        if latest_only and recipe in seen:
+            continue
+        seen.add(recipe)
+        m = metric or parent.data.params.get("eval.primary_metric", "greedy_accuracy")
+        rows += _recipe_rows(c, parent, recipe, m)
+    return sorted(rows, key=lambda r: (r["recipe"], r["benchmark"]))
+
+
+def _recipe_rows(c: MlflowClient, parent, recipe: str, m: str) -> list[dict]:
+    mk = sanitize_key(m)
+    kids = {stage_of(r): r for r in child_runs(parent.info.run_id, c)}
+    if "eval/final" not in kids:
+        return []
+    fm = kids["eval/final"].data.metrics
+    bm = kids["eval/base"].data.metrics if "eval/base" in kids else {}
+
+    def triple(metrics, key):
+        keys = ci_block_keys(key)
+        return metrics.get(keys["mean"]), metrics.get(keys["lo"]), metrics.get(keys["hi"])
+
+    return [table_row(recipe, bench, m, triple(bm, f"{bench}/{mk}"), triple(fm, f"{bench}/{mk}"),
+                      triple(fm, delta_key(f"{bench}/{mk}")))
+            for bench in benchmarks_in(fm, mk)]

@@ -9,10 +9,8 @@ later calls in any thread of that process use it unless given a client.
 Imports only the leaves tasks.tracking.tracking_store and tasks.tracking.redaction."""
 from __future__ import annotations
 
-import contextlib
 import json
-import math
-import re
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -23,15 +21,13 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from mlflow.utils.validation import (
-    MAX_ENTITY_KEY_LENGTH,
-    MAX_METRICS_PER_BATCH,
-    MAX_PARAM_VAL_LENGTH,
-    MAX_PARAMS_TAGS_PER_BATCH,
-    MAX_TAG_VAL_LENGTH,
-)
+from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
-from grpo_core.eval.metric_names import CI_BLOCK
+from grpo_core.eval.metric_names import (  # noqa: F401 - re-exported
+    eval_metrics,
+    flatten_metrics,
+    sanitize_key,
+)
 from tasks.tracking.redaction import redact
 from tasks.tracking.tracking_store import check_reachable
 
@@ -43,6 +39,23 @@ _lock = threading.Lock()
 
 
 # --------------------------------------------------------------------------- client
+
+# MLflow's HTTP client retries a refused connection 7 times with a doubling backoff
+# (minutes), and its asynchronous logging drains its queue at process exit: with a down
+# server a run would wait that long to end. Seconds instead (a value already set wins);
+# what cannot be sent goes to the offline spool (tasks.tracking.spool).
+FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+             "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def _client(uri: str) -> MlflowClient:
+    if uri.startswith(("http://", "https://")):
+        for k, v in FAIL_FAST.items():
+            os.environ.setdefault(k, v)
+    if uri not in _clients:
+        _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return _clients[uri]
+
 
 def connect(uri: str, check: bool = True) -> MlflowClient:
     """Make `uri` this process's store for every call below that is given no client, and
@@ -59,9 +72,7 @@ def connect(uri: str, check: bool = True) -> MlflowClient:
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     with _lock:
         _current_uri = uri
-        if uri not in _clients:
-            _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
-        return _clients[uri]
+        return _client(uri)
 
 
 def current_uri() -> str:
@@ -73,11 +84,8 @@ def get_client(client: MlflowClient | None = None) -> MlflowClient:
     """`client` if given, else this process's client for `current_uri()`."""
     if client is not None:
         return client
-    uri = current_uri()
     with _lock:
-        if uri not in _clients:
-            _clients[uri] = MlflowClient(tracking_uri=uri, registry_uri=uri)
-        return _clients[uri]
+        return _client(current_uri())
 
 
 def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = None) -> str:
@@ -96,17 +104,6 @@ def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = N
 
 
 # --------------------------------------------------------------------------- params and tags
-
-_BAD_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
-
-
-def sanitize_key(name: str) -> str:
-    """A valid MLflow metric/param/tag name: alphanumerics, `_ - . /` and space only
-    ("pass@4" -> "pass_at_4", other characters -> "_"), no empty or dot path segments."""
-    name = _BAD_CHARS.sub("_", str(name).replace("@", "_at_"))
-    parts = [p for p in name.split("/") if p not in ("", ".", "..")]
-    return ("/".join(parts) or "_")[:MAX_ENTITY_KEY_LENGTH]
-
 
 def flatten(tree: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
     """{"grpo": {"beta": 0.04}} -> {"grpo.beta": 0.04}. Lists of scalars stay one value;
@@ -140,92 +137,34 @@ def config_params(cfg) -> dict[str, str]:
 
 def log_params(run_id: str, params: Mapping[str, Any], client: MlflowClient | None = None) -> None:
     """Nested params flattened ("a.b"), secrets redacted, values cut to MLflow's limit."""
-    c = get_client(client)
-    items = [Param(sanitize_key(k), _param_value(v)) for k, v in flatten(redact(dict(params))).items()]
-    for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
-        c.log_batch(run_id, params=items[i: i + MAX_PARAMS_TAGS_PER_BATCH])
+    get_client(client).log_batch(run_id, params=[
+        Param(sanitize_key(k), _param_value(v)) for k, v in flatten(redact(dict(params))).items()])
 
 
 def set_tags(run_id: str, tags: Mapping[str, Any], client: MlflowClient | None = None) -> None:
     """Set run tags (secret-named ones redacted, values cut to MLflow's limit)."""
-    c = get_client(client)
-    items = []
-    for k, v in redact(dict(tags)).items():
-        text = v if isinstance(v, str) else json.dumps(v, default=str)
-        items.append(RunTag(sanitize_key(k), text[:MAX_TAG_VAL_LENGTH]))
-    for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
-        c.log_batch(run_id, tags=items[i: i + MAX_PARAMS_TAGS_PER_BATCH])
+    get_client(client).log_batch(run_id, tags=[
+        RunTag(sanitize_key(k), (v if isinstance(v, str) else json.dumps(v, default=str))[:MAX_TAG_VAL_LENGTH])
+        for k, v in redact(dict(tags)).items()])
 
 
 # --------------------------------------------------------------------------- metrics
 
-def _number(v: Any) -> float | None:
-    if v is None or isinstance(v, str):
-        return None
-    if isinstance(v, bool):
-        return float(v)
-    if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:  # numpy / torch scalars
-        with contextlib.suppress(Exception):
-            v = v.item()
-    if isinstance(v, (int, float)):
-        f = float(v)
-        return f if math.isfinite(f) else None
-    return None
-
-
-def flatten_metrics(metrics: Mapping, prefix: str = "") -> dict[str, float]:
-    """Nested metric dicts to flat numbers. A CI block {"mean", "lo", "hi", "n"} becomes
-    name, name_ci_lo, name_ci_hi, name_n; other nesting joins with "/"; strings, lists,
-    None and NaN are dropped."""
-    out: dict[str, float] = {}
-    for k, v in metrics.items():
-        key = f"{prefix}/{k}" if prefix else str(k)
-        if isinstance(v, Mapping):
-            if "mean" in v and ("lo" in v or "hi" in v):
-                for sub, suffix in CI_BLOCK:
-                    x = _number(v.get(sub))
-                    if x is not None:
-                        out[key + suffix] = x
-            else:
-                out.update(flatten_metrics(v, key))
-            continue
-        x = _number(v)
-        if x is not None:
-            out[key] = x
-    return out
-
-
-def log_metric_items(run_id: str, items: list[Metric], client: MlflowClient) -> None:
-    """Log ready-made Metric entities in batches of MLflow's maximum."""
-    for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-        client.log_batch(run_id, metrics=items[i: i + MAX_METRICS_PER_BATCH])
-
-
 def log_metrics(run_id: str, metrics: Mapping[str, Any], step: int | None = None,
                 client: MlflowClient | None = None, timestamp_ms: int | None = None) -> int:
-    """Log numbers (nested dicts flattened, names sanitised, None/NaN/inf skipped) in
-    batches of MLflow's maximum; returns how many were logged."""
+    """Log numbers (nested dicts flattened, names sanitised, None/NaN/inf skipped) in one
+    log_batch (MLflow splits it at its own maximum); returns how many were logged."""
     flat = flatten_metrics(metrics)
     if not flat:
         return 0
     ts = timestamp_ms or int(time.time() * 1000)
     items = [Metric(sanitize_key(k), v, ts, step or 0) for k, v in flat.items()]
-    log_metric_items(run_id, items, get_client(client))
+    get_client(client).log_batch(run_id, metrics=items)
     return len(items)
 
 
 def has_metrics(run_id: str, client: MlflowClient | None = None) -> bool:
     return bool(get_client(client).get_run(run_id).data.metrics)
-
-
-def eval_metrics(benchmarks: Mapping[str, Any]) -> dict[str, float]:
-    """{bench: {"metrics": {...}}} (stages.evaluate_model's output) -> "<bench>/<metric>" numbers,
-    e.g. synthetic/greedy_accuracy, synthetic/greedy_accuracy_ci_lo, synthetic/pass_at_4."""
-    out: dict[str, float] = {}
-    for bench, res in benchmarks.items():
-        m = res.get("metrics", res) if isinstance(res, Mapping) else {}
-        out.update({sanitize_key(k): v for k, v in flatten_metrics(m, str(bench)).items()})
-    return out
 
 
 # --------------------------------------------------------------------------- child runs

@@ -34,10 +34,19 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from grpo_core.eval.metric_names import FINAL_PREFIX, ci_block_keys, shown
+from grpo_core.eval import headline as text
+from grpo_core.eval.comparison import ci_text, delta_metrics
+from grpo_core.eval.metric_names import (
+    FINAL_PREFIX,
+    ci_block_keys,
+    eval_metrics,
+    sanitize_key,
+    shown,
+)
+from grpo_core.eval.promotion import Decision
 from grpo_core.train.findings import count_findings
 from grpo_core.workspace import Workspace
-from tasks.tracking import comparison, headline
+from tasks.tracking import headline
 from tasks.tracking.artifacts import log_json, log_text
 from tasks.tracking.mlflow_client import (
     child_run,
@@ -45,25 +54,14 @@ from tasks.tracking.mlflow_client import (
     close_children,
     config_params,
     connect,
-    eval_metrics,
     experiment_id,
     get_client,
     log_metrics,
     log_params,
-    sanitize_key,
     set_tags,
 )
 from tasks.tracking.redaction import redact
-from tasks.tracking.registry import (
-    EVAL_RUN_TAG,
-    champion_uri,
-    champion_version,
-    decision_record,
-    fmt_ci,
-    model_name,
-    promote_if_better,
-    register_model,
-)
+from tasks.tracking.registry import champion_uri, promote, register_model
 from tasks.tracking.tracking_store import (
     artifact_root,
     experiment_name,
@@ -179,79 +177,53 @@ def fail_pipeline(parent_id: str, error: str, workspace=None,
 
 # --------------------------------------------------------------------------- pipeline end
 
-def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Mapping[str, Any],
-                    findings: Sequence[str], workspace: Workspace | str | os.PathLike | None = None,
-                    client: MlflowClient | None = None, *,
-                    champion_records: Sequence[Mapping] | None = None,
-                    base: Mapping[str, Any] | None = None, base_model: str | None = None,
-                    wall_s: float | None = None,
-                    stages: Sequence[tuple[str, Mapping, str | None]] = ()) -> dict:
-    """Close a pipeline run: final metrics on the parent (prefix final/), findings, the
-    paired deltas of final vs base on the eval/final run, the model registered and
-    promoted on the primary metric of the first benchmark by the paired rule, running
-    children and the parent set FINISHED. Returns what happened, with a one-line summary
-    and the deltas ({bench: {metric: {"delta", "lo", "hi", "n"}}}).
-
-    Per-problem records come from the workspace's store: the final eval's, the base
-    model's (`base`: its stage results, else found by `base_model`, else by the config's
-    model) and the champion's (`champion_records`, as retrain passes them, else read back
-    through the champion version's eval run id tag).
-
-    The parent also gets the headline metrics (tasks/tracking/headline.py; `wall_s`: this
-    pipeline run's wall time, else since the parent run started) and a description
-    saying them in one line, shown at the top of its page, with the gain of each stage
-    over the one before (`stages`: (eval label, {bench: result}, model path) in pipeline
-    order; comparison.stage_attribution) as out["attribution"]."""
+def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks: Mapping[str, Any],
+                   findings: Sequence[str], workspace, *, deltas: Mapping[str, Any],
+                   attribution: Mapping | None, base: Mapping[str, Any] | None,
+                   wall_s: float | None, model: str | None, records: Mapping[str, list],
+                   champion_records: Sequence[Mapping] | None,
+                   client: MlflowClient | None = None) -> dict:
+    """Log what the end of a pipeline decided (tasks/finish.py): final metrics on the parent
+    (prefix final/), findings, the paired `deltas` on the eval/final run, the model
+    registered as a version of `model` and judged against the champion on the first
+    benchmark (`records`: {bench: the final eval's rows}), the headline metrics and
+    tags, the description; running children and the parent set FINISHED."""
     c = get_client(client)
-    benchmarks = final.get("benchmarks", final)
-    workdir = workspace if workspace is not None else workdir_of(None, cfg)
-    log_metrics(parent_id, final_headline(benchmarks, cfg.eval.primary_metric), client=c)
+    primary, bench = cfg.eval.primary_metric, next(iter(cfg.eval.benchmarks), None)
+    log_metrics(parent_id, final_headline(benchmarks, primary), client=c)
     said = count_findings(findings)  # one count, by severity, as each round's page says it
     set_tags(parent_id, {"findings": " | ".join(findings) or "none", "findings.count": said}, c)
     if findings:
         log_text(parent_id, f"{said}\n\n" + "\n".join(f"- {f}" for f in findings) + "\n",
                  "report/findings.md", c)
-    primary = cfg.eval.primary_metric
-    bench = next(iter(cfg.eval.benchmarks), None)
+    if deltas:
+        log_metrics(child_run(parent_id, "eval/final", c), delta_metrics(deltas), client=c)
     res = benchmarks.get(bench, {}) if bench else {}
     block = (res.get("metrics") or {}).get(primary) or {}
-    name = model_name(cfg) if cfg.tracking.register_model else None
-    champ = champion_version(name, c) if name else None
-    with comparison.records_store(workdir, cfg.data.store_lock_timeout) as store:
-        mine = {b: comparison.stage_records(store, r, str(model_dir)) for b, r in benchmarks.items()}
-        before = comparison.base_records(store, cfg, workdir, benchmarks, base, base_model) \
-            if base is not None or any(mine.values()) else {}
-        if champion_records is None and champ is not None:
-            champion_records = comparison.run_records(store, champ.tags.get(EVAL_RUN_TAG)) or None
-        attribution = comparison.stage_attribution(store, cfg, stages) if stages else None
+    summary = (f"{bench} {primary} {ci_text(block['mean'], block.get('lo'), block.get('hi'))}"
+               if block.get("mean") is not None else f"{bench} {primary}: n/a")
     out: dict[str, Any] = {"parent_run": parent_id, "benchmark": bench, "metric": primary,
                            "value": block.get("mean"), "ci_lo": block.get("lo"),
-                           "ci_hi": block.get("hi"),
-                           "deltas": _log_deltas(parent_id, cfg, benchmarks, mine, before, c)}
-    result = (f"{bench} {primary} {fmt_ci(block['mean'], block.get('lo'), block.get('hi'))}"
-                if block.get("mean") is not None else f"{bench} {primary}: n/a")
-    summary = result
-    if name:
-        out.update(_register_and_promote(parent_id, cfg, model_dir, name, res, mine.get(bench) or [],
-                                         champion_records, c))
-        summary = (f"{result}; {name} v{out['version']} "
-                   f"{'champion' if out['promoted'] else 'challenger'} ({out['reason']})")
+                           "ci_hi": block.get("hi"), "deltas": dict(deltas)}
+    if model:
+        out.update(_register_and_promote(parent_id, cfg, model_dir, model, res,
+                                         records.get(bench) or [], champion_records, c))
+        summary += (f"; {model} v{out['version']} "
+                    f"{'champion' if out['promoted'] else 'challenger'} ({out['reason']})")
     out["summary"], out["attribution"] = summary, attribution
-    out["links"] = headline.links_for_run(
-        parent_id, (name, out["version"]) if name else None, c)
-    _log_headline(parent_id, cfg, benchmarks, base, out["deltas"], findings, wall_s, summary, c,
+    out["links"] = headline.links_for_run(parent_id, (model, out["version"]) if model else None, c)
+    _log_headline(parent_id, cfg, benchmarks, base, deltas, findings, wall_s, summary, c,
                   attribution)
     close_children(parent_id, "FINISHED", c)
     c.set_terminated(parent_id, "FINISHED")
-    _set_state_status(workdir, parent_id, "FINISHED", c)
+    _set_state_status(workspace, parent_id, "FINISHED", c)
     return out
 
 
 def final_headline(benchmarks: Mapping[str, Any], primary: str) -> dict[str, float]:
     """The parent's copy of the final evaluation: the primary metric's block per benchmark
     (final/<bench>/<metric>, _ci_lo, _ci_hi, _n). Every other metric stays on the eval/final
-    run: a parent holding all of them (hundreds on a real benchmark set) buries the
-    headline in its metrics list and its charts."""
+    run: a parent holding all of them buries the headline in its metrics list."""
     keep = {FINAL_PREFIX + k for b in benchmarks
             for k in ci_block_keys(f"{sanitize_key(str(b))}/{sanitize_key(primary)}").values()}
     return {FINAL_PREFIX + k: shown(v) for k, v in eval_metrics(benchmarks).items()
@@ -261,9 +233,9 @@ def final_headline(benchmarks: Mapping[str, Any], primary: str) -> dict[str, flo
 def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mapping[str, Any],
                           records: list[dict], champion_records: Sequence[Mapping] | None,
                           c: MlflowClient) -> dict:
-    """Register the model and decide on it by the paired rule (tasks/tracking/registry.py), the
-    decision tagged on the parent too. `records`: the final eval's rows of the first
-    benchmark; its run id is tagged on the version, for the next challenger to pair with."""
+    """Register the model and record the promotion rule's decision, tagged on the parent
+    too. `records`: the final eval's rows of the first benchmark; its run id is tagged on
+    the version, for the next challenger to pair with."""
     primary = cfg.eval.primary_metric
     block = (res.get("metrics") or {}).get(primary) or {}
     version = register_model(parent_id, model_dir, name,
@@ -272,59 +244,35 @@ def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mappin
            "champion_uri": champion_uri(name)}
     if block.get("mean") is None:
         bench = next(iter(cfg.eval.benchmarks), None)
-        promoted, reason, decided = False, f"no {primary} on {bench}; not compared", {}
+        d = Decision(False, f"no {primary} on {bench}; not compared", "", "none")
     else:
-        promoted, reason = promote_if_better(
-            c, name, version, primary, block["mean"], block.get("lo"), ci_hi=block.get("hi"),
-            protocol_hash=res.get("protocol_hash"), records=records,
-            champion_records=champion_records,
-            eval_run_id=records[0]["run_id"] if records else None,
-            n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
-        decided = decision_record(name, version, c)
-    set_tags(parent_id, {"grpo.promotion": "promoted" if promoted else "rejected",
-                         "grpo.promotion_reason": reason,
-                         "grpo.promotion_rule": decided.get("rule") or "none"}, c)
-    return {**out, "promoted": promoted, "reason": reason, "rule": decided.get("rule"),
-            "paired": decided.get("paired")}
-
-
-def _log_deltas(parent_id: str, cfg, benchmarks: Mapping[str, Any], mine: Mapping[str, list],
-                before: Mapping[str, list], client: MlflowClient) -> dict:
-    """Paired deltas (final minus base) of every pairable metric per benchmark, logged on
-    the eval/final run where `grpo compare` reads them; both sides scored the same
-    problems, so the CI is of the per-problem difference, not of two separate means."""
-    deltas = {}
-    for bench, res in benchmarks.items():
-        names = list((res.get("metrics") or {}) if isinstance(res, Mapping) else [])
-        found = comparison.paired_deltas(mine.get(bench) or [], before.get(bench) or [], names,
-                                         n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
-        if found:
-            deltas[bench] = found
-    if deltas:
-        log_metrics(child_run(parent_id, "eval/final", client), comparison.delta_metrics(deltas),
-                    client=client)
-    return deltas
+        d = promote(c, name, version, primary, block["mean"], block.get("lo"), ci_hi=block.get("hi"),
+                    protocol_hash=res.get("protocol_hash"), records=records,
+                    champion_records=champion_records,
+                    eval_run_id=records[0]["run_id"] if records else None,
+                    n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
+    set_tags(parent_id, {"grpo.promotion": "promoted" if d.promoted else "rejected",
+                         "grpo.promotion_reason": d.reason, "grpo.promotion_rule": d.rule}, c)
+    return {**out, "promoted": d.promoted, "reason": d.reason,
+            "rule": None if d.rule == "none" else d.rule, "paired": d.paired}
 
 
 def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[str, Any] | None,
                   deltas: Mapping[str, Any], findings: Sequence[str], wall_s: float | None,
-                  summary: str,
-                  c: MlflowClient, attribution: Mapping | None = None) -> None:
-    """The headline metrics (tasks/tracking/headline.py) on the parent, and its description. The
-    steps are the children's (`grpo/steps`, `sft/steps`): a cached stage counts too."""
+                  summary: str, c: MlflowClient, attribution: Mapping | None = None) -> None:
+    """The headline metrics and tags on the parent, and its description. The steps are the
+    children's (`grpo/steps`, `sft/steps`): a cached stage counts too."""
     steps = {"grpo": 0, "sft": 0}
     for run in child_runs(parent_id, c):
         for kind in steps:
             steps[kind] += int(run.data.metrics.get(f"{kind}/steps", 0))
     if wall_s is None:
         wall_s = time.time() - c.get_run(parent_id).info.start_time / 1000
-    numbers = headline.headline_metrics(
-        cfg.eval.benchmarks, cfg.eval.primary_metric, base or {}, final, deltas,
-        grpo_steps=steps["grpo"], sft_steps=steps["sft"], wall_s=wall_s, findings=len(findings))
+    benches, metric = cfg.eval.benchmarks, cfg.eval.primary_metric
+    numbers = text.headline_metrics(benches, metric, base or {}, final, deltas,
+                                    grpo_steps=steps["grpo"], sft_steps=steps["sft"],
+                                    wall_s=wall_s, findings=len(findings))
     log_metrics(parent_id, numbers, client=c)
-    tags = headline.headline_tags(cfg.eval.benchmarks, cfg.eval.primary_metric, numbers)
-    set_tags(parent_id, {**tags, "mlflow.note.content": f"**{cfg.project.recipe}**: {summary}.\n\n"
-                         + headline.headline_table(cfg.eval.benchmarks,
-                                                   cfg.eval.primary_metric, numbers,
-                                                   count_findings(findings))
-                         + headline.attribution_text(attribution)}, c)
+    table = text.headline_table(benches, metric, numbers, count_findings(findings))
+    set_tags(parent_id, {**text.headline_tags(benches, metric, numbers), "mlflow.note.content":
+                         text.parent_description(cfg.project.recipe, summary, attribution, table)}, c)

@@ -1,6 +1,6 @@
-"""Model registry: register a pipeline's model as a version of <project>-<recipe>, promote
-it to `champion` when it beats the current one (the paired per-problem difference's CI
-above 0), and fetch the champion. tasks.tracking re-exports the public names."""
+"""Model registry: register a pipeline's model as a version of <project>-<recipe>, record
+the promotion rule's decision (grpo_core.eval.promotion) on it, and fetch the champion.
+tasks.tracking re-exports the public names."""
 from __future__ import annotations
 
 import contextlib
@@ -16,19 +16,15 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from grpo_core.eval.attribution import ci_phrase
-from grpo_core.eval.paired import paired_delta
-from tasks.tracking.mlflow_client import get_client, sanitize_key, set_tags
+from grpo_core.eval import promotion
+from grpo_core.eval.promotion import PAIRED_RULE, UNPAIRED_RULE, Decision  # noqa: F401 - re-exported
+from tasks.tracking.mlflow_client import get_client, set_tags
 from tasks.tracking.mlflow_model import hf_folder, log_and_register
 from tasks.tracking.redaction import redact
 from tasks.tracking.tracking_store import read_state, slug, write_state
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 EVAL_RUN_TAG = "grpo.eval_run_id"
-PAIRED_RULE = ("paired: promote when the lower bound of the 95% paired bootstrap CI of "
-               "challenger minus champion (per-problem scores, same problems) is > 0")
-UNPAIRED_RULE = ("unpaired (no per-problem records given): promote when the challenger's "
-                 "mean exceeds the champion's CI upper bound")
 
 
 def model_name(cfg) -> str:
@@ -87,205 +83,39 @@ def _ensure_registered_model(client: MlflowClient, name: str) -> None:
                                            "champion (serving) and challenger (latest).")
 
 
-def _metric_tags(metric: str, value: float, ci_lo: float | None, ci_hi: float | None,
-                 protocol_hash: str | None, eval_run_id: str | None = None) -> dict[str, str]:
-    m = sanitize_key(metric)
-    tags = {"grpo.metric": metric, f"grpo.{m}": repr(float(value))}
-    if ci_lo is not None:
-        tags[f"grpo.{m}.ci_lo"] = repr(float(ci_lo))
-    if ci_hi is not None:
-        tags[f"grpo.{m}.ci_hi"] = repr(float(ci_hi))
-    if protocol_hash:
-        tags["grpo.protocol_hash"] = protocol_hash
-    if eval_run_id:  # where the next challenger finds this version's per-problem records
-        tags[EVAL_RUN_TAG] = eval_run_id
-    return tags
-
-
-def _triplet(source: Mapping[str, Any], metric: str) -> tuple[float | None, float | None, float | None]:
-    """(value, ci_lo, ci_hi) from any of: version tags, {"value","ci_lo","ci_hi"},
-    {metric: {"mean","lo","hi"}}, or flat {metric, metric_ci_lo, metric_ci_hi}."""
-    m = sanitize_key(metric)
-
-    def num(x):
-        try:
-            return float(x) if x is not None else None
-        except (TypeError, ValueError):
-            return None
-
-    if f"grpo.{m}" in source:
-        return (num(source.get(f"grpo.{m}")), num(source.get(f"grpo.{m}.ci_lo")),
-                num(source.get(f"grpo.{m}.ci_hi")))
-    if "value" in source:
-        return num(source.get("value")), num(source.get("ci_lo")), num(source.get("ci_hi"))
-    block = source.get(metric, source.get(m))
-    if isinstance(block, Mapping):
-        return num(block.get("mean")), num(block.get("lo")), num(block.get("hi"))
-    return num(block), num(source.get(f"{m}_ci_lo")), num(source.get(f"{m}_ci_hi"))
-
-
-def fmt_ci(v, lo, hi) -> str:
-    """A value with its CI, "0.5000 [0.4000, 0.6000]" (no CI when a bound is missing)."""
-    ci = f" [{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else ""
-    return f"{v:.4f}{ci}"
-
-
-def promote_if_better(client: MlflowClient | None, name: str, version: str, metric: str,
-                      value: float, ci_lo: float | None = None,
-                      champion_metrics: Mapping[str, Any] | None = None, *,
-                      ci_hi: float | None = None,
-                      protocol_hash: str | None = None,
-                      records: Sequence[Mapping] | None = None,
-                      champion_records: Sequence[Mapping] | None = None,
-                      eval_run_id: str | None = None,
-                      n_resamples: int = 1000, seed: int = 0) -> tuple[bool, str]:
-    """Make `version` the champion when there is none, or when it beats the champion.
-    Returns (promoted, reason).
-
-    With the challenger's per-problem eval `records` (what the pipeline and retrain flows
-    pass), the rule is PAIRED_RULE: both models on the same problems, promote when the
-    lower bound of the 95% paired bootstrap CI of challenger minus champion is > 0.
-    `champion_records` are the champion's rows (retrain: re-evaluated under today's
-    protocol; the pipeline: read back through the champion's grpo.eval_run_id tag).
-    Without them, or when they come from another protocol or other problems, nothing can
-    be paired: the champion stays and the reason says why.
-
-    Without `records` (a caller holding only summary numbers) the rule is UNPAIRED_RULE:
-    `value` must exceed the champion's CI upper bound, read from its version tags or
-    `champion_metrics`; stored numbers from another protocol are not compared.
-
-    The challenger's value, CI, protocol hash and eval run id are stored as version tags;
-    the decision as tags on the challenger version (grpo.decision, grpo.decision_reason,
-    grpo.decision_rule, grpo.paired_delta[.ci_lo/.ci_hi], ...).
-    """
+def promote(client: MlflowClient | None, name: str, version: str, metric: str, value: float,
+            ci_lo: float | None = None, champion_metrics: Mapping[str, Any] | None = None, *,
+            ci_hi: float | None = None, protocol_hash: str | None = None,
+            records: Sequence[Mapping] | None = None,
+            champion_records: Sequence[Mapping] | None = None, eval_run_id: str | None = None,
+            n_resamples: int = 1000, seed: int = 0) -> Decision:
+    """Judge `version` against the champion by grpo_core.eval.promotion's rule and record
+    it: the challenger's number as version tags, the champion alias when it wins, the
+    decision as version tags (grpo.decision, _reason, _rule, grpo.paired_delta...) and in
+    words as the version's description."""
     c = get_client(client)
     version = str(version)
-    for k, v in _metric_tags(metric, value, ci_lo, ci_hi, protocol_hash, eval_run_id).items():
+    for k, v in promotion.metric_tags(metric, value, ci_lo, ci_hi, protocol_hash, eval_run_id).items():
         c.set_model_version_tag(name, version, k, v)
     champ = champion_version(name, c)
-    rule, paired = (PAIRED_RULE if records is not None else UNPAIRED_RULE), None
-    if champ is None:
-        promoted, against = True, ""
-        reason = f"no champion yet; v{version} {metric} {fmt_ci(value, ci_lo, ci_hi)}"
-    elif str(champ.version) == version:
-        promoted, reason, against = True, f"v{version} is already the champion", version
-    elif records is not None:
-        against = str(champ.version)
-        promoted, reason, paired = _paired_decision(
-            champ, version, metric, records, champion_records, protocol_hash,
-            {"n_resamples": n_resamples, "seed": seed})
-    else:
-        against = str(champ.version)
-        promoted, reason = _unpaired_decision(champ, version, metric, (value, ci_lo, ci_hi),
-                                              champion_metrics, protocol_hash)
-    if promoted:
+    d = promotion.decide(version, metric, value, ci_lo, ci_hi,
+                         (str(champ.version), champ.tags) if champ is not None else None,
+                         protocol_hash=protocol_hash, records=records,
+                         champion_records=champion_records, champion_metrics=champion_metrics,
+                         n_resamples=n_resamples, seed=seed)
+    if d.promoted:
         c.set_registered_model_alias(name, CHAMPION, version)
-    for k, v in _decision_tags(promoted, reason, against, rule, metric, paired).items():
+    tags = {**promotion.decision_tags(d, metric), "grpo.decided_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    for k, v in tags.items():
         c.set_model_version_tag(name, version, k, v)
-    # The decision in words on the version's page (its tags sit in a small box below).
-    c.update_model_version(name, version, description=decision_text(promoted, reason, against, rule))
-    return promoted, reason
+    c.update_model_version(name, version, description=d.text())
+    return d
 
 
-def decision_text(promoted: bool, reason: str, against: str, rule: str) -> str:
-    """The model version's description: the decision, what it was compared with, the rule."""
-    said = "Promoted to champion" if promoted else "Kept as challenger (not promoted)"
-    with_ = f"champion v{against}" if against else "no champion (the first version)"
-    return f"**{said}.** Compared with {with_}: {reason}.\n\nRule: {rule}."
-
-
-def _decision_tags(promoted: bool, reason: str, against: str, rule: str, metric: str,
-                   paired: Mapping | None) -> dict[str, str]:
-    tags = {"grpo.decision": "promoted" if promoted else "rejected",
-            "grpo.decision_reason": reason, "grpo.compared_with": against or "none (first version)",
-            "grpo.decision_rule": rule,
-            "grpo.decided_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    if paired:
-        tags.update({"grpo.paired_metric": metric, "grpo.paired_delta": repr(paired["delta"]),
-                     "grpo.paired_delta.ci_lo": repr(paired["lo"]),
-                     "grpo.paired_delta.ci_hi": repr(paired["hi"]),
-                     "grpo.paired_n": str(paired["n"])})
-    return tags
-
-
-def _protocol_reason(against: str, theirs: str, ours: str | None, fix: str) -> str:
-    return (f"champion v{against} was evaluated under protocol {theirs}, challenger under "
-            f"{ours}; kept the champion ({fix})")
-
-
-def _protocols(records: Sequence[Mapping]) -> set[str]:
-    return {r["protocol_hash"] for r in records if r.get("protocol_hash")}
-
-
-def _paired_decision(champ, version: str, metric: str, records: Sequence[Mapping],
-                     champion_records: Sequence[Mapping] | None, protocol_hash: str | None,
-                     ci_kw: dict) -> tuple[bool, str, dict | None]:
-    against = str(champ.version)
-    fix = "re-evaluate both under one protocol: grpo retrain"
-    if not records:
-        return False, (f"no per-problem records of challenger v{version} to pair with "
-                       f"champion v{against}; kept the champion"), None
-    if champion_records is None:
-        theirs = champ.tags.get("grpo.protocol_hash")
-        if protocol_hash and theirs and theirs != protocol_hash:
-            return False, _protocol_reason(against, theirs, protocol_hash, fix), None
-        return False, (f"no per-problem records of champion v{against} to pair with; kept "
-                       f"the champion ({fix})"), None
-    ours, theirs = _protocols(records), _protocols(champion_records)
-    if ours and theirs and ours != theirs:
-        return False, _protocol_reason(against, ",".join(sorted(theirs)),
-                                       ",".join(sorted(ours)), fix), None
-    from grpo_core.eval.evaluation import vote_key  # maj@k votes as the evaluation did
-
-    try:
-        d = paired_delta(list(records), list(champion_records), metric, canon=vote_key, **ci_kw)
-    except ValueError as exc:
-        return False, (f"no paired comparison with champion v{against}: {exc}; kept the "
-                       f"champion"), None
-    promoted = d["lo"] > 0
-    return promoted, (f"challenger v{version} - champion v{against} {metric}: paired delta "
-                      f"{ci_phrase(d)} over {d['n']} problems, "
-                      f"CI lower bound {'>' if promoted else '<='} 0"), d
-
-
-def _unpaired_decision(champ, version: str, metric: str, mine: tuple, champion_metrics,
-                       protocol_hash: str | None) -> tuple[bool, str]:
-    """UNPAIRED_RULE, for callers without per-problem records."""
-    against = str(champ.version)
-    if champion_metrics is not None:
-        cv, clo, chi = _triplet(champion_metrics, metric)
-        champ_protocol = None  # numbers supplied by the caller, under today's protocol
-    else:
-        cv, clo, chi = _triplet(champ.tags, metric)
-        champ_protocol = champ.tags.get("grpo.protocol_hash")
-    if cv is None:
-        return False, (f"champion v{against} has no recorded {metric}; kept it (pass "
-                       f"champion_metrics from a re-evaluation to compare)")
-    if protocol_hash and champ_protocol and champ_protocol != protocol_hash:
-        return False, _protocol_reason(against, champ_protocol, protocol_hash,
-                                       "re-evaluate it and pass champion_metrics")
-    bar = chi if chi is not None else cv
-    promoted = mine[0] > bar
-    return promoted, (f"challenger v{version} {metric} {fmt_ci(*mine)} "
-                      f"{'>' if promoted else '<='} champion v{against} "
-                      f"{'upper CI ' if chi is not None else ''}{bar:.4f} "
-                      f"(champion {fmt_ci(cv, clo, chi)})")
-
-
-def decision_record(name: str, version: str, client: MlflowClient | None = None) -> dict:
-    """What promote_if_better decided for `version`, read back from its tags: decision,
-    reason, rule, compared_with and the paired delta ({"delta", "lo", "hi", "n"}) if any."""
-    tags = get_client(client).get_model_version(name, str(version)).tags
-    out = {k: tags.get(f"grpo.{t}") for k, t in (
-        ("decision", "decision"), ("reason", "decision_reason"), ("rule", "decision_rule"),
-        ("compared_with", "compared_with"))}
-    paired = None
-    if tags.get("grpo.paired_delta") is not None:
-        paired = {"metric": tags.get("grpo.paired_metric"),
-                  "delta": float(tags["grpo.paired_delta"]),
-                  "lo": float(tags["grpo.paired_delta.ci_lo"]),
-                  "hi": float(tags["grpo.paired_delta.ci_hi"]), "n": int(tags["grpo.paired_n"])}
-    return {**out, "paired": paired}
+def promote_if_better(*args, **kwargs) -> tuple[bool, str]:
+    """promote's decision as (promoted, reason)."""
+    d = promote(*args, **kwargs)
+    return d.promoted, d.reason
 
 
 def champion_uri(name: str) -> str:

@@ -1,5 +1,5 @@
 """StepLogger: our transformers TrainerCallback streaming a trainer's logs into an MLflow
-run, the metrics shipped off the training thread and kept locally when MLflow is away.
+run, the metrics sent by MLflow's asynchronous logging and kept locally when MLflow is away.
 
 Its own module because it imports transformers (tens of seconds on a loaded machine):
 what builds a trainer imports it from here; the tasks.tracking facade does not, so
@@ -13,10 +13,10 @@ from mlflow.tracking import MlflowClient
 from transformers import TrainerCallback
 
 from grpo_core.verify.rewards import scorer_error_counts
-from tasks.tracking.metric_shipper import MetricShipper, unsent_dir
-from tasks.tracking.mlflow_client import flatten_metrics, sanitize_key, set_tags
+from tasks.tracking.mlflow_client import flatten_metrics, get_client, sanitize_key, set_tags
+from tasks.tracking.spool import MetricSpool, unsent_dir
 from tasks.tracking.tracking_store import workdir_of
-from tasks.tracking.trainer_logging import RUN_SUMMARY, chart_copies, send_points, summary_tags
+from tasks.tracking.trainer_logging import RUN_SUMMARY, chart_copies, summary_tags
 
 
 def _zero_by_construction(args, key: str, value: float) -> bool:
@@ -32,9 +32,9 @@ class StepLogger(TrainerCallback):
 
     Pass it in `callbacks=[...]` with report_to=[] (or "none"): no fluent MLflow state,
     works from any thread. Points are collected and handed every `flush_every_s` seconds,
-    at each checkpoint save and at train end to a `MetricShipper`, whose thread writes
-    them: a 0.1 s step does not pay a database write, and a tracking server that goes
-    away mid-round does not stall training. At train end it waits up to
+    at each checkpoint save and at train end to a `MetricSpool` (MLflow's asynchronous
+    log_batch): a 0.1 s step does not pay a database write, and a tracking server that
+    goes away mid-round does not stall training. At train end it waits up to
     `close_timeout_s` for MLflow; points still unsent are kept under
     <workdir>/runs/unsent/ (`unsent` and `unsent_file` say so) and sent by the next run.
     """
@@ -47,7 +47,7 @@ class StepLogger(TrainerCallback):
         self.summary: dict = {}
         self.client = client
         self.last_flush = time.monotonic()
-        self.shipper = MetricShipper(run_id, send_points(client), unsent_dir(workdir_of(workspace)))
+        self.shipper = MetricSpool(run_id, get_client(client), unsent_dir(workdir_of(workspace)))
         self.unsent = 0
         # Reward scorer errors of this process, counted from here on (the counter is
         # process-wide and cumulative; rank 0's rewards are the ones seen here).

@@ -1,27 +1,25 @@
-"""Where the MLflow store is, and whether it answers: no mlflow import, so `grpo run`
-can refuse an unreachable tracking server in a second, before the heavy imports. Also the
+"""Where the MLflow store is, and whether it answers (mlflow imported only to probe a
+server, with MLflow's own credentials), so `grpo run` can refuse an unreachable tracking
+server in seconds, before the heavy imports. Also the
 workspace side of tracking: the workdir of a config, and the small JSON state files
 (<workdir>/runs/<config hash>.json remembers a config's parent run).
 
 A leaf: it imports no other module of `tasks`."""
 from __future__ import annotations
 
-import base64
-import configparser
 import contextlib
 import json
 import os
 import re
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from grpo_core.workspace import Workspace
 
 _MLFLOW_ANSWERS = (200, 401, 403)
+_PROBE_PATHS = ("/health", "/api/2.0/mlflow/experiments/search?max_results=1")
 
 
 class TrackingUnreachable(RuntimeError):
@@ -104,93 +102,59 @@ def write_state(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def _client_auth_header() -> dict[str, str] | None:
-    """The Authorization header the MLflow client will send: MLFLOW_TRACKING_USERNAME and
-    _PASSWORD (else those of ~/.mlflow/credentials), else MLFLOW_TRACKING_TOKEN; {} for none.
-    None when a custom auth provider (MLFLOW_TRACKING_AUTH, AWS SigV4) decides instead."""
-    if os.environ.get("MLFLOW_TRACKING_AUTH") or os.environ.get("MLFLOW_TRACKING_AWS_SIGV4", "").lower() == "true":
-        return None
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    if not (user and password):
-        creds = configparser.ConfigParser()
-        creds.read(os.path.expanduser("~/.mlflow/credentials"))
-        if creds.has_section("mlflow"):
-            user = user or creds["mlflow"].get("mlflow_tracking_username")
-            password = password or creds["mlflow"].get("mlflow_tracking_password")
-    if user and password:
-        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
-    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
     """Raise TrackingUnreachable, naming the URI, when the store cannot answer.
 
     http(s): GET <uri>/health, then the REST API; 200 (or 401/403 from an auth layer)
     counts as reachable, anything else, a refusal or silence does not. Then one REST call
-    with the credentials the MLflow client will send: a 401 (none given, or wrong ones for
-    a server behind basic auth) fails here too, naming the variables to set, never their
-    values. The probe runs in a daemon thread joined with a deadline, so a slow DNS
-    lookup cannot stretch it past `timeout` + 1 s. The MLflow client itself retries for
-    minutes, hence this check before any work. sqlite: the folder of the database file
-    must be writable.
-    """
+    with the credentials the MLflow client sends (MLflow's own get_default_host_creds and
+    http_request: env, ~/.mlflow/credentials, a token, the URI's user:password, its TLS
+    settings): a 401 fails here too, naming the variables to set, never their values. The
+    probe runs in a daemon thread joined with a deadline, so a slow DNS lookup cannot
+    stretch it past `timeout` + 1 s; no retries. sqlite: the database's folder must be
+    writable."""
     shown = strip_userinfo(uri)
     scheme = urllib.parse.urlparse(uri).scheme
     if scheme in ("http", "https"):
+        from mlflow.utils.credentials import get_default_host_creds
+        from mlflow.utils.rest_utils import MlflowHostCreds, http_request
+
+        creds = get_default_host_creds(uri)
+        given = bool((creds.username and creds.password) or creds.token
+                     or urllib.parse.urlparse(uri).password)
+        bare = MlflowHostCreds(shown, ignore_tls_verification=creds.ignore_tls_verification,
+                               server_cert_path=creds.server_cert_path)
         outcome: dict[str, Any] = {}
 
-        context = None
-        if scheme == "https":  # the TLS settings the MLflow client itself honours
-            import ssl
-
-            if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
-                context = ssl._create_unverified_context()  # the user asked for it
-            elif os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
-                context = ssl.create_default_context(
-                    cafile=os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"])
+        def get(host, path: str) -> int:
+            return http_request(host, path, "GET", max_retries=0, timeout=timeout).status_code
 
         # Something must answer like MLflow: /health with 200, or the REST API with 200
         # (401/403: an auth layer in front of it). A 404 from whatever else listens there
         # (a gateway, another web app) is not a tracking server.
-        paths = ("/health", "/api/2.0/mlflow/experiments/search?max_results=1")
-        headers = _client_auth_header()
-        userinfo = urllib.parse.urlparse(uri)
-        if headers == {} and userinfo.username and userinfo.password:  # http://user:pw@host
-            pair = f"{urllib.parse.unquote(userinfo.username)}:{urllib.parse.unquote(userinfo.password)}"
-            headers = {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
-
-        def get(path: str, extra: dict[str, str]) -> int:
-            req = urllib.request.Request(shown.rstrip("/") + path, headers=extra)
-            try:
-                with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
-                    return resp.status
-            except urllib.error.HTTPError as exc:
-                return exc.code
-
         def probe() -> None:
-            for path in paths:
+            for path in _PROBE_PATHS:
                 try:
-                    outcome["status"] = get(path, {})
+                    outcome["status"] = get(bare, path)
                 except Exception as exc:  # noqa: BLE001 - any failure means unreachable
-                    outcome["error"] = f"{type(exc).__name__}: {exc}"
+                    outcome["error"] = f"{type(exc).__name__}: {exc}".replace(uri, shown)
                     return
                 outcome["path"] = path
                 if outcome["status"] in _MLFLOW_ANSWERS:
                     break
-            if outcome["status"] in _MLFLOW_ANSWERS and headers is not None:
+            # a custom auth provider (MLFLOW_TRACKING_AUTH, AWS SigV4) decides for itself
+            if outcome["status"] in _MLFLOW_ANSWERS and not (creds.auth or creds.aws_sigv4):
                 with contextlib.suppress(Exception):  # only a clear 401 counts below
-                    outcome["auth_status"] = get(paths[1], headers)
+                    outcome["auth_status"] = get(creds, _PROBE_PATHS[1])
 
         t = threading.Thread(target=probe, daemon=True, name="mlflow-health-probe")
         t.start()
         t.join(timeout + 1.0)  # one deadline for both requests: a slow DNS cannot stretch it
         if outcome.get("status") in _MLFLOW_ANSWERS:
             if outcome.get("auth_status") == 401:
-                given = ("refused the credentials given" if headers else
-                         "requires authentication and none was given")
+                said = "refused the credentials given" if given else "requires authentication and none was given"
                 raise TrackingUnreachable(
-                    f"MLflow tracking server {shown} {given} (HTTP 401). Set "
+                    f"MLflow tracking server {shown} {said} (HTTP 401). Set "
                     f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an MLflow user "
                     f"of that server (the compose stack's pipeline user: MLFLOW_PIPELINE_USERNAME "
                     f"/ MLFLOW_PIPELINE_PASSWORD in infra/.env).")

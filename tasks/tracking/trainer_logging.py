@@ -3,26 +3,17 @@
 kept locally while MLflow was away (re-exported by tasks.tracking)."""
 from __future__ import annotations
 
-from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from tasks.tracking.mlflow_client import get_client, log_metric_items
+from tasks.tracking.mlflow_client import get_client
 from tasks.tracking.tracking_store import workdir_of
-
-
-def send_points(client: MlflowClient | None):
-    """The function a MetricShipper sends a run's points with: (key, value, ts, step)s."""
-    def send(run_id: str, points: list) -> None:
-        log_metric_items(run_id, [Metric(k, v, ts, step) for k, v, ts, step in points],
-                         get_client(client))
-    return send
 
 
 def replay_unsent_metrics(workspace, client: MlflowClient | None = None) -> dict[str, int]:
     """Send the metric points earlier runs kept locally while MLflow was unreachable."""
-    from tasks.tracking.metric_shipper import replay_unsent
+    from tasks.tracking.spool import replay_unsent
 
-    return replay_unsent(workdir_of(workspace), send_points(client))
+    return replay_unsent(workdir_of(workspace), get_client(client))
 
 
 # The trainer's end-of-training summary: one value per run, a one-dot chart as a metric;

@@ -1,0 +1,51 @@
+"""The end of a pipeline run: the per-problem records read once (tasks/eval_records.py),
+the decisions made by grpo_core.eval's pure functions (paired deltas of final vs base,
+which stage earned the gain, the promotion rule), and tasks/tracking told what they
+decided (the parent's metrics, tags and description, the registered version)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from grpo_core.eval.comparison import final_vs_base, stage_attribution
+from grpo_core.workspace import Workspace
+from tasks import tracking
+from tasks.eval_records import pipeline_records
+from tasks.tracking.registry import EVAL_RUN_TAG
+from tasks.tracking.tracking_store import workdir_of
+
+
+def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Mapping[str, Any],
+                    findings: Sequence[str], workspace: Workspace | str | os.PathLike | None = None,
+                    *, champion_records: Sequence[Mapping] | None = None,
+                    base: Mapping[str, Any] | None = None, base_model: str | None = None,
+                    wall_s: float | None = None,
+                    stages: Sequence[tuple[str, Mapping, str | None]] = ()) -> dict:
+    """Close a pipeline run (tasks.tracking.parent_run.close_pipeline): final metrics and
+    findings on the parent, the paired deltas of final vs base on the eval/final run, the
+    model registered and promoted by the paired rule on the primary metric of the first
+    benchmark, the headline and a description, the runs FINISHED. Returns what happened,
+    with a one-line summary, the deltas ({bench: {metric: {"delta", "lo", "hi", "n"}}})
+    and the attribution (`stages`: (eval label, {bench: result}, model path) in pipeline
+    order).
+
+    `base`: the base model's stage results (None: found under the final eval's protocol;
+    {}: no base, as in a retrain); `champion_records`: the champion's rows as a retrain
+    re-scored them, else those of the champion version's eval run."""
+    benchmarks = final.get("benchmarks", final)
+    workdir = workspace if workspace is not None else workdir_of(None, cfg)
+    name = tracking.model_name(cfg) if cfg.tracking.register_model else None
+    champ = tracking.champion_version(name) if name else None
+    recs = pipeline_records(cfg, workdir, benchmarks, str(model_dir), base=base,
+                            base_model=base_model, stages=stages,
+                            champion_run=champ.tags.get(EVAL_RUN_TAG) if champ else None)
+    kw = {"n_resamples": cfg.eval.bootstrap, "seed": cfg.project.seed}
+    deltas = final_vs_base(benchmarks, recs.final, recs.base, **kw)
+    attribution = (stage_attribution(recs.stages, next(iter(cfg.eval.benchmarks), None),
+                                     cfg.eval.primary_metric, **kw) if stages else None)
+    return tracking.close_pipeline(
+        parent_id, cfg, model_dir, benchmarks, findings, workdir, deltas=deltas,
+        attribution=attribution, base=base, wall_s=wall_s, model=name,
+        records=recs.final, champion_records=(list(champion_records) if champion_records
+                                              is not None else recs.champion))
