@@ -27,9 +27,9 @@ from grpo_core.eval.round_gate import regressions
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
-from tasks.tracking import tracking_store, verdict_freshness
 from tasks.eval_records import records_store, stage_records
 from tasks.finish import finish_pipeline
+from tasks.tracking import tracking_store, verdict_freshness
 
 
 @flow(name="grpo-retrain", validate_parameters=True, flow_run_name=retrain_run_name)
