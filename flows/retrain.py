@@ -18,7 +18,7 @@ from flows.pipeline import (  # first: it configures prefect before import
     filter_round,
     parent_run,
 )
-from flows.stage_log import named, retrain_run_name
+from flows.stage_log import retrain_run_name, run_stage
 from grpo_core.config import PipelineConfig
 from grpo_core.data.locks import pipeline_lock
 from grpo_core.eval.round_gate import regressions
@@ -65,25 +65,26 @@ def retrain(config: PipelineConfig, progress: bool = True) -> dict:
 def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     cfg, ws = ctx.cfg, ctx.ws
     scorer = eval_scorer_for(cfg, ws)
-    data = named(stages.ingest, "data")(ctx)
+    primary = cfg.eval.primary_metric
+    data = run_stage(log, "data", "data", stages.ingest, ctx)
     pool, findings = stage_data.pool_of(data), []
     if cfg.filter.enabled:
         pool, note = filter_round(ctx, champion_dir, pool, 1, log)
         findings += [note] if note else []
-    train = named(stages.grpo_round, "grpo/round-1")(ctx, champion_dir, pool, 1)
-    before = named(stages.evaluate_model, "eval/champion")(ctx, champion_dir, "eval/champion",
-                                                         cfg.eval.benchmarks, scorer)
-    after = named(stages.evaluate_model, "eval/final")(ctx, train["model_dir"], "eval/final",
-                                                     cfg.eval.benchmarks, scorer)
-    findings += train.get("findings", [])
-    findings += regressions(1, before["benchmarks"], after["benchmarks"], cfg.eval.primary_metric)
+    train = run_stage(log, "grpo/round-1", "grpo", stages.grpo_round, ctx, champion_dir, pool, 1)
+    before = run_stage(log, "eval/champion", "eval", stages.evaluate_model, ctx, champion_dir,
+                       "eval/champion", cfg.eval.benchmarks, scorer, primary=primary)
+    after = run_stage(log, "eval/final", "eval", stages.evaluate_model, ctx, train.model_dir,
+                      "eval/final", cfg.eval.benchmarks, scorer, primary=primary)
+    findings += train.findings
+    findings += regressions(1, before.benchmarks, after.benchmarks, primary)
     # The champion's per-problem rows, scored under today's protocol, to pair with the
     # challenger's; a retrain has no base eval, so no final-vs-base deltas (base={}).
     bench = cfg.eval.benchmarks[0]
     with comparison.records_store(ws, cfg.data.store_lock_timeout) as store:
-        champion_records = comparison.stage_records(store, before["benchmarks"][bench],
+        champion_records = comparison.stage_records(store, before.benchmarks[bench],
                                                     champion_dir) or None
-    report = tracking.finish_pipeline(ctx.parent_run, cfg, train["model_dir"], after, findings, ws,
-                                      champion_records=champion_records, base={})
-    return {"model_dir": train["model_dir"], "champion": before["benchmarks"],
-            "challenger": after["benchmarks"], "findings": findings, "decision": report}
+    report = tracking.finish_pipeline(ctx.parent_run, cfg, train.model_dir, after.benchmarks,
+                                      findings, ws, champion_records=champion_records, base={})
+    return {"model_dir": train.model_dir, "champion": before.benchmarks,
+            "challenger": after.benchmarks, "findings": findings, "decision": report}
