@@ -68,7 +68,7 @@ def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model:
     One line per step on stderr (s/step, tokens/s, loss)."""
     _start(verbose)
     from grpo_core.train.graceful_stop import StopOnSignal
-    from grpo_core.train.sft import SFTResult, run_sft
+    from grpo_core.train.sft import run_sft
     from grpo_core.train.step_progress import StepProgress
     from tasks.launch import run_launched
 
@@ -81,9 +81,8 @@ def sft(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, model:
             result = run_sft(path, pool, cfg, out, template,
                              extra_callbacks=[StepProgress("sft"), stop])
     else:
-        res = run_launched("sft", cfg, path, pool, out, template, workspace=str(ws.root),
-                           extra_env=plan.env)
-        result = SFTResult(res["output_dir"], res["steps"], res["history"])
+        result, _ = run_launched("sft", cfg, path, pool, out, template, workspace=str(ws.root),
+                                 extra_env=plan.env)
     typer.echo(f"sft: {result.steps} steps, final loss {result.history[-1]['loss']:.4f}"
                if result.history else f"sft: {result.steps} steps")
     typer.echo(f"model: {result.output_dir}")
@@ -110,7 +109,7 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
     from grpo_core.train.graceful_stop import StopOnSignal
     from grpo_core.train.grpo import last_checkpoint, run_grpo_round
     from grpo_core.train.step_progress import StepProgress
-    from tasks.stages import launched_round
+    from tasks.stage_run import launched_round
 
     plan = plan_or_exit(load_or_exit(config, set_, workdir))
     cfg, ws, path, pool, template = _setup(config, set_, workdir, model, "grpo")

@@ -43,6 +43,7 @@ from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
 from tasks.finish import finish_pipeline
 from tasks.launch import require_plan
+from tasks.stage_results import EvalResult, FilterResult
 from tasks.tracking import tracking_store, verdict_freshness
 
 
@@ -61,14 +62,13 @@ def contamination_findings(contamination: dict) -> list[str]:
             if c.get("flagged")]
 
 
-def scorer_error_findings(label: str, evaluated: dict) -> list[str]:
+def scorer_error_findings(label: str, evaluated: EvalResult) -> list[str]:
     """Scorer exceptions are reported, never silently read as wrong answers."""
     return [f"{label}: {bench}: {n} scorer errors (not scored as wrong; the log names each "
-            "input's hash)" for bench, res in evaluated["benchmarks"].items()
-            if (n := (res.get("metrics") or {}).get("scorer_errors"))]
+            "input's hash)" for bench, n in evaluated.scorer_errors().items()]
 
 
-def training_prompts(kept: dict, pool: PoolRef | list[str], need: int
+def training_prompts(kept: FilterResult, pool: PoolRef | list[str], need: int
                      ) -> tuple[PoolRef | list[str], str | None]:
     """The in-band problems when there are enough for one optimizer step (`need` prompts:
     grpo_core.train.grpo.prompts_per_update); else every problem the policy sometimes solves
@@ -78,13 +78,13 @@ def training_prompts(kept: dict, pool: PoolRef | list[str], need: int
         raise ValueError(f"the training pool has {len(pool)} problems; one GRPO optimizer step "
                          f"needs {need} (one generation batch: grpo.per_device_train_batch_size x "
                          "train.num_processes x grpo.steps_per_generation / grpo.num_generations)")
-    if len(kept["kept_ids"]) >= need:
-        return kept["kept_ids"], None
-    signal = kept.get("signal_ids") or []
+    if len(kept.kept_ids) >= need:
+        return kept.kept_ids, None
+    signal = kept.signal_ids
     if len(signal) >= need:
-        return signal, (f"only {len(kept['kept_ids'])} problems in band; training on the "
+        return signal, (f"only {len(kept.kept_ids)} problems in band; training on the "
                         f"{len(signal)} with pass rate in (0, 1)")
-    return pool, (f"only {len(kept['kept_ids'])} problems in band and {len(signal)} with any "
+    return pool, (f"only {len(kept.kept_ids)} problems in band and {len(signal)} with any "
                   "success; training on the whole pool (re-filter difficulty or change the band)")
 
 
@@ -160,7 +160,7 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolRef | list[str], 
                             ctx.store, ctx.ws.root, evidence_run)
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
                      ctx, model, problem_ids, round_no, fresh, evidence_run)
-    collapsed = start_collapse(kept.get("pass_rates") or [], ctx.cfg, round_no)
+    collapsed = start_collapse(kept.pass_rates, ctx.cfg, round_no)
     if collapsed is not None and collapsed.severity == "stop":  # diagnosis.stop_on_collapsed_start
         raise CollapsedStart(collapsed.line())
     prompts, note = training_prompts(kept, problem_ids, prompts_per_update(ctx.cfg))
@@ -175,7 +175,7 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     scorer = eval_scorer_for(cfg, ws)
     primary = cfg.eval.primary_metric
 
-    def eval_stage(model: str, label: str, benchmarks: list[str]) -> dict:
+    def eval_stage(model: str, label: str, benchmarks: list[str]) -> EvalResult:
         """The eval stage `label` of `model` (stages.evaluate_model), its start/end lines."""
         return run_stage(log, label, "eval", stages.evaluate_model, ctx, model, label,
                          benchmarks, scorer, primary=primary)
@@ -183,21 +183,21 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     # what this process runs beside the stages (e.g. Prefect's temporary server): step 0
     tracking.log_metrics(parent, {PIPELINE_CHILDREN_METRIC: child_processes()}, step=0)
     data = run_stage(log, "data", "data", stages.ingest, ctx)
-    findings: list[str] = contamination_findings(data.get("contamination") or {})
+    findings: list[str] = contamination_findings(data.contamination)
     for f in findings:
         log.warning(f)
     model = run_stage(log, "model", "model", stages.base_model, ctx)
     base = eval_stage(model, "eval/base", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/base", base)
-    start = Evaluated("eval/base", base["benchmarks"], model)  # what the next round trains
+    start = Evaluated("eval/base", base.benchmarks, model)  # what the next round trains
     evaluated = [start]  # the trained model's lineage, for the stage attribution
 
     if cfg.sft_stage.enabled:
         release_warm()  # eval/base's engine: SFT needs the memory
         sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, stage_data.pool_of(data))
-        findings += [f"sft: {f}" for f in sft.get("findings", [])]
-        sft_eval = eval_stage(sft["model_dir"], "eval/sft", primary_bench)
-        start = Evaluated("eval/sft", sft_eval["benchmarks"], sft["model_dir"])
+        findings += [f"sft: {f}" for f in sft.findings]
+        sft_eval = eval_stage(sft.model_dir, "eval/sft", primary_bench)
+        start = Evaluated("eval/sft", sft_eval.benchmarks, sft.model_dir)
         evaluated.append(start)
 
     best = start  # the best model evaluated so far: where a regressed round rolls back to
@@ -224,12 +224,12 @@ def _stages(ctx: stages.Ctx, log) -> dict:
         pipeline_rss.append(rss_now_gb())
         tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1],
                                       PIPELINE_CHILDREN_METRIC: child_processes()}, step=r)
-        evidence_run = train.get("mlflow_run")
+        evidence_run = train.mlflow_run
         label = f"eval/round-{r}"
-        after = eval_stage(train["model_dir"], label, primary_bench)
+        after = eval_stage(train.model_dir, label, primary_bench)
         findings += scorer_error_findings(label, after)
-        findings += train.get("findings", [])
-        gate = gate_round(r, start, best, Evaluated(label, after["benchmarks"], train["model_dir"]),
+        findings += train.findings
+        gate = gate_round(r, start, best, Evaluated(label, after.benchmarks, train.model_dir),
                           primary, cfg.rounds.rollback_on_regression)
         findings += gate.findings
         if gate.rolled_back:
@@ -241,11 +241,11 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     model = start.model
     final = eval_stage(model, "eval/final", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/final", final)
-    evaluated.append(("eval/final", final["benchmarks"], model))
-    report = finish_pipeline(parent, cfg, model, final, findings, ws,
-                                      base=base["benchmarks"], wall_s=time.monotonic() - started,
+    evaluated.append(("eval/final", final.benchmarks, model))
+    report = finish_pipeline(parent, cfg, model, final.benchmarks, findings, ws,
+                             base=base.benchmarks, wall_s=time.monotonic() - started,
                                       stages=evaluated)
     log.info("final: %s", report.get("summary"))
-    return {"parent_run": parent, "model_dir": model, "final": final["benchmarks"],
-            "base": base["benchmarks"], "pipeline_rss_gb": pipeline_rss,
+    return {"parent_run": parent, "model_dir": model, "final": final.benchmarks,
+            "base": base.benchmarks, "pipeline_rss_gb": pipeline_rss,
             "findings": findings, "registered": report}

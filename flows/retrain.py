@@ -29,6 +29,7 @@ from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
 from tasks.eval_records import records_store, stage_records
 from tasks.finish import finish_pipeline
+from tasks.stage_results import EvalResult
 from tasks.tracking import tracking_store, verdict_freshness
 
 
@@ -75,29 +76,29 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     cfg, ws = ctx.cfg, ctx.ws
     scorer, primary = eval_scorer_for(cfg, ws), cfg.eval.primary_metric
     data = run_stage(log, "data", "data", stages.ingest, ctx)
-    findings = contamination_findings(data.get("contamination") or {})
+    findings = contamination_findings(data.contamination)
     pool = stage_data.pool_of(data)
     if cfg.filter.enabled:
         pool, note = filter_round(ctx, champion_dir, pool, 1, log)
         findings += [note] if note else []
     train = run_stage(log, "grpo/round-1", "grpo", stages.grpo_round, ctx, champion_dir, pool, 1)
 
-    def eval_stage(model: str, label: str) -> dict:
+    def eval_stage(model: str, label: str) -> EvalResult:
         return run_stage(log, label, "eval", stages.evaluate_model, ctx, model, label,
                          cfg.eval.benchmarks, scorer, primary=primary)
 
     before = eval_stage(champion_dir, "eval/champion")
-    after = eval_stage(train["model_dir"], "eval/final")
-    findings += train.get("findings", [])
+    after = eval_stage(train.model_dir, "eval/final")
+    findings += train.findings
     for label, evaluated in (("eval/champion", before), ("eval/final", after)):
         findings += scorer_error_findings(label, evaluated)
-    findings += regressions(1, before["benchmarks"], after["benchmarks"], primary)
+    findings += regressions(1, before.benchmarks, after.benchmarks, primary)
     # The champion's per-problem rows, scored under today's protocol, to pair with the
     # challenger's; a retrain has no base eval, so no final-vs-base deltas (base={}).
     bench = cfg.eval.benchmarks[0]
     with records_store(ws, cfg.data.store_lock_timeout) as store:
-        champion_records = stage_records(store, before["benchmarks"][bench], champion_dir) or None
-    report = finish_pipeline(ctx.parent_run, cfg, train["model_dir"], after, findings, ws,
+        champion_records = stage_records(store, before.benchmarks[bench], champion_dir) or None
+    report = finish_pipeline(ctx.parent_run, cfg, train.model_dir, after.benchmarks, findings, ws,
                              champion_records=champion_records, base={})
-    return {"model_dir": train["model_dir"], "champion": before["benchmarks"],
-            "challenger": after["benchmarks"], "findings": findings, "decision": report}
+    return {"model_dir": train.model_dir, "champion": before.benchmarks,
+            "challenger": after.benchmarks, "findings": findings, "decision": report}

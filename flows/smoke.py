@@ -116,7 +116,7 @@ def observe():
         return load_for_training
 
     def stage(name, orig):
-        sig = inspect.signature(getattr(orig, "fn", orig))  # a Prefect task's function
+        sig = inspect.signature(orig)
 
         def recorded(*args, **kwargs):
             out = orig(*args, **kwargs)
@@ -170,11 +170,12 @@ def _master_dtype(rec: Recorder, model_path: str) -> tuple[str, str]:
     return str(next(model.parameters()).dtype).removeprefix("torch."), "load_for_training (stage cached)"
 
 
-def stage_figures(res: dict) -> dict:
+def stage_figures(res) -> dict:
     """A stage result's measured figures: peak memory (rss_peak_gb, gpu_peak_gb) and a GRPO
     round's throughput summary (grpo_core.train.throughput.round_summary), when present."""
-    return {k: res[k] for k in ("throughput", "rss_peak_gb", "gpu_peak_gb")
-            if isinstance(res, dict) and res.get(k) is not None}
+    figures = {"throughput": getattr(res, "throughput", None) or None,
+               "rss_peak_gb": res.rss_peak_gb, "gpu_peak_gb": res.gpu_peak_gb}
+    return {k: v for k, v in figures.items() if v is not None}
 
 
 def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out: dict,
@@ -186,27 +187,27 @@ def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out
     for s in rec.stages:
         res, args = s["out"], s["args"]
         if s["stage"] == "ingest":
-            contamination = res.get("contamination") or {}
-            stages.append({"stage": "data", "pool_size": res.get("pool_size"),
-                           "cached": res.get("cached"), **stage_figures(res)})
+            contamination = res.contamination
+            stages.append({"stage": "data", "pool_size": res.pool_size,
+                           "cached": res.cached, **stage_figures(res)})
         elif s["stage"] == "evaluate_model":
             label = args["label"]
             evals[label] = {b: {"split": v.get("split"),
                                 "problems": (v.get("metrics") or {}).get("n_problems")}
-                            for b, v in res["benchmarks"].items()}
-            stages.append({"stage": label, "cached": res.get("cached"), **stage_figures(res)})
+                            for b, v in res.benchmarks.items()}
+            stages.append({"stage": label, "cached": res.cached, **stage_figures(res)})
         elif s["stage"] == "difficulty_filter":
-            stages.append({"stage": f"filter/round-{args['round_no']}", "kept": res.get("kept"),
-                           "considered": res.get("considered"), "cached": res.get("cached"),
+            stages.append({"stage": f"filter/round-{args['round_no']}", "kept": res.kept,
+                           "considered": res.considered, "cached": res.cached,
                            **stage_figures(res)})
         else:
             name = "sft" if s["stage"] == "sft" else f"grpo/round-{args['round_no']}"
             before = args["model_path"]
             dtype, how = _master_dtype(rec, before)
-            row = {"stage": name, "steps": res["steps"], "input": before,
-                   "output": res["model_dir"], "master_dtype": dtype, "master_dtype_from": how,
-                   "param_change_norm": param_change_norm(before, res["model_dir"]),
-                   "cached": res.get("cached"), **stage_figures(res)}
+            row = {"stage": name, "steps": res.steps, "input": before,
+                   "output": res.model_dir, "master_dtype": dtype, "master_dtype_from": how,
+                   "param_change_norm": param_change_norm(before, res.model_dir),
+                   "cached": res.cached, **stage_figures(res)}
             stages.append(row)
             training.append(row)
     findings = list(out.get("findings", []))

@@ -9,87 +9,34 @@ Nothing here imports prefect at import time (flows.pipeline imports this module 
 flows.configure_prefect has run)."""
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 
-def _metric(m: dict | None) -> str:
-    if not m or m.get("mean") is None:
-        return "n/a"
-    ci = f" [{m['lo']:.3f}, {m['hi']:.3f}]" if m.get("lo") is not None else ""
-    return f"{m['mean']:.3f}{ci}"
-
-
 def summary(kind: str, result: Any, primary: str = "") -> str:
-    """The key number of a stage's result (the dicts tasks/stages.py returns), then its
-    throughput (GRPO) and peak memory (grpo_core.train.throughput) when measured."""
-    if not isinstance(result, dict):
-        return str(result)
-    from grpo_core.train.findings import count_findings
-    from grpo_core.train.throughput import format_memory, format_throughput
+    """The key number of a stage's result (tasks/stage_results.py: its summary), then its
+    throughput (GRPO) and peak memory (grpo_core.train.throughput) when measured; a result
+    of another type (the base model's folder) as it is."""
+    from tasks.stage_results import StageResult
 
-    figures = " | ".join(f for f in (format_throughput(result.get("throughput")),
-                                     format_memory(result)) if f)
-    key = _key(kind, result, primary)
-    if kind in ("sft", "grpo"):
-        diagnosis = result.get("diagnosis", "none")  # the rules' codes, info ones too
-        # the same count as the round's page and the parent's (findings.count_findings)
-        said = count_findings(result["findings"]) if result.get("findings") else ""
-        return (key + (f"; {figures}" if figures else "") + (f"; {said}" if said else "")
-                + (f"; diagnosis: {diagnosis}" if diagnosis != "none" else ""))
-    return "; ".join(f for f in (key, figures) if f)
-
-
-def _key(kind: str, result: dict, primary: str) -> str:
-    if kind == "data":
-        return (f"{result['pool_size']} problems in the pool, {result.get('quarantined', 0)} "
-                f"quarantined, {result.get('contaminated', 0)} contaminated")
-    if kind == "filter":
-        kept, considered = result["kept"], result["considered"]
-        share = f" ({kept / considered:.0%})" if considered else ""  # the round's kept share
-        return f"kept {kept} of {considered}{share}"
-    if kind in ("sft", "grpo"):
-        return f"{result['steps']} steps" + (" (stopped early)" if result.get("stopped_early") else "")
-    if kind == "eval":
-        return ", ".join(f"{bench} {primary} {_metric(v['metrics'].get(primary))}"
-                         for bench, v in result["benchmarks"].items())
-    return ""
-
-
-def _is_task(fn: Callable) -> bool:
-    if "prefect" not in sys.modules:  # nothing imported prefect: fn cannot be a Task
-        return False
-    from prefect import Task
-
-    return isinstance(fn, Task)
-
-
-def named(fn: Callable, name: str) -> Callable:
-    """A Prefect task whose runs are named `name` (the stage label); anything else as is."""
-    if not _is_task(fn):
-        return fn
-    # task_run_name is a str.format template over the task's parameters: escape braces
-    return fn.with_options(task_run_name=name.replace("{", "{{").replace("}", "}}"))
+    return result.summary(primary) if isinstance(result, StageResult) else str(result)
 
 
 def run_stage(log, name: str, kind: str, fn: Callable, *args, primary: str = "", **kwargs):
-    """fn(*args, **kwargs) between a start line and an end line. A Prefect task runs as a
-    task run named `name`, and the end line is in its log too (the UI's task-run page)."""
+    """fn(*args, **kwargs) between a start line and an end line. In a flow run the stage is
+    its one Prefect task (tasks/stage_task.py), a task run named `name` whose state says
+    Cached when the stage cache served it, and the end line is in its log too (the UI's
+    task-run page)."""
+    from tasks.stage_task import run_stage_fn
+
     log.info("%s: started", name)
     t0 = time.perf_counter()
-    extra = None
-    if _is_task(fn):
-        state = named(fn, name)(*args, return_state=True, **kwargs)
-        extra = {"task_run_id": state.state_details.task_run_id}
-        result = state.result()  # the task's value, or its exception raised here
-    else:
-        result = fn(*args, **kwargs)
-    how = "cached" if isinstance(result, dict) and result.get("cached") else "computed"
+    result, cached, task_run = run_stage_fn(kind, name, fn, *args, **kwargs)
     key = summary(kind, result, primary)
-    log.info("%s: %s in %.1f s%s", name, how, time.perf_counter() - t0, f": {key}" if key else "",
-             **({"extra": extra} if extra else {}))
+    log.info("%s: %s in %.1f s%s", name, "cached" if cached else "computed",
+             time.perf_counter() - t0, f": {key}" if key else "",
+             **({"extra": {"task_run_id": task_run}} if task_run else {}))
     return result
 
 

@@ -4,10 +4,11 @@ A key hashes the stage name with everything its output depends on: the config fi
 that change the result (tasks/stages.py says which, per stage), the input model's
 fingerprint, the content of the problems it reads, and the code version. What only
 changes where or how visibly a stage runs (shards, ports, MLflow settings, progress bars)
-stays out, so such a change is served from the cache. A value is a small JSON document
-(paths to checkpoints, metrics). Writes are atomic, so a run killed mid-stage leaves no
-half-written entry: the stage simply runs again (GRPO rounds then resume from their last
-checkpoint, found under the same key).
+stays out, so such a change is served from the cache. A value is a stage's typed result
+(tasks/stage_results.py), saved as a small JSON document (paths to checkpoints, metrics).
+Writes are atomic, so a run killed mid-stage leaves no half-written entry: the stage
+simply runs again (GRPO rounds then resume from their last checkpoint, found under the
+same key).
 
 The code version is deliberately coarse: every .py file under grpo_core/ and tasks/
 (subpackages included) plus the installed versions of the packages that compute results
@@ -21,12 +22,16 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpo_core
+
+if TYPE_CHECKING:
+    from tasks.stage_results import StageResult
+
+R = TypeVar("R", bound="StageResult")
 
 # Packages whose version can change a stage's numbers (sampling, training, verification).
 RESULT_PACKAGES = ("torch", "transformers", "trl", "vllm", "accelerate", "math-verify")
@@ -76,29 +81,22 @@ def stage_key(stage: str, **inputs: Any) -> str:
 
 
 class StageCache:
+    """Stage results (tasks/stage_results.py) saved under their content key."""
+
     def __init__(self, root: str | Path):
         self.root = Path(root)
 
-    def get(self, key: str) -> dict | None:
-        path = self.root / f"{key}.json"
-        try:
-            value = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        # An entry whose checkpoint was deleted is stale: run the stage again.
-        for p in value.get("_paths", []):
-            if not Path(p).exists():
-                return None
-        return value
+    def path(self, key: str) -> Path:
+        return self.root / f"{key}.json"
+
+    def get(self, key: str, result_type: type[R]) -> R | None:
+        """The result saved under `key`, with `cached` set; None when there is none, or it
+        is stale (a checkpoint it points at was deleted: the stage runs again)."""
+        return result_type.load(self.path(key), cached=True)
 
     def drop(self, key: str) -> None:
         """Forget `key` (its stage runs again), e.g. when what it points at is gone."""
-        (self.root / f"{key}.json").unlink(missing_ok=True)
+        self.path(key).unlink(missing_ok=True)
 
-    def put(self, key: str, value: dict, paths: list[str] | None = None) -> dict:
-        self.root.mkdir(parents=True, exist_ok=True)
-        doc = {**value, "_paths": list(paths or [])}
-        tmp = self.root / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
-        os.replace(tmp, self.root / f"{key}.json")
-        return doc
+    def put(self, key: str, result: StageResult) -> None:
+        result.save(self.path(key))

@@ -24,10 +24,13 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.gpu import process_peak_gb, report_child_peak
+from grpo_core.train import saved
+from grpo_core.train.saved import RankInfo, ShardDone
 
 # Where the machines meet (tasks/rendezvous.py), named here too: the launch path's own parts.
 from tasks.rendezvous import (  # noqa: F401
@@ -37,6 +40,10 @@ from tasks.rendezvous import (  # noqa: F401
     machine_args,
     rendezvous,
 )
+
+if TYPE_CHECKING:
+    from grpo_core.train.grpo import RoundResult
+    from grpo_core.train.sft import SFTResult
 
 ROOT = Path(__file__).resolve().parents[1]
 # CPU ranks on gloo (see the file for why it says MULTI_GPU): CI, laptops.
@@ -199,22 +206,29 @@ def run_launched(stage: str, cfg: PipelineConfig, model_path: str, problems: lis
                  output_dir: Path, template: str, mlflow_run: str | None = None,
                  tracking_uri: str | None = None, workspace: str | None = None,
                  resume_step: int | None = None, extra_env: dict | None = None,
-                 round_no: int = 1) -> dict:
-    """Run `stage` ("grpo" or "sft") on train.num_processes ranks; the rank-0 result
-    (RoundResult / SFTResult fields, plus "rollouts_file" for GRPO, "process" as
-    run_stage_process records it)."""
+                 round_no: int = 1) -> tuple[RoundResult | SFTResult, RankInfo]:
+    """Run `stage` ("grpo" or "sft") on train.num_processes ranks; rank 0's result, typed
+    as it saved it (grpo_core.train.saved), and its process. A GRPO round's rollouts are in
+    rollouts_file(output_dir)."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rollouts = out / "rollouts.jsonl"
+    rollouts = rollouts_file(out)
     if stage == "grpo":  # rows past the checkpoint we resume from are generated again
         keep_rows_through(rollouts, resume_step or 0)
     spec = {"stage": stage, "config": cfg.model_dump(mode="json"), "model_path": model_path,
             "problems": [p.to_row() for p in problems], "output_dir": str(out),
             "template": template, "mlflow_run": mlflow_run, "tracking_uri": tracking_uri,
             "workspace": workspace, "rollouts_file": str(rollouts), "round_no": round_no}
-    result = run_stage_process(spec, cfg, out, extra_env)
-    result["rollouts_file"] = str(rollouts)
-    return result
+    from grpo_core.train.grpo import RoundResult
+    from grpo_core.train.sft import SFTResult
+
+    path = run_stage_process(spec, cfg, out, extra_env)
+    return saved.load(path, RoundResult if stage == "grpo" else SFTResult), saved.load(path, RankInfo)
+
+
+def rollouts_file(output_dir: str | Path) -> Path:
+    """Where rank 0 of a launched GRPO round appends its rollouts (one JSON line each)."""
+    return Path(output_dir) / "rollouts.jsonl"
 
 
 def run_shard_process(kind: str, cfg: PipelineConfig, cfg_dump: dict, model_path: str,
@@ -228,18 +242,19 @@ def run_shard_process(kind: str, cfg: PipelineConfig, cfg_dump: dict, model_path
             "problems_file": problems_file, "out_path": out_path, "model_fp": model_fp,
             "workspace": workspace, "name": f"{kind}-{Path(out_path).stem}"}
     # Sees what this process sees: a vLLM engine with tensor parallelism takes several GPUs.
-    return run_stage_process(spec, cfg, out)["path"]
+    return saved.load(run_stage_process(spec, cfg, out), ShardDone).path
 
 
 PROCESS_LOG = "stage-processes.jsonl"  # under the workspace: one line per stage process
 
 
 def run_stage_process(spec: dict, cfg: PipelineConfig, out: Path,
-                      extra_env: dict | None = None) -> dict:
+                      extra_env: dict | None = None) -> Path:
     """The one way a stage starts outside this process: write `spec` beside the stage's
     files, run launch_command on it (accelerate launch, or one plain process), wait. Returns
-    rank 0's result with "process": {launcher_pid, rank0_pid, exit_code} (also appended to
-    <workspace>/logs/stage-processes.jsonl), or raises RuntimeError with the log's tail."""
+    the file rank 0 saved its result in (grpo_core.train.saved); {launcher_pid, rank0_pid,
+    exit_code} goes to <workspace>/logs/stage-processes.jsonl. Raises RuntimeError with the
+    log's tail when the process failed."""
     import torch
 
     name = spec.get("name") or spec["stage"]
@@ -256,20 +271,21 @@ def run_stage_process(spec: dict, cfg: PipelineConfig, out: Path,
         proc = subprocess.Popen(launch_command(cfg, spec_path, torch.cuda.is_available()),
                                 env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         code = proc.wait()
-    done = Path(spec["result_file"]).is_file()
-    result = json.loads(Path(spec["result_file"]).read_text()) if done else {}
+    result_file = Path(spec["result_file"])
+    done = result_file.is_file()
+    rank0 = saved.load(result_file, RankInfo) if done else RankInfo()
     record = {"stage": spec["stage"], "name": name, "launcher_pid": proc.pid,
-              "rank0_pid": result.get("pid"), "exit_code": code}
+              "rank0_pid": rank0.pid, "exit_code": code}
     if spec.get("workspace"):
         path = Path(spec["workspace"]) / "logs" / PROCESS_LOG
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({**record, "output_dir": str(out)}) + "\n")
-    report_child_peak(result.get("gpu_peak_gb"))  # the stage's peak, in this stage's record
+    report_child_peak(rank0.gpu_peak_gb)  # the stage's peak, in this stage's record
     if code != 0 or not done:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"the {name} stage's process failed (exit {code}); log {log}:\n{tail}")
-    return {**result, "process": record}
+    return result_file
 
 
 class _JsonlSink:
@@ -303,8 +319,7 @@ def _shard_main(spec: dict) -> None:
     else:
         path = shards.score_shard(spec["model_path"], spec["config"], spec["template"],
                                   problems, spec["out_path"], None)
-    Path(spec["result_file"]).write_text(json.dumps({"path": str(path), "pid": os.getpid(),
-                                                     "gpu_peak_gb": process_peak_gb()}))
+    saved.save(spec["result_file"], ShardDone(str(path), os.getpid(), process_peak_gb()))
 
 
 def _rank_main(spec_path: str) -> None:
@@ -344,13 +359,11 @@ def _rank_main(spec_path: str) -> None:
         if logger:
             logger.close()
     if rank0:
-        out = dataclasses.asdict(result)
         note = logger.finding() if logger else None
-        out["findings"] = [*out.get("findings", []), *([note] if note else [])]
-        out["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
-        out["pid"] = os.getpid()
-        out["gpu_peak_gb"] = process_peak_gb()  # rank 0's; the pipeline's stage record keeps it
-        Path(spec["result_file"]).write_text(json.dumps(out, default=str))
+        # rank 0's peak GPU memory: the pipeline's stage record keeps it
+        saved.save(spec["result_file"], result, RankInfo(
+            os.getpid(), int(os.environ.get("WORLD_SIZE", "1")), process_peak_gb(),
+            [note] if note else []))
 
 
 def _node_main(spec_path: str) -> int:

@@ -21,9 +21,9 @@ from grpo_core.data.problems import Problem
 from tasks.stage_keys import problems_fingerprint
 
 
-def pool_of(data: dict) -> PoolRef:
-    """The training pool the data stage stored (its result's `pool` and `pool_size`)."""
-    return PoolRef(data["pool"], data["pool_size"])
+def pool_of(data) -> PoolRef:
+    """The training pool the data stage stored (tasks.stage_results.DataResult)."""
+    return data.pool_ref()
 
 
 def open_and_query(ctx, selection: PoolRef | list[str], limit: int | None = None,

@@ -81,6 +81,17 @@ def run_names(workdir: Path) -> set[str]:
         return set()
 
 
+def prefect_task_states(prefect_home: Path) -> list[dict[str, str]]:
+    """Every task run in Prefect's database: its flow run's id, its own name (the stage
+    label), its state's type and name (`Cached` for a stage the cache served), in the
+    order the flow runs and then the task runs started."""
+    with sqlite3.connect(f"file:{prefect_home / 'prefect.db'}?mode=ro", uri=True) as con:
+        rows = con.execute("SELECT f.id, t.name, t.state_type, t.state_name FROM task_run t "
+                           "JOIN flow_run f ON t.flow_run_id = f.id "
+                           "ORDER BY f.start_time, t.start_time").fetchall()
+    return [dict(zip(("flow_run", "task_run", "type", "name"), r)) for r in rows]
+
+
 def prefect_flow_runs(prefect_home: Path) -> dict[str, list[str]]:
     """Prefect flow name -> the final state of each of its runs, from Prefect's database."""
     with sqlite3.connect(f"file:{prefect_home / 'prefect.db'}?mode=ro", uri=True) as con:

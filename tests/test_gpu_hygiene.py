@@ -14,6 +14,7 @@ import pytest
 
 from grpo_core.generation.rollout import HFBackend, VLLMBackend
 from grpo_core.modeling import gpu
+from tasks.stage_results import EvalResult, GrpoStageResult
 
 
 class FakeEngine:
@@ -153,21 +154,21 @@ def test_no_peak_on_cpu():
 
 
 def _stage_harness(monkeypatch, tmp_path):
-    from tasks import stages
+    from tasks import stage_task
     from tasks.cache import StageCache
 
     logged: list[dict] = []
-    monkeypatch.setattr(stages.tracking, "child_run", lambda parent, name: "run-1")
-    monkeypatch.setattr(stages.tracking, "has_metrics", lambda run: False)
-    monkeypatch.setattr(stages.tracking, "end_run", lambda run, *a, **k: None)
+    monkeypatch.setattr(stage_task.tracking, "child_run", lambda parent, name: "run-1")
+    monkeypatch.setattr(stage_task.tracking, "has_metrics", lambda run: False)
+    monkeypatch.setattr(stage_task.tracking, "end_run", lambda run, *a, **k: None)
 
     def log_metrics(run, m):  # the stage's own time and RSS are there too; not checked here
         logged.append({k: v for k, v in m.items()
                        if k not in ("stage/seconds", "system/rss_peak_gb")})
 
-    monkeypatch.setattr(stages.tracking, "log_metrics", log_metrics)
+    monkeypatch.setattr(stage_task.tracking, "log_metrics", log_metrics)
     ctx = types.SimpleNamespace(parent_run="parent", cache=StageCache(tmp_path / "cache"))
-    return stages, ctx, logged
+    return stage_task, ctx, logged
 
 
 def test_cached_stage_logs_no_gpu_metric_on_cpu(monkeypatch, tmp_path):
@@ -178,11 +179,10 @@ def test_cached_stage_logs_no_gpu_metric_on_cpu(monkeypatch, tmp_path):
     def compute(run):
         gpu.track(eng)
         os.environ["GRPO_T_STAGE"] = "1"
-        return {"steps": 3}
+        return GrpoStageResult(model_dir=str(tmp_path), steps=3)
 
-    out = stages._cached(ctx, "k1", "grpo/round-1", compute,
-                         metrics=lambda v: {"grpo/steps": v["steps"]})
-    assert logged == [{"grpo/steps": 3}] and "gpu_peak_gb" not in out
+    out = stages.cached_stage(ctx, "k1", "grpo/round-1", GrpoStageResult, compute)
+    assert logged == [{"grpo/steps": 3, "grpo/findings": 0}] and out.gpu_peak_gb is None
     assert eng.shutdowns == 1 and "GRPO_T_STAGE" not in os.environ
 
 
@@ -196,14 +196,16 @@ def test_cached_stage_logs_peak_when_measured(monkeypatch, tmp_path):
         rec.peak_gb = 12.345
 
     monkeypatch.setattr(stages, "stage_memory", measured)
-    out = stages._cached(ctx, "k2", "eval/base", lambda run: {"n": 1},
-                         metrics=lambda v: {"eval/n": v["n"]})
-    assert out["gpu_peak_gb"] == 12.345
-    assert logged == [{"eval/n": 1, "system/gpu_peak_gb": 12.345}]
+    scored = {"synthetic": {"metrics": {"n": 1}}}
+    out = stages.cached_stage(ctx, "k2", "eval/base", EvalResult,
+                              lambda run: EvalResult(benchmarks=scored))
+    assert out.gpu_peak_gb == 12.345 and not out.cached
+    assert logged == [{"synthetic/n": 1, "system/gpu_peak_gb": 12.345}]
     # A hit from the cache logs the stored peak into a run that has no metrics yet.
-    again = stages._cached(ctx, "k2", "eval/base", lambda run: pytest.fail("recomputed"),
-                           metrics=lambda v: {"eval/n": v["n"]})
-    assert again["cached"] and logged[-1] == {"eval/n": 1, "system/gpu_peak_gb": 12.345}
+    again = stages.cached_stage(ctx, "k2", "eval/base", EvalResult,
+                                lambda run: pytest.fail("recomputed"))
+    assert again.cached and logged[-1] == {"synthetic/n": 1, "system/gpu_peak_gb": 12.345}
+    assert again.benchmarks == scored and again.mlflow_run == "run-1"
 
 
 def test_nested_blocks_keep_the_outer_peak(monkeypatch):

@@ -155,13 +155,13 @@ def test_grpo_sft_with_two_processes_goes_through_accelerate_launch(tiny_model_p
 
 
 def test_grpo_train_routes_through_the_plan(monkeypatch, tmp_path, tiny_model_path):
-    """`grpo train` hands the round to tasks.stages.launched_round (its processes) whenever
+    """`grpo train` hands the round to tasks.stage_run.launched_round (its processes) whenever
     the plan is not in-process: 2 CPU processes, or 1 process with 8 simulated GPUs (pinned
     to GPU 0). The launch itself is replaced by a recorder here; the real 2-rank launch is
     the `grpo sft` test above and tests/test_accelerate.py."""
     from typer.testing import CliRunner
 
-    import tasks.stages
+    import tasks.stage_run
     from flows.cli import app
     from grpo_core.train.grpo import RoundResult
 
@@ -172,7 +172,7 @@ def test_grpo_train_routes_through_the_plan(monkeypatch, tmp_path, tiny_model_pa
         calls.append((plan, run_id, resume_step))
         return RoundResult(str(out), 0)
 
-    monkeypatch.setattr(tasks.stages, "launched_round", recorder)
+    monkeypatch.setattr(tasks.stage_run, "launched_round", recorder)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cfg = write_config(tmp_path, tiny_model_path)
     wd, out = tmp_path / "ws", tmp_path / "out"

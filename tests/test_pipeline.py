@@ -14,7 +14,15 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from pipeline_runs import GRPO, ROOT, mlflow_runs, run_env, scan_for_secrets, write_config
+from pipeline_runs import (
+    GRPO,
+    ROOT,
+    mlflow_runs,
+    prefect_task_states,
+    run_env,
+    scan_for_secrets,
+    write_config,
+)
 
 from tasks.tracking.mlflow_client import stage_of
 
@@ -116,6 +124,17 @@ def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
         assert con.execute("SELECT count(*) FROM rollouts").fetchone()[0] == rollouts  # nothing re-ran
     print(f"first run {first_s:.1f} s, cached re-run {second_s:.1f} s ({second_s / first_s:.0%})")
     assert second_s < first_s
+    # One orchestration layer (tasks/stage_task.py): a stage the cache served is a task run
+    # in Prefect's `Cached` state (type COMPLETED), one that computed is `Completed`.
+    tasks = prefect_task_states(workdir / "prefect")
+    flows = list(dict.fromkeys(t["flow_run"] for t in tasks))
+    assert len(flows) == 2, flows  # the first run and the re-run
+    first, rerun = ([t for t in tasks if t["flow_run"] == f] for f in flows)
+    assert {t["name"] for t in first if t["task_run"] == "grpo/round-1"} == {"Completed"}
+    stages = {"data", "filter/round-1", "grpo/round-1", "eval/round-2", "eval/final"}
+    assert stages <= {t["task_run"] for t in rerun}
+    assert {(t["type"], t["name"]) for t in rerun if t["task_run"] in stages} == \
+        {("COMPLETED", "Cached")}, rerun
 
 
 def test_a_regressed_round_rolls_back_to_the_best_model(tmp_path):

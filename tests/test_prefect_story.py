@@ -157,11 +157,13 @@ def test_grpo_run_tells_the_same_story_in_prefect(main_job, tmp_path):
 
 
 def test_run_names_and_plain_stages():
-    """Without Prefect in the way: the name formats, and run_stage/named on a plain function."""
+    """Without Prefect in the way: the name formats, and run_stage on a plain function
+    (outside a flow run the stage runs as itself, no task run)."""
     import logging
 
-    from flows.stage_log import config_run_name, named, run_stage
+    from flows.stage_log import config_run_name, run_stage
     from grpo_core.config import PipelineConfig
+    from tasks.stage_results import FilterResult
 
     cfg = PipelineConfig()
     cfg.project.recipe = "sft_grpo"
@@ -169,16 +171,15 @@ def test_run_names_and_plain_stages():
     assert config_run_name(cfg.model_dump(mode="json"), "retrain-") == f"retrain-sft_grpo-{cfg.hash()[:8]}"
 
     def fn(x):
-        return {"kept": x, "considered": 8}
+        return FilterResult(kept=x, considered=8)
 
-    assert named(fn, "filter/round-1") is fn
     records = []
     log = logging.getLogger("test_prefect_story")
     log.addHandler(handler := logging.Handler())
     handler.emit = records.append
     log.setLevel(logging.INFO)
     try:
-        assert run_stage(log, "filter/round-1", "filter", fn, 3) == {"kept": 3, "considered": 8}
+        assert run_stage(log, "filter/round-1", "filter", fn, 3) == FilterResult(kept=3, considered=8)
     finally:
         log.removeHandler(handler)
     lines = [r.getMessage() for r in records]

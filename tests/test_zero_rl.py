@@ -128,7 +128,7 @@ def test_recipe_overrides_are_checked_at_load():
             "grpo": {"num_generations": 1}}}}})
 
 
-def _filter_round(cfg, monkeypatch, kept: dict):
+def _filter_round(cfg, monkeypatch, kept):
     """flows.pipeline.filter_round with the filter stage's result given (no Prefect run)."""
     import flows.pipeline as pipeline
 
@@ -153,7 +153,9 @@ def test_a_round_that_starts_collapsed_stops_before_training_on_the_builtin_mode
     report = run_filter(path, generate_problems("train", 12, levels=[5], seed=3), cfg)
     rates = [r["pass_rate"] for r in report.estimates]
     assert len(rates) == 6 and set(rates) == {0.0}, rates
-    kept = {"kept_ids": [], "signal_ids": [], "pass_rates": rates}
+    from tasks.stage_results import FilterResult
+
+    kept = FilterResult(kept=0, considered=len(rates), pass_rates=rates)
     with pytest.raises(CollapsedStart) as stop:
         _filter_round(cfg, monkeypatch, kept)
     line = str(stop.value)
