@@ -8,9 +8,9 @@ fingerprint, data; tasks.cache adds the code version and stores the results), so
 skips completed stages and a killed GRPO round resumes from its last checkpoint. The flow
 process is the single DuckDB writer: stages run in it one after another and open the
 store only while they need it. Tracking calls are not retried by Prefect: the MLflow
-client retries a refused connection itself, and a round's metric points go through
-tasks.tracking.metric_shipper, which resends them (and keeps what is still unsent for the
-next run).
+client retries a refused connection itself (a few seconds' worth), and a round's metric
+points go through MLflow's asynchronous logging with tasks.tracking.spool behind it, which
+resends what MLflow did not confirm and keeps what is still unsent for the next run.
 """
 from __future__ import annotations
 
