@@ -17,15 +17,22 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from grpo_core.data.pool import PoolRef
+from grpo_core.eval.comparison import ci_text
+from grpo_core.eval.metric_names import eval_metrics
 from grpo_core.modeling.gpu import GPU_PEAK_METRIC
-from grpo_core.train.throughput import RSS_PEAK_METRIC
+from grpo_core.train.findings import count_findings
+from grpo_core.train.throughput import (
+    PREFIX,
+    RSS_PEAK_METRIC,
+    format_memory,
+    format_throughput,
+)
 
 
 def _metric_text(m: dict | None) -> str:
     if not m or m.get("mean") is None:
         return "n/a"
-    ci = f" [{m['lo']:.3f}, {m['hi']:.3f}]" if m.get("lo") is not None else ""
-    return f"{m['mean']:.3f}{ci}"
+    return ci_text(m["mean"], m.get("lo"), m.get("hi"))
 
 
 class StageResult(BaseModel):
@@ -72,12 +79,12 @@ class StageResult(BaseModel):
         return {**out, **({RSS_PEAK_METRIC: self.rss_peak_gb} if self.rss_peak_gb is not None
                           else {})}
 
+    def memory_text(self) -> str:
+        return format_memory({"gpu_peak_gb": self.gpu_peak_gb, "rss_peak_gb": self.rss_peak_gb})
+
     def summary(self, primary: str = "") -> str:
         """The stage line's key number, then the stage's figures (flows/stage_log.py)."""
-        from grpo_core.train.throughput import format_memory
-
-        return "; ".join(f for f in (self.key(primary), format_memory(
-            {"gpu_peak_gb": self.gpu_peak_gb, "rss_peak_gb": self.rss_peak_gb})) if f)
+        return "; ".join(f for f in (self.key(primary), self.memory_text()) if f)
 
     def key(self, primary: str = "") -> str:
         return ""
@@ -161,11 +168,8 @@ class TrainResult(StageResult):
         return f"{self.steps} steps" + (" (stopped early)" if self.stopped_early else "")
 
     def summary(self, primary: str = "") -> str:
-        from grpo_core.train.findings import count_findings
-        from grpo_core.train.throughput import format_memory, format_throughput
-
-        figures = " | ".join(f for f in (format_throughput(self.throughput), format_memory(
-            {"gpu_peak_gb": self.gpu_peak_gb, "rss_peak_gb": self.rss_peak_gb})) if f)
+        figures = " | ".join(f for f in (format_throughput(self.throughput),
+                                         self.memory_text()) if f)
         said = count_findings(self.findings) if self.findings else ""  # as the round's page
         return (self.key() + (f"; {figures}" if figures else "") + (f"; {said}" if said else "")
                 + (f"; diagnosis: {self.diagnosis}" if self.diagnosis != "none" else ""))
@@ -185,8 +189,6 @@ class GrpoStageResult(TrainResult):
     in_round_evals: list = []  # (step, held-out greedy accuracy)
 
     def metrics(self) -> dict[str, float]:
-        from grpo_core.train.throughput import PREFIX
-
         return {"grpo/steps": self.steps, "grpo/findings": len(self.findings),
                 **{f"{PREFIX}round/{k}": x for k, x in self.throughput.items()}}
 
@@ -199,8 +201,6 @@ class EvalResult(StageResult):
     benchmarks: dict[str, dict[str, Any]]
 
     def metrics(self) -> dict[str, float]:
-        from tasks.tracking import eval_metrics
-
         return eval_metrics(self.benchmarks)
 
     def key(self, primary: str = "") -> str:

@@ -177,14 +177,12 @@ def comparison_verdict(uri: str | None, experiment: str) -> str | None:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    found = client.search_runs([exp.experiment_id], "tags.`grpo.pipeline` = 'comparison'",
-                               order_by=["attributes.start_time DESC"], max_results=1)
-    said = found[0].data.tags.get(VERDICT_TAG) if found else None
-    if said in (None, "none"):
-        return None
-    from tasks.tracking.verdict_freshness import annotate  # what it was computed with, STALE
+    # what it was computed with, STALE (that module imports this one: imported here)
+    from tasks.tracking.verdict_freshness import annotate, newest_comparison
 
-    return annotate(said, found[0], client)
+    run = newest_comparison(client, exp.experiment_id)
+    said = run.data.tags.get(VERDICT_TAG) if run else None
+    return None if said in (None, "none") else annotate(said, run, client)
 
 
 def compare_table(uri: str | None, experiment: str, metric: str | None = None,

@@ -54,7 +54,8 @@ def _under_verdict(note: str, line: str) -> str:
     return f"{head}\n{line}\n{rest}" if note else line
 
 
-def _newest_comparison(c: MlflowClient, experiment_id: str):
+def newest_comparison(c: MlflowClient, experiment_id: str):
+    """The experiment's newest comparison run (None without one)."""
     found = c.search_runs([experiment_id], "tags.`grpo.pipeline` = 'comparison'",
                           order_by=["attributes.start_time DESC"], max_results=1)
     return found[0] if found else None
@@ -84,7 +85,7 @@ def mark_if_stale(experiment: str, client: MlflowClient | None = None) -> str:
     try:
         c = get_client(client)
         exp = c.get_experiment_by_name(experiment)
-        run = _newest_comparison(c, exp.experiment_id) if exp is not None else None
+        run = newest_comparison(c, exp.experiment_id) if exp is not None else None
         if run is None or VERSIONS_TAG not in run.data.tags:
             return ""
         line = freshness(run, c)["stale"]
