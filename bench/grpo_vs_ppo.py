@@ -183,7 +183,7 @@ def run_arm(a) -> dict:
     from grpo_core.eval.evaluation import evaluate_benchmark
     from grpo_core.train import grpo, ppo, rloo, vhead  # noqa: F401
     from grpo_core.train.grpo import run_grpo_round
-    from grpo_core.train.trainer import wrap_generate
+    from grpo_core.train.trainer_internals import wrap_generate
 
     start_rss = rss_mb()  # after the imports: the rise is the run's (models, activations)
     cfg = arm_config(a, a.algorithm)

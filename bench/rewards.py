@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from grpo_core.verify import answers
+from grpo_core.verify.gold import parse_gold
 from grpo_core.verify.rewards import accuracy
 
 G = 8
@@ -138,7 +139,7 @@ def score_modes(mode: str, groups: list[tuple[str, list[str]]]) -> list:
     if mode != "strict":
         return []  # code from before the flexible extraction
     return [
-        answers.verify(answers.parse_gold(g), answers.extract_answer(c))
+        answers.verify(parse_gold(g), answers.extract_answer(c))
         for g, group in groups
         for c in group
     ]

@@ -13,6 +13,7 @@ from fractions import Fraction
 import pytest
 
 from grpo_core.verify import answers as A
+from grpo_core.verify import gold as G
 from grpo_core.verify.answers import (
     EXTRACTIONS,
     SCORER_ERRORS,
@@ -27,9 +28,9 @@ from grpo_core.verify.answers import (
     is_correct,
     is_equivalent,
     normalise_gold,
-    parse_gold,
     verify,
 )
+from grpo_core.verify.gold import parse_gold
 from grpo_core.verify.rewards import accuracy
 from grpo_core.verify.safe_eval import TIMED_OUT, DeadlineExceeded, call_with_deadline, risky_reason
 
@@ -386,7 +387,8 @@ def test_gold_parsed_once_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
     A.clear_caches()
     calls: list[str] = []
     real = A.mv_parse
-    monkeypatch.setattr(A, "mv_parse", lambda text: calls.append(text) or real(text))
+    for module in (A, G):  # golds are parsed in gold, predictions in answers
+        monkeypatch.setattr(module, "mv_parse", lambda text: calls.append(text) or real(text))
     gold = "\\frac{\\sqrt{3}}{2}"
     preds = [
         "\\frac{\\sqrt{3}}{2}",

@@ -20,7 +20,7 @@ from grpo_core.train.dynamic_sampling import (
     splice,
 )
 from grpo_core.train.grpo import run_grpo_round
-from grpo_core.train.trainer import weighted_rewards
+from grpo_core.train.trainer_internals import weighted_rewards
 
 pytest_plugins = ["fixtures_models"]
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from grpo_core.verify import answers as A
-from grpo_core.verify.answers import SCORER_ERRORS, is_equivalent, parse_gold, verify
+from grpo_core.verify import gold as G
+from grpo_core.verify.answers import SCORER_ERRORS, is_equivalent, verify
+from grpo_core.verify.gold import parse_gold
 
 TABLE = Path(__file__).parent / "data" / "equivalence_pairs.csv"
 CATEGORIES = {
@@ -47,7 +49,7 @@ def _patient(monkeypatch) -> None:
     """These tests pin verdicts, not speed (tests/test_rewards_fuzz.py bounds the time): on
     a machine busy with other work a 0.6 s deadline can expire and read as "not equal"."""
     monkeypatch.setattr(A, "BUDGET_S", 10.0)
-    monkeypatch.setattr(A, "GOLD_DEADLINE_S", 10.0)
+    monkeypatch.setattr(G, "GOLD_DEADLINE_S", 10.0)
     A.clear_caches()
 
 

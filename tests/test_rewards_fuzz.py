@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_core.verify import answers
+from grpo_core.verify.gold import parse_gold
 from grpo_core.verify.rewards import REWARDS
 
 LIMIT_S = 1.0
@@ -334,5 +335,5 @@ def test_hypothesis_hostile_golds(gold: str) -> None:
     # The reward's gold parse shares the completion's time budget: still under the limit.
     assert score("accuracy", "<answer>5</answer>", gold) < LIMIT_S
     # Evaluation parses a problem's gold once (GOLD_DEADLINE_S), before its completions.
-    answers.parse_gold(gold)
+    parse_gold(gold)
     assert score(EVAL_SCORER, "<answer>5</answer>", gold) < LIMIT_S

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_core.verify import answers as A
+from grpo_core.verify import gold as G
 from grpo_core.verify.math_verify_adapter import math_verify_fns, mv_parse, never_read
 from grpo_core.verify.quick_value import quick_profile, quick_unequal
 from grpo_core.verify.rewards import accuracy
@@ -37,7 +38,8 @@ def _warm() -> None:
 def parser_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every math-verify parse the scorer asks for (recorded, then done)."""
     calls: list[str] = []
-    monkeypatch.setattr(A, "mv_parse", lambda text: calls.append(text) or mv_parse(text))
+    for module in (A, G):  # golds are parsed in gold, predictions in answers
+        monkeypatch.setattr(module, "mv_parse", lambda text: calls.append(text) or mv_parse(text))
     monkeypatch.setattr(A, "BUDGET_S", 10.0)  # verdicts, not speed: a busy machine is fine
     A.clear_caches()
     A.SCORER_ERRORS.reset()
@@ -49,7 +51,7 @@ def parser_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def _math_verify_says(gold: str, pred: str) -> bool:
     """math-verify alone on the two cleaned answers, none of our fast paths."""
     _, verify = math_verify_fns()
-    g, p = mv_parse(A._for_mv(A.clean_answer(gold))), mv_parse(A._for_mv(A.clean_answer(pred)))
+    g, p = mv_parse(G.for_mv(A.clean_answer(gold))), mv_parse(G.for_mv(A.clean_answer(pred)))
     return bool(g) and bool(p) and verify(g, p, timeout_seconds=None)
 
 
@@ -89,13 +91,13 @@ def test_eager_and_lazy_golds() -> None:
     math-verify turns out to read nothing in is not scored (None), and is remembered."""
     A.clear_caches()
     unreadable = "$(touch x)"  # math-verify's parse of it is empty
-    assert A.parse_gold(unreadable) is None
+    assert G.parse_gold(unreadable) is None
     A.clear_caches()
-    assert A.parse_gold(unreadable, lazy=True) is not None
+    assert G.parse_gold(unreadable, lazy=True) is not None
     assert accuracy(["<answer>5</answer>"], answer=[unreadable]) == [None]
-    assert A.parse_gold(unreadable, lazy=True) is None
-    assert A.parse_gold("\\sec x") is not None and A.parse_gold("\\sec x").parsed
-    assert A.grade(A.parse_gold("9", lazy=True), "9.0") is True
+    assert G.parse_gold(unreadable, lazy=True) is None
+    assert G.parse_gold("\\sec x") is not None and G.parse_gold("\\sec x").parsed
+    assert A.grade(G.parse_gold("9", lazy=True), "9.0") is True
     A.clear_caches()
 
 

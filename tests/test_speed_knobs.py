@@ -9,8 +9,8 @@ import torch
 from grpo_core.config import config_from_dict
 from grpo_core.modeling import threads
 from grpo_core.modeling.memory_plan import logprob_tile, memory_plan
-from grpo_core.train.trainer import logprob_tile as current_tile
-from grpo_core.train.trainer import set_logprob_tile
+from grpo_core.train.trainer_internals import logprob_tile as current_tile
+from grpo_core.train.trainer_internals import set_logprob_tile
 
 pytest_plugins = ["fixtures_models"]
 

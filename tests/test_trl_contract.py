@@ -1,10 +1,11 @@
 """The contract with TRL's, transformers' and accelerate's private members.
 
-grpo_core/train/trainer.py is the only module that touches them, and lists each in
-PRIVATE. Each is pinned here against the installed versions: that it exists, its
-parameters, and the shape the door relies on (read from the installed source, so nothing
-is trained). An upgrade that moves one fails the test named after it, saying what moved,
-instead of changing a number somewhere in a round. A second test scans the project for
+grpo_core/train/trainer.py (the trainers' overrides) and grpo_core/train/trainer_internals.py
+(the functions the rest of grpo_core uses) are the only modules that touch them (the door),
+and each lists those it touches in its PRIVATE. Each is pinned here against the installed
+versions: that it exists, its parameters, and the shape the door relies on (read from the
+installed source, so nothing is trained). An upgrade that moves one fails the test named
+after it, saying what moved, instead of changing a number somewhere in a round. A second test scans the project for
 any other module reaching for one of those names."""
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_core.train import trainer as door
+from grpo_core.train import trainer, trainer_internals
 
 ROOT = Path(__file__).resolve().parent.parent
-DOOR = ROOT / "grpo_core" / "train" / "trainer.py"
+DOOR = {ROOT / "grpo_core" / "train" / f"{m}.py" for m in ("trainer", "trainer_internals")}
+PRIVATE = trainer.PRIVATE + trainer_internals.PRIVATE  # the door's, both modules
 SCANNED = ("grpo_core", "tasks", "flows", "bench")
 
 # The keys of the scored batch that the door, the algorithms and dynamic sampling read.
@@ -38,7 +40,8 @@ def _function_ast(fn) -> ast.FunctionDef:
 def _member(owner, name: str):
     assert hasattr(owner, name), (
         f"{_label(owner, name)} is gone from the installed {owner.__module__} "
-        "(renamed or removed): grpo_core/train/trainer.py relies on it")
+        "(renamed or removed): the door (grpo_core/train/trainer.py, trainer_internals.py) "
+        "relies on it")
     return getattr(owner, name)
 
 
@@ -66,7 +69,7 @@ def _init_assignment(owner, name: str) -> ast.expr:
                         isinstance(t.value, ast.Name) and t.value.id == "self":
                     return node.value
     raise AssertionError(f"{_label(owner, name)}: {owner.__name__}.__init__ no longer sets "
-                         f"self.{name} (renamed or removed): grpo_core/train/trainer.py reads it")
+                         f"self.{name} (renamed or removed): the door reads it")
 
 
 def _dict_keys(node: ast.expr) -> dict[str, ast.expr]:
@@ -125,7 +128,7 @@ def _pin_metrics(owner):
     text = ast.unparse(value)
     assert text == "{'train': defaultdict(list), 'eval': defaultdict(list)}", (
         f"{_label(owner, '_metrics')} is no longer {{'train'|'eval': defaultdict(list)}}: {text}")
-    # grpo_core.train.trainer.step_time: one step_time per optimizer step, appended by
+    # grpo_core.train.trainer_internals.step_time: one step_time per optimizer step, appended by
     # training_step before the step ends (throughput/train_seconds = step_time - generation)
     assert "self._metrics['train']['step_time'].append(" in ast.unparse(
         _function_ast(owner.training_step)), (
@@ -234,7 +237,7 @@ def check(owner, name: str) -> None:
 
 
 def test_every_private_member_the_door_uses_is_pinned():
-    assert {_id(k) for k in door.PRIVATE} == {_id(k) for k in PINS}
+    assert {_id(k) for k in PRIVATE} == {_id(k) for k in PINS}
 
 
 @pytest.mark.parametrize("key", list(PINS), ids=[_id(k) for k in PINS])
@@ -268,11 +271,11 @@ def test_a_moved_parameter_fails_naming_the_member(monkeypatch):
 
 def _outside_the_door() -> list[str]:
     # and datasets' Dataset._fingerprint (grpo_core.data.hub reads the builder's public hash)
-    names = {name for _, name in door.PRIVATE} | {"_fingerprint"}
+    names = {name for _, name in PRIVATE} | {"_fingerprint"}
     found = []
     for pkg in SCANNED:
         for path in sorted((ROOT / pkg).rglob("*.py")):
-            if path == DOOR:
+            if path in DOOR:
                 continue
             tree = ast.parse(path.read_text(), str(path))
             where = path.relative_to(ROOT)
@@ -288,4 +291,4 @@ def _outside_the_door() -> list[str]:
 
 
 def test_no_module_but_the_door_touches_a_pinned_private():
-    assert _outside_the_door() == [], "use grpo_core.train.trainer's functions instead"
+    assert _outside_the_door() == [], "use grpo_core.train.trainer_internals' functions instead"

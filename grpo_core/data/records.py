@@ -226,7 +226,7 @@ def stage_problems(source: str, split: str | None = None, *, store: Any = None,
         return generate_problems(split or "train", n=limit or 1000, levels=levels, seed=seed)
     from grpo_core.data.adapters import BadRow, Rejection, resolve_source
     from grpo_core.data.validation import patient_gold_parsing
-    from grpo_core.verify.answers import parse_gold
+    from grpo_core.verify.gold import parse_gold
 
     adapter = resolve_source(source, split=split, data_dir=data_dir, limit=limit)
     out: list[Problem] = []

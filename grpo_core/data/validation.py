@@ -83,28 +83,28 @@ GOLD_MEMO = 100_000  # distinct answer texts remembered as parsing during one in
 
 @contextmanager
 def patient_gold_parsing(seconds: float = GOLD_DEADLINE_S) -> Iterator[None]:
-    """Raise answers' per-gold deadline while ingesting.
+    """Raise parse_gold's per-gold deadline (grpo_core.verify.gold) while ingesting.
 
     parse_gold returns None both for an unparseable gold and for one that overran its
     (reward-time, 0.3 s) deadline; on a loaded machine the latter quarantined hundreds of
     valid MATH rows. Whether a row is valid must not depend on the machine's load.
     """
-    from grpo_core.verify import answers
+    from grpo_core.verify import gold
 
-    old = getattr(answers, "GOLD_DEADLINE_S", None)
+    old = getattr(gold, "GOLD_DEADLINE_S", None)
     if old is not None:
-        answers.GOLD_DEADLINE_S = max(old, seconds)
+        gold.GOLD_DEADLINE_S = max(old, seconds)
     try:
         yield
     finally:
         if old is not None:
-            answers.GOLD_DEADLINE_S = old
+            gold.GOLD_DEADLINE_S = old
 
 
 def check_gold(p: Problem, parses: dict[str, bool] | None = None) -> Rejection | None:
     """None when the gold parses. `parses` (answer text -> parses?) spares asking again for
     an answer seen before: golds repeat ("6", "12") across a large pool."""
-    from grpo_core.verify.answers import parse_gold
+    from grpo_core.verify.gold import parse_gold
 
     ok = parses.get(p.answer) if parses is not None else None
     if ok is None:

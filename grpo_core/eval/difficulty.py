@@ -36,7 +36,8 @@ from grpo_core.eval.passrate import histogram, select_band, wilson_interval
 from grpo_core.generation.rollout import SamplingParams
 from grpo_core.generation.sampling import SAMPLER_VERSION, derive_seed
 from grpo_core.prompts import render_prompt, resolve_template, template_hash
-from grpo_core.verify.answers import extract_answer, parse_gold, verify
+from grpo_core.verify.answers import extract_answer, verify
+from grpo_core.verify.gold import parse_gold
 
 
 def sampling_spec(cfg, template: str) -> dict:
@@ -74,7 +75,7 @@ def _input_hash(prompt: str, answer: str) -> str:
 def _correct(p: Problem, completions, extraction: str = "strict") -> list[bool]:
     """Per completion of one problem: is its answer, read as the accuracy reward reads it
     (rewards.extraction), the gold?"""
-    gold = parse_gold(p.answer)  # once per problem; cached inside answers as well
+    gold = parse_gold(p.answer)  # once per problem; cached inside verify.gold as well
     return [bool(verify(gold, extract_answer(c.text, extraction))) for c in completions]
 
 

@@ -49,7 +49,8 @@ from grpo_core.generation.rollout import SamplingParams
 from grpo_core.generation.sampling import derive_seed, sample_seeded
 from grpo_core.prompts import render_prompt, resolve_template, template_hash
 from grpo_core.verify import answers
-from grpo_core.verify.answers import ScorerError, as_number, check, extract_answer, parse_gold
+from grpo_core.verify.answers import ScorerError, as_number, check, extract_answer
+from grpo_core.verify.gold import parse_gold
 from grpo_core.verify.rewards import is_well_formatted
 
 BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "amc23", "synthetic")

@@ -36,7 +36,8 @@ from grpo_core.data.db import connection, dicts, has_table
 from grpo_core.data.problems import Problem
 from grpo_core.data.records import problem_key
 from grpo_core.eval.adaptive import NO_EVIDENCE, Evidence
-from grpo_core.verify.answers import extract_answer, parse_gold, verify
+from grpo_core.verify.answers import extract_answer, verify
+from grpo_core.verify.gold import parse_gold
 
 
 def rollout_counts(con_or_store: Any, run_id: str) -> dict[str, tuple[int, int]]:

@@ -18,7 +18,12 @@ from grpo_core.train.throughput import (
     peak_tflops,
     step_metrics,
 )
-from grpo_core.train.trainer import log_metric, skip_optimizer_step, step_time, take_step_counts
+from grpo_core.train.trainer_internals import (
+    log_metric,
+    skip_optimizer_step,
+    step_time,
+    take_step_counts,
+)
 from grpo_core.train.trl_args import kl_beta
 
 

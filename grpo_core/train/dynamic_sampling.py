@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_core.train.trainer import (
+from grpo_core.train.trainer_internals import (
     batch_step,
     generate_and_score,
     log_metric,

@@ -102,7 +102,7 @@ def _watch_patterns(trainer, sink: RolloutSink | None, cfg: PipelineConfig,
     evidence, grpo_core/train/batch_patterns.py), then the rows on to `sink`. The first
     pattern over diagnosis.repeated_pattern_share is named in the round's findings: the
     metric holds a share, the finding says what repeats."""
-    from grpo_core.train.trainer import log_metric
+    from grpo_core.train.trainer_internals import log_metric
 
     d = cfg.diagnosis
     named: set[str] = set()
@@ -168,7 +168,7 @@ def run_grpo_round(
     from grpo_core.train.algorithms import ALGORITHMS
     from grpo_core.train.callbacks import attach_trainer, round_callbacks
     from grpo_core.train.dynamic_sampling import dynamic_sampler
-    from grpo_core.train.trainer import set_logprob_tile
+    from grpo_core.train.trainer_internals import set_logprob_tile
     from grpo_core.train.trainer_setup import quiet_trainer, stop_at_text
     from grpo_core.train.vllm_engine import release_engine, seeded_engines
 

@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from grpo_core.train.auxiliary import add_auxiliary, check_one_process
-from grpo_core.train.trainer import AuxiliaryGRPOTrainer, drop_metric, log_metric
+from grpo_core.train.trainer import AuxiliaryGRPOTrainer
+from grpo_core.train.trainer_internals import drop_metric, log_metric
 from grpo_core.train.trainer_setup import one_completion_per_prompt
 from grpo_core.train.trl_args import grpo_kwargs, trl_grpo_args
 

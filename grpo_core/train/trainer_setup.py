@@ -1,7 +1,8 @@
 """A pipeline trainer's settings that need no private member, applied once when a round
 builds its trainer: stop strings on `model.generate` (`stop_at_text`), no log printing
 (`quiet_trainer`), a single-completion GRPOConfig (`one_completion_per_prompt`).
-What reaches into a trainer's internals is grpo_core/train/trainer.py's."""
+What reaches into a trainer's internals is grpo_core/train/trainer.py's (the overrides) and
+grpo_core/train/trainer_internals.py's (the functions)."""
 from __future__ import annotations
 
 

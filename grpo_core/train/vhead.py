@@ -33,7 +33,8 @@ from torch import nn
 
 from grpo_core.train.auxiliary import add_auxiliary, check_one_process
 from grpo_core.train.dynamic_sampling import TRL_ADVANTAGE_EPS
-from grpo_core.train.trainer import AuxiliaryGRPOTrainer, log_metric, reward_std
+from grpo_core.train.trainer import AuxiliaryGRPOTrainer
+from grpo_core.train.trainer_internals import log_metric, reward_std
 from grpo_core.train.trl_args import trl_grpo_args
 
 FEATURES, TARGET = "vhead_features", "vhead_target"  # per-row batch keys

@@ -7,9 +7,10 @@ Extraction (`strict` / `flexible`) and the reading of plain numbers live in
 grpo_core/verify/extraction.py and are re-exported here.
 Plain numbers (GSM8K, AIME, AMC, most of MATH) are compared exactly with `Fraction`;
 everything else goes through math-verify (LaTeX -> sympy via an ANTLR parser; nothing is
-ever `eval`ed). Golds are parsed once and cached, so the G completions of a group share one
-parse. Every math-verify call (grpo_core.verify.math_verify_adapter) is bounded by
-`grpo_core.verify.safe_eval` (input limits plus a per-call deadline that works in any thread).
+ever `eval`ed). Golds are parsed once and cached (grpo_core/verify/gold.py: `GoldAnswer`,
+`parse_gold`), so the G completions of a group share one parse. Every math-verify call
+(grpo_core.verify.math_verify_adapter) is bounded by `grpo_core.verify.safe_eval` (input
+limits plus a per-call deadline that works in any thread).
 
 Fast paths decide most verdicts before any parse (tests/test_scoring_fast_paths.py pins
 each against math-verify): an answer in the gold's own spelling (`canonical`) is right, and
@@ -53,10 +54,7 @@ thread ("unlabelled" outside any). `check` raises `ScorerError`; `verify` and
 
 from __future__ import annotations
 
-import re
-import threading
 import time
-from collections import OrderedDict
 from fractions import Fraction
 from typing import Any
 
@@ -71,6 +69,16 @@ from grpo_core.verify.extraction import (
     gold_from_gsm8k,
     gold_from_math_solution,
     normalise_gold,
+)
+from grpo_core.verify.gold import (
+    LRU,
+    MAX_GOLD_CHARS,
+    PARSES,
+    GoldAnswer,
+    clear_parses,
+    for_mv,
+    parse_gold,
+    read_lazy,
 )
 from grpo_core.verify.math_verify_adapter import (
     cannot_be_equal,
@@ -89,6 +97,9 @@ from grpo_core.verify.scorer_errors import (
     record_scorer_error,
 )
 
+# The checker's public API; grpo_core/answers.py re-exports it for scripts. GoldAnswer and
+# parse_gold are grpo_core.verify.gold's (project code imports them from there), listed
+# here because scripts use them through this API: verify(parse_gold(gold), answer).
 __all__ = [
     "EXTRACTIONS", "EXTRACTOR_VERSION", "SCORER_ERRORS", "GoldAnswer", "ScorerError",
     "as_number", "canonical", "check", "clean_answer", "clear_caches", "count_scorer_errors",
@@ -106,39 +117,14 @@ EXTRACTOR_VERSION = "5-final-expression"
 # cached yet. GC pauses and a busy machine can stretch a call past it by a few 100 ms;
 # the bound we promise is 1 s.
 BUDGET_S = 0.6
-GOLD_DEADLINE_S = 0.6  # parsing one gold answer (once per problem)
-MAX_GOLD_CHARS = 1024
 MAX_PRED_CHARS = 4 * MAX_GOLD_CHARS  # longer predictions are wrong without a look
 # A pair that just ran out of time is not retried for this long (it is no cached verdict:
 # a less busy moment may decide it). The same answer recurs at once: G equal completions
 # of a group, or the strict and the flexible reading of one completion in evaluation.
 RETRY_TIMEOUT_AFTER_S = 60.0
 
-class _LRU:
-    """A small thread-safe LRU map (functools.lru_cache cannot skip caching timeouts)."""
-
-    def __init__(self, maxsize: int):
-        self.maxsize, self._data, self._lock = maxsize, OrderedDict(), threading.Lock()
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        if not self._data:  # no lock needed to see an empty map (most _TIMEOUTS reads)
-            return default
-        with self._lock:
-            if key not in self._data:
-                return default
-            self._data.move_to_end(key)
-            return self._data[key]
-
-    def put(self, key: Any, value: Any) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            if len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
+_VERDICTS = LRU(65536)
+_TIMEOUTS = LRU(1024)  # (gold, prediction) -> when it last ran out of time
 
 
 # --- comparing numbers ------------------------------------------------------------------
@@ -151,147 +137,6 @@ def numbers_equal(gold: tuple[Fraction, bool, bool], pred: tuple[Fraction, bool,
     if gv == pv:
         return True
     return (g_dec or p_dec) and round(gv, 6) == round(pv, 6)
-
-
-_PERCENT = re.compile(r"\\text\{\s*(?:\\?%|percent)\s*\}|\\?%|\bpercent(?:age)?\b")
-
-
-def _for_mv(text: str) -> str:
-    """The text math-verify reads: percent is a unit (see the docstring), dropped."""
-    return _PERCENT.sub("", text).strip() if "%" in text or "percent" in text else text
-
-
-# --- gold answers -----------------------------------------------------------------------
-
-_GOLDS = _LRU(8192)
-_VERDICTS = _LRU(65536)
-_PARSES = _LRU(8192)  # math-verify's parse per cleaned text, golds and predictions alike
-_TIMEOUTS = _LRU(1024)  # (gold, prediction) -> when it last ran out of time
-_MISSING = object()
-
-
-class GoldAnswer:
-    """A gold answer parsed once, reusable across the G completions of a group.
-
-    `number` is set for plain numbers (compared exactly, math-verify never needed);
-    otherwise `parsed` holds math-verify's parse, made once by `parse_gold`.
-    """
-
-    __slots__ = ("canon", "number", "parsed", "profile", "quick", "text")
-
-    def __init__(self, text: str, number: tuple | None, parsed: list | None,
-                 quick: tuple | None = None):
-        self.text = text
-        self.number = number
-        self.canon = canonical(text)
-        self.parsed = parsed
-        self.profile: tuple | None = None  # (value, varies), see _profile; made on first use
-        # quick_value's cheap reading (no parser): most wrong answers are disproved with it
-        self.quick = number_profile(number[0]) if number is not None else quick
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, GoldAnswer) and other.text == self.text
-
-    def __hash__(self) -> int:
-        return hash(self.text)
-
-    def __repr__(self) -> str:
-        return f"GoldAnswer({self.text!r})"
-
-
-def _gold_key(text: Any) -> str | None:
-    if not isinstance(text, str) or "####" in text:
-        text = normalise_gold(text)  # AMC floats, GSM8K solutions
-        if text is None:
-            return None
-    if "\\boxed" in text or "\\fbox" in text:
-        text = extract_boxed(text) or text
-    return clean_answer(text)
-
-
-def _parse_gold_key(key: str, seconds: float, lazy: bool) -> GoldAnswer | None | object:
-    number = as_number(key)
-    if number is not None:
-        return GoldAnswer(key, number, None)
-    if risky_reason(key, max_chars=MAX_GOLD_CHARS) or SPLIT_DIGITS.search(key):
-        return None
-    gold = GoldAnswer(key, None, None, quick_profile(key))
-    if lazy or _arithmetic(gold):  # math-verify reads it later, if ever needed
-        return gold
-    readable = _read_gold(gold, seconds)
-    return readable if readable is TIMED_OUT else (gold if readable else None)
-
-
-def _read_gold(gold: GoldAnswer, seconds: float) -> bool | object:
-    """Give a gold its math-verify parse (once: one parse per text, gold or prediction).
-    True when math-verify reads something in it, False when nothing, or TIMED_OUT."""
-    if gold.parsed is None:
-        parsed = _PARSES.get(gold.text)
-        if parsed is None:
-            math_verify_fns()
-            parsed = call_with_deadline(mv_parse, _for_mv(gold.text), seconds=seconds)
-            if parsed is TIMED_OUT:
-                return TIMED_OUT
-            _PARSES.put(gold.text, parsed)
-        gold.parsed = parsed
-    return bool(gold.parsed)
-
-
-def parse_gold(text: Any, seconds: float | None = None, *, lazy: bool = False) -> GoldAnswer | None:
-    """Parse a gold answer once (cached by its text). None when it cannot be parsed, when
-    its parse overran `seconds` (default GOLD_DEADLINE_S, read at call time), or when the
-    parse raised (a scorer error: counted, logged). Only real verdicts are cached.
-
-    `lazy=True` (the scorers' entry points: is_correct, is_equivalent, the accuracy reward)
-    leaves math-verify's parse of the gold to the first prediction that needs it: an
-    answer equal to the gold in spelling (most right answers) never pays for it. Such a
-    gold is None only when its text is refused on sight (empty, over a limit, split
-    digits); one that math-verify then reads nothing in is found by `grade` (None) and
-    remembered: parse_gold returns None for it from then on."""
-    if isinstance(text, GoldAnswer):
-        gold = text
-    else:
-        try:
-            key = _gold_key(text)
-            if not key:
-                return None
-            gold = _GOLDS.get(key, _MISSING)
-            if gold is _MISSING:
-                gold = _parse_gold_key(key, seconds or GOLD_DEADLINE_S, lazy)
-                if gold is TIMED_OUT:
-                    return None  # not remembered: a less busy moment may parse it
-                _GOLDS.put(key, gold)
-        except Exception as exc:  # noqa: BLE001 - counted and logged, never a crash
-            record_scorer_error(text, "", exc)
-            return None
-    if gold is None or lazy or not _pending(gold):
-        return gold
-    return _parse_pending(gold, seconds or GOLD_DEADLINE_S)
-
-
-def _arithmetic(gold: GoldAnswer) -> bool:
-    """Simple arithmetic, which math-verify surely reads: no need to parse it to know."""
-    return gold.quick is not None and gold.quick[0] in ("value", "items")
-
-
-def _pending(gold: GoldAnswer) -> bool:
-    """A gold math-verify has not read yet, which is no simple arithmetic (a lazy one)."""
-    return gold.parsed is None and gold.number is None and not _arithmetic(gold)
-
-
-def _parse_pending(gold: GoldAnswer, seconds: float) -> GoldAnswer | None:
-    """parse_gold's eager reading of a gold cached lazily by an earlier call."""
-    try:
-        readable = _read_gold(gold, seconds)
-    except Exception as exc:  # noqa: BLE001 - counted and logged, never a crash
-        record_scorer_error(gold.text, "", exc)
-        return None
-    if readable is TIMED_OUT:
-        return None
-    if not readable:
-        _GOLDS.put(gold.text, None)
-        return None
-    return gold
 
 
 # --- verification -------------------------------------------------------------------------
@@ -307,7 +152,7 @@ def _mv_check(gold: GoldAnswer, pred: str, pred_parsed: list | None) -> tuple[bo
     """(equal?, the prediction's parse); the gold is read already unless it is a plain
     number. Runs under a deadline: touches no locks."""
     if pred_parsed is None:
-        pred_parsed = mv_parse(_for_mv(pred))
+        pred_parsed = mv_parse(for_mv(pred))
     if not pred_parsed:
         return False, pred_parsed
     if gold.profile is None:
@@ -315,7 +160,7 @@ def _mv_check(gold: GoldAnswer, pred: str, pred_parsed: list | None) -> tuple[bo
     if cannot_be_equal(gold.profile, profile(pred_parsed)):
         return False, pred_parsed
     if gold.parsed is None:  # a plain-number gold meeting a non-number prediction
-        gold.parsed = mv_parse(_for_mv(gold.text))
+        gold.parsed = mv_parse(for_mv(gold.text))
     _, mv_verify = math_verify_fns()
     equal = bool(gold.parsed) and mv_verify(gold.parsed, pred_parsed, timeout_seconds=None)
     return equal, pred_parsed
@@ -326,7 +171,7 @@ def _refused(gold: GoldAnswer, stripped: str, number: tuple | None) -> bool:
     # `1 2` is no number (math-verify would read it as 3): refused, like other limits.
     if risky_reason(stripped) or (number is None and SPLIT_DIGITS.search(stripped)):
         return True
-    return never_read(_for_mv(stripped), gold.text)  # code, not math: read as no value
+    return never_read(for_mv(stripped), gold.text)  # code, not math: read as no value
 
 
 _GOLD_UNREAD = object()  # _verify_uncached: the gold, read only now, is unreadable or timed out
@@ -335,18 +180,16 @@ _GOLD_UNREAD = object()  # _verify_uncached: the gold, read only now, is unreada
 def _gold_read_for(gold: GoldAnswer, seconds: float | None) -> float | None:
     """Read a lazy gold before the prediction's math-verify comparison: the seconds left
     for the prediction, or None when the gold is unreadable (remembered) or timed out.
-    `seconds` None: the gold gets GOLD_DEADLINE_S and the prediction BUDGET_S, as when
-    parse_gold read it first; given (the reward's budget per completion), they share it."""
+    `seconds` None: the gold gets GOLD_DEADLINE_S (grpo_core.verify.gold's) and the
+    prediction BUDGET_S, as when parse_gold read it first; given (the reward's budget per
+    completion), they share it."""
     if gold.number is not None or gold.parsed:
         return seconds or BUDGET_S
     if gold.parsed is not None:  # read before: math-verify found nothing in it
         return None
     start = time.monotonic()
-    readable = _read_gold(gold, seconds or GOLD_DEADLINE_S)
-    if readable is TIMED_OUT:
-        return None
-    if not readable:
-        _GOLDS.put(gold.text, None)  # parse_gold says None for it from now on
+    readable = read_lazy(gold, seconds)  # unreadable: parse_gold says None from now on
+    if readable is TIMED_OUT or not readable:
         return None
     return max(0.05, seconds - (time.monotonic() - start)) if seconds else BUDGET_S
 
@@ -372,13 +215,13 @@ def _verify_uncached(gold: GoldAnswer, pred: str,
     if seconds is None:
         return _GOLD_UNREAD
     math_verify_fns()
-    cached = _PARSES.get(stripped)  # the same wrong answer recurs across prompts
+    cached = PARSES.get(stripped)  # the same wrong answer recurs across prompts
     result = call_with_deadline(_mv_check, gold, stripped, cached, seconds=seconds)
     if result is TIMED_OUT:
         return None
     equal, parsed = result
     if cached is None:
-        _PARSES.put(stripped, parsed)
+        PARSES.put(stripped, parsed)
     return equal
 
 
@@ -451,5 +294,6 @@ def is_equivalent(gold_text: Any, pred_text: str | None) -> bool:
 
 def clear_caches() -> None:
     """Forget parsed golds and verdicts (benchmarks start cold)."""
-    for cache in (_GOLDS, _VERDICTS, _PARSES, _TIMEOUTS):
+    clear_parses()
+    for cache in (_VERDICTS, _TIMEOUTS):
         cache.clear()

@@ -32,10 +32,10 @@ from grpo_core.verify.answers import (
     extract_answer,
     grade,
     normalise_gold,
-    parse_gold,
     record_scorer_error,
 )
 from grpo_core.verify.format_rules import THINK_OPEN, is_well_formatted, tag_score
+from grpo_core.verify.gold import parse_gold
 
 RewardFunc = Callable[..., list]
 
