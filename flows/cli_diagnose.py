@@ -60,11 +60,13 @@ def _run_history(cfg, run_id: str) -> list[dict]:
     uri = tracking.tracking_uri(cfg, Workspace.at(cfg.project.workdir))
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         fail(f"no MLflow store at {uri} (--workdir?)", 1)
+    from tasks.preflight import PreflightError, reach_tracking
+
     try:
-        tracking.connect(uri)
+        tracking.connect(reach_tracking(uri))
         return tracking.metric_history(run_id)
-    except tracking.TrackingUnreachable as exc:
-        fail(str(exc), 1)
+    except PreflightError as exc:
+        fail(str(exc), exc.exit_code)
     except MlflowException as exc:
         fail(f"run {run_id} at {uri}: {exc.message}", 1)
 

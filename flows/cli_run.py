@@ -16,31 +16,8 @@ from flows.cli_common import (
     fail,
     load_or_exit,
     quiet_libraries,
-    require_fetched_or_exit,
     require_supported_trl,
 )
-
-
-def _check_benchmarks_or_exit(configs, ws) -> None:
-    """Every benchmark's evaluation split must exist (exit 2 naming it, before any work).
-    A user's own benchmark is looked up in the workspace store when there is one."""
-    from grpo_core.data.benchmarks import BenchmarkError, check_benchmarks
-    from grpo_core.data.store import Store, StoreError
-
-    store = None
-    if ws.db_path.exists():
-        try:
-            store = Store.open(ws.db_path, read_only=True)
-        except StoreError:
-            store = None  # busy: the stage finds (or misses) it later
-    try:
-        for cfg in configs:
-            check_benchmarks(cfg, store)
-    except BenchmarkError as exc:
-        fail(f"config error: eval.benchmarks: {exc}", 2)
-    finally:
-        if store is not None:
-            store.close()
 
 
 def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
@@ -63,8 +40,6 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         quiet_libraries()
     from grpo_core.config import ConfigError
     from grpo_core.workspace import Workspace
-    from tasks.tracking import tracking_store
-
     # Live bars only on a terminal: a log file gets the stage lines, not bar redraws.
     quiet = quiet or not sys.stderr.isatty()
 
@@ -88,36 +63,30 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
     if smoke or model is not None:
         real = configs[0]
         configs = [_smoke_config_or_exit(config, real, model, smoke)]
-    for c in configs:
-        require_fetched_or_exit(c.model.name_or_path, c.project.workdir)
-    ws = Workspace.at(configs[0].project.workdir)
-    _check_benchmarks_or_exit(configs, ws)
-    from flows.cli_train import plan_or_exit
+    from tasks.preflight import PreflightError, holding_store, preflight
 
-    for c in configs:  # more processes than GPUs: refused here, before any work
-        plan_or_exit(c, say=False)
-    # An unreachable tracking server fails here, in seconds, before any training.
-    uri = tracking_store.tracking_uri(configs[0], ws)
-    try:
-        tracking_store.check_reachable(uri)
-    except tracking_store.TrackingUnreachable as exc:
-        fail(str(exc), 1)
+    try:  # every check before any work: exit 2 naming the field, 1 for a silent MLflow
+        plans = [preflight(c) for c in configs]
+    except PreflightError as exc:
+        fail(str(exc), exc.exit_code)
+    uri = plans[0].tracking_uri
+    ws = Workspace.at(configs[0].project.workdir)
     from flows import configure_prefect
 
     configure_prefect(ws.root)
-    from grpo_core.data.locks import pipeline_lock
     from grpo_core.data.store import StoreLockedError
 
     t0 = time.time()
     try:
         # Take the store before Prefect and the models load: a second `grpo run` on this
-        # workspace waits here, then stops in seconds. (The flow takes it again, re-entrant;
-        # a flow started by a Prefect worker takes it there.)
-        with pipeline_lock(ws.db_path, configs[0].data.store_lock_timeout):
+        # workspace waits here, then stops in seconds. The flows get the held plans and take
+        # nothing again (a flow started by a Prefect worker makes its own plan).
+        with holding_store(plans[0]) as held:
+            plans = [p.model_copy(update={"store_held_by": held.store_held_by}) for p in plans]
             if compare_them and not smoke:
                 from flows.compare import compare_recipes
 
-                out = compare_recipes(configs, progress=not quiet)
+                out = compare_recipes(configs, progress=not quiet, plans=plans)
                 typer.echo(out["markdown"])
                 if out.get("verdict"):
                     typer.echo(f"\nverdict: {out['verdict']}")
@@ -127,13 +96,13 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                 from flows.smoke import format_report, run_smoke
 
                 report, path = run_smoke(real, configs[0], Workspace.at(real.project.workdir).root,
-                                         gpu_gb, progress=not quiet)
+                                         gpu_gb, progress=not quiet, plan=plans[0])
                 typer.echo(format_report(report))
                 typer.echo(f"report: {path}")
             else:
                 from flows.pipeline import grpo_pipeline
 
-                out = grpo_pipeline(configs[0], progress=not quiet)
+                out = grpo_pipeline(configs[0], progress=not quiet, plan=plans[0])
                 for bench, res in out["final"].items():
                     m = res["metrics"].get(configs[0].eval.primary_metric) or {}
                     typer.echo(f"{bench}: {configs[0].eval.primary_metric} {m.get('mean')} "
@@ -262,11 +231,13 @@ def doctor(workdir: WORKDIR = None) -> None:
         line(True, f"workspace writable: {ws.root}")
     except OSError as exc:
         line(False, f"workspace {ws.root}: {exc}")
+    from tasks.preflight import PreflightError, reach_tracking
+
     uri = tracking.tracking_uri(cfg, ws)
     try:
-        tracking.check_reachable(uri)
+        reach_tracking(uri)
         line(True, f"MLflow tracking URI reachable: {uri}")
-    except tracking.TrackingUnreachable as exc:
+    except PreflightError as exc:
         line(False, str(exc))
     api = os.environ.get("PREFECT_API_URL")
     if api:

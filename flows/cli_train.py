@@ -40,16 +40,17 @@ def _setup(config, overrides, workdir, model, stage: str):
     return cfg, ws, path, pool, template
 
 
-def plan_or_exit(cfg, say: bool = True):
+def plan_or_exit(cfg):
     """How the stage starts on this machine (tasks.launch.launch_plan): in this process only
     on exactly one device; else `accelerate launch`, pinned to the GPUs it uses. A refusal
     exits 2 before any work, with the fix."""
-    from tasks.launch import stage_plan
+    from tasks.preflight import PreflightError, launch_of
 
-    plan = stage_plan(cfg)
-    if plan.mode == "refuse":
-        fail(plan.message, 2)
-    if say and plan.message:
+    try:
+        plan = launch_of(cfg)
+    except PreflightError as exc:
+        fail(str(exc), exc.exit_code)
+    if plan.message:
         typer.echo(plan.message, err=True)
     return plan
 

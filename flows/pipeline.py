@@ -24,7 +24,6 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
-from grpo_core.data.locks import pipeline_lock
 from grpo_core.data.pool import PoolRef
 from grpo_core.eval.round_gate import Evaluated, gate_round
 from grpo_core.generation.warm_engine import keep_warm, release_warm
@@ -42,7 +41,7 @@ from grpo_core.train.throughput import (
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
 from tasks.finish import finish_pipeline
-from tasks.launch import require_plan
+from tasks.preflight import RunPlan, planned
 from tasks.stage_results import EvalResult, FilterResult
 from tasks.tracking import tracking_store, verdict_freshness
 
@@ -89,16 +88,18 @@ def training_prompts(kept: FilterResult, pool: PoolRef | list[str], need: int
 
 
 @flow(name="grpo-pipeline", validate_parameters=True, flow_run_name=pipeline_run_name)
-def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
-    """Run one recipe end to end; returns the final metrics and where the model is."""
+def grpo_pipeline(config: PipelineConfig, progress: bool = True,
+                  plan: RunPlan | None = None) -> dict:
+    """Run one recipe end to end; returns the final metrics and where the model is.
+    `plan`: the run's preflight with the store held (`grpo run`); None: made here (a
+    deployment's run), refusing before any work what this machine cannot run."""
     log = get_run_logger()
     cfg = config
-    require_plan(cfg)  # a stage this machine cannot start is refused before any work
     ws = Workspace.at(cfg.project.workdir).ensure()
     use_hub_token(cfg)
     # One pipeline per store: a second one waits, then stops before its MLflow run exists.
-    with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout), \
-            parent_run(cfg, ws, log, progress, config_hash=cfg.hash(),
+    with planned(cfg, plan) as plan, \
+            parent_run(cfg, ws, log, progress, plan, config_hash=cfg.hash(),
                        recipe=cfg.project.recipe) as ctx, \
             keep_warm(cfg.rollout.reuse_engine) as warm:
         out = _stages(ctx, log)
@@ -114,12 +115,12 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True) -> dict:
 
 
 @contextlib.contextmanager
-def parent_run(cfg: PipelineConfig, ws: Workspace, log, progress: bool, *, config_hash: str,
-               recipe: str) -> Iterator[stages.Ctx]:
+def parent_run(cfg: PipelineConfig, ws: Workspace, log, progress: bool, plan: RunPlan, *,
+               config_hash: str, recipe: str) -> Iterator[stages.Ctx]:
     """Start (or resume) the parent MLflow run of `config_hash`, send the metric points
     kept while MLflow was unreachable, and yield the stages' context. An exception in the
-    block marks the runs FAILED (a SIGKILL leaves them to resume). Hold pipeline_lock
-    around it: everything from here on writes."""
+    block marks the runs FAILED (a SIGKILL leaves them to resume). `plan` holds the store
+    (tasks.preflight.planned): everything from here on writes."""
     parent = tracking.start_parent_run(cfg, config_hash=config_hash, recipe=recipe,
                                        git_commit=git_commit(), flow_run_id=str(flow_run.id),
                                        workspace=ws)
@@ -128,7 +129,8 @@ def parent_run(cfg: PipelineConfig, ws: Workspace, log, progress: bool, *, confi
         log.info("sent %d metric points kept while MLflow was unreachable",
                  sum(replayed.values()))
     try:
-        yield stages.Ctx(cfg=cfg, ws=ws, parent_run=parent, progress=progress)
+        yield stages.Ctx(cfg=cfg, ws=ws, parent_run=parent, progress=progress,
+                         launch=plan.launch)
     except BaseException as exc:  # mark the runs FAILED (a SIGKILL leaves them to resume)
         tracking.fail_pipeline(parent, f"{type(exc).__name__}: {exc}", ws)
         raise
@@ -157,7 +159,8 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolRef | list[str], 
     group would start collapsed (no problem solved only sometimes) raises CollapsedStart
     before any training when diagnosis.stop_on_collapsed_start is set."""
     fresh = prefill_sharded(ctx.cfg, model, lambda: stage_data.filter_candidates(ctx, problem_ids),
-                            ctx.store, ctx.ws.root, evidence_run)
+                            ctx.store, ctx.ws.root, evidence_run,
+                            store_held=True)  # the run's preflight holds it (planned)
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
                      ctx, model, problem_ids, round_no, fresh, evidence_run)
     collapsed = start_collapse(kept.pass_rates, ctx.cfg, round_no)

@@ -4,7 +4,7 @@ challenger only if the paired per-problem difference (challenger minus champion,
 problems) has a 95% CI above 0. The decision, its rule and the numbers behind it are
 recorded on the retrain run (report/retrain_decision.json).
 
-It shares the pipeline's steps (flows/pipeline.py): the store's pipeline lock, the parent
+It shares the pipeline's steps (flows/pipeline.py): the preflight holding the store, the parent
 run (unsent metrics replayed, FAILED on an exception), the round's filter and choice of
 training prompts, sharded filtering and evaluation. Of the round gate only the finding:
 with one round, the promotion rule decides (a challenger below the champion is not
@@ -22,19 +22,19 @@ from flows.pipeline import (  # first: it configures prefect before import
 )
 from flows.stage_log import log_findings, retrain_run_name, run_stage
 from grpo_core.config import PipelineConfig
-from grpo_core.data.locks import pipeline_lock
 from grpo_core.eval.round_gate import regressions
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace
 from tasks import stage_data, stages, tracking
 from tasks.eval_records import records_store, stage_records
 from tasks.finish import finish_pipeline
+from tasks.preflight import RunPlan, planned
 from tasks.stage_results import EvalResult
 from tasks.tracking import tracking_store, verdict_freshness
 
 
 @flow(name="grpo-retrain", validate_parameters=True, flow_run_name=retrain_run_name)
-def retrain(config: PipelineConfig, progress: bool = True) -> dict:
+def retrain(config: PipelineConfig, progress: bool = True, plan: RunPlan | None = None) -> dict:
     log = get_run_logger()
     cfg = config
     ws = Workspace.at(cfg.project.workdir).ensure()
@@ -42,15 +42,15 @@ def retrain(config: PipelineConfig, progress: bool = True) -> dict:
     # One pipeline per store, as in grpo_pipeline. Taken before the champion is read, so a
     # pipeline promoting a new champion meanwhile is waited for, not raced; a retrain
     # that gives up has downloaded nothing and started no MLflow run.
-    with pipeline_lock(ws.db_path, cfg.data.store_lock_timeout):
-        tracking.connect(tracking.tracking_uri(cfg, ws))
+    with planned(cfg, plan, loads_model=False) as plan:
+        tracking.connect(plan.tracking_uri)
         name = tracking.model_name(cfg)
         champion = tracking.champion_version(name)
         if champion is None:
             raise LookupError(f"no champion for {name!r}: run the pipeline for this config first")
         champion_dir = str(tracking.download_champion(name, ws.root / "champions" / name))
         # One retrain run per champion version: a killed retrain resumes under the same run.
-        with parent_run(cfg, ws, log, progress,
+        with parent_run(cfg, ws, log, progress, plan,
                         config_hash=f"{cfg.hash()}-retrain-v{champion.version}",
                         recipe=f"{cfg.project.recipe}+retrain") as ctx:
             tracking.set_tags(ctx.parent_run, {"grpo.champion_version": champion.version})

@@ -224,20 +224,10 @@ def prefill_estimates(cfg: PipelineConfig, model_path: str, problems: list[Probl
     """Estimate, on cfg.filter.shards workers, what the filter would sample now, and
     store it (one transaction); returns the ids stored. The store is opened only to read
     what is missing and to ingest, never while workers run. `model_path` is resolved.
-    Holds the workspace store's pipeline lock (re-entrant: the pipeline and retrain hold
-    it already; StoreLockedError after data.store_lock_timeout): the shard work folders
-    under `workdir` are one run's at a time. `evidence_run`: the previous round's GRPO run,
-    whose rollouts are the estimates' priors (grpo_core.eval.evidence), or None."""
-    from grpo_core.data.locks import pipeline_lock
-    from grpo_core.workspace import Workspace
-
-    with pipeline_lock(Workspace.at(workdir).db_path, cfg.data.store_lock_timeout):
-        return _prefill(cfg, model_path, problems, open_store, workdir, evidence_run)
-
-
-def _prefill(cfg: PipelineConfig, model_path: str, problems: list[Problem],
-             open_store: Callable[[], AbstractContextManager[Any]],
-             workdir: str | Path, evidence_run: str | None) -> list[str]:
+    The caller holds the workspace store's pipeline lock (flows.prefill.prefill_sharded):
+    the shard work folders under `workdir` are one run's at a time. `evidence_run`: the
+    previous round's GRPO run, whose rollouts are the estimates' priors
+    (grpo_core.eval.evidence), or None."""
     from grpo_core.eval.difficulty import missing_estimates, sampling_spec
     from grpo_core.eval.evidence import rollout_priors
     from grpo_core.modeling.loading import load_tokenizer, model_fingerprint

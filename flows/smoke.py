@@ -261,12 +261,13 @@ def write_report(report: dict, workdir: str | Path) -> Path:
 
 
 def run_smoke(real: PipelineConfig, smoke: PipelineConfig, report_root: str | Path,
-              gpu_gb: float, progress: bool) -> tuple[dict, Path]:
-    """The normal pipeline flow on the smoke config, observed; the report written."""
+              gpu_gb: float, progress: bool, plan=None) -> tuple[dict, Path]:
+    """The normal pipeline flow on the smoke config, observed; the report written.
+    `plan`: the smoke config's preflight (tasks.preflight), or None to make it there."""
     from flows.pipeline import grpo_pipeline
 
     t0 = time.time()
     with observe() as rec:
-        out = grpo_pipeline(smoke, progress=progress)
+        out = grpo_pipeline(smoke, progress=progress, plan=plan)
     report = build_report(real, smoke, rec, out, time.time() - t0, gpu_gb)
     return report, write_report(report, report_root)

@@ -145,17 +145,6 @@ def stage_plan(cfg: PipelineConfig) -> LaunchPlan:
                        own_process(cfg))
 
 
-def require_plan(cfg: PipelineConfig) -> LaunchPlan:
-    """stage_plan, or RuntimeError with the refusal (before any work of the stage)."""
-    plan = stage_plan(cfg)
-    if plan.mode == "refuse":
-        raise RuntimeError(plan.message)
-    return plan
-
-
-def launched(cfg: PipelineConfig) -> bool:
-    """Whether the stage runs in its own processes (run_launched) rather than in this one."""
-    return require_plan(cfg).mode != "in-process"
 # --- end of the stage-start decision ------------------------------------------------------
 
 
@@ -335,7 +324,7 @@ def _rank_main(spec_path: str) -> None:
         from tasks import tracking
         from tasks.tracking.step_logger import StepLogger
 
-        tracking.connect(spec["tracking_uri"], check=False)
+        tracking.connect(spec["tracking_uri"])
         logger = StepLogger(spec["mlflow_run"], workspace=spec["workspace"],
                             close_timeout_s=cfg.tracking.flush_timeout_s)
     callbacks = [logger] if logger else []

@@ -26,7 +26,7 @@ from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
 from tasks import stage_data, tracking
 from tasks.cache import StageCache
-from tasks.launch import require_plan
+from tasks.launch import LaunchPlan
 from tasks.stage_keys import (
     eval_key,
     filter_key,
@@ -47,12 +47,19 @@ from tasks.stage_task import cached_stage
 
 @dataclass
 class Ctx:
-    """What every stage needs: the config, the workspace, the parent MLflow run."""
+    """What every stage needs: the config, the workspace, the parent MLflow run, and how a
+    trainer starts on this machine (the run's preflight decided it: tasks.preflight)."""
 
     cfg: PipelineConfig
     ws: Workspace
     parent_run: str
     progress: bool = True
+    launch: LaunchPlan | None = None  # None: no trainer stage runs under this context (tests)
+
+    def launch_plan(self) -> LaunchPlan:
+        if self.launch is None:
+            raise RuntimeError("a training stage needs the run's launch plan (tasks.preflight)")
+        return self.launch
 
     @property
     def cache(self) -> StageCache:
@@ -183,7 +190,7 @@ def sft(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str]) -> SftStage
         problems = read()
         template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
         out = ctx.ckpt_dir(f"sft-{key[-8:]}")
-        plan = require_plan(ctx.cfg)
+        plan = ctx.launch_plan()
         if plan.mode != "in-process":
             result, findings = launched_sft(ctx.cfg, str(ctx.ws.root), run, model_path,
                                             problems, out, template, plan)
@@ -222,7 +229,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
             resume_step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
             drop_rollouts_after(store, run, resume_step)
             sink = rollout_sink(store, run_id=run, round=round_no)
-            plan = require_plan(ctx.cfg)
+            plan = ctx.launch_plan()
             if plan.mode != "in-process":
                 say_plan(plan)
                 result = launched_round(ctx.cfg, str(ctx.ws.root), run, run, store, sink,

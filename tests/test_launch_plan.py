@@ -12,9 +12,15 @@ import pytest
 from pipeline_runs import GRPO, ROOT, run_env, write_config
 
 from grpo_core.config import config_from_dict
-from tasks.launch import LaunchPlan, launch_plan, launched, stage_plan
+from tasks.launch import LaunchPlan, launch_plan, stage_plan
+from tasks.preflight import PreflightError, launch_of
 
 pytest_plugins = ["fixtures_models"]
+
+def _launched(cfg) -> bool:
+    """Whether the run's preflight would start the trainer in processes of its own."""
+    return launch_of(cfg).mode != "in-process"
+
 
 
 # (device_count, num_processes, CUDA_VISIBLE_DEVICES) -> (mode, devices)
@@ -106,7 +112,7 @@ def test_stage_plan_reads_torch_and_the_environment(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     every_preset = config_from_dict({}, [])  # train.num_processes: 1
     _gpus(monkeypatch, 8)
-    assert stage_plan(every_preset).devices == ("0",) and launched(every_preset)
+    assert stage_plan(every_preset).devices == ("0",) and _launched(every_preset)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     _gpus(monkeypatch, 2)
     assert stage_plan(every_preset).devices == ("2",)
@@ -114,12 +120,12 @@ def test_stage_plan_reads_torch_and_the_environment(monkeypatch):
     assert stage_plan(two) == LaunchPlan("launch")
     _gpus(monkeypatch, 1)
     # one GPU: train.stage_process auto gives the stage its own process on CUDA; never keeps it here
-    assert launched(every_preset) and stage_plan(every_preset) == LaunchPlan("launch")
-    assert not launched(config_from_dict({}, ["train.stage_process=never"]))
-    with pytest.raises(RuntimeError, match="set train.num_processes: 1"):
-        launched(two)
+    assert _launched(every_preset) and stage_plan(every_preset) == LaunchPlan("launch")
+    assert not _launched(config_from_dict({}, ["train.stage_process=never"]))
+    with pytest.raises(PreflightError, match="set train.num_processes: 1"):
+        _launched(two)
     _gpus(monkeypatch, 0)
-    assert not launched(every_preset) and launched(two)
+    assert not _launched(every_preset) and _launched(two)
 
 
 def test_cli_refuses_before_any_work(monkeypatch, tmp_path):

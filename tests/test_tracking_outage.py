@@ -114,7 +114,7 @@ def test_exit_with_the_server_down_takes_seconds(tmp_path):
         port = s.getsockname()[1]  # nothing listens there once the block ends
     script = (f"from tasks.tracking.mlflow_client import connect\n"
               f"from tasks.tracking.spool import MetricSpool\n"
-              f"c = connect('http://127.0.0.1:{port}', check=False)\n"
+              f"c = connect('http://127.0.0.1:{port}')\n"
               f"s = MetricSpool('ab' * 16, c, {str(tmp_path)!r})\n"
               f"s.put([('reward', 0.5, 1000, i) for i in range(3)])\n"
               f"print('unsent', s.close(1.0))\n")

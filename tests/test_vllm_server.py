@@ -5,11 +5,16 @@ import pytest
 
 from grpo_core.config import config_from_dict
 from grpo_core.train.trl_args import trl_grpo_args
-from tasks.launch import launched
+from tasks.preflight import launch_of
 from tasks.vllm_server import server_command, split_gpus, visible_gpus
 
 SERVER = ["grpo.use_vllm=true", "grpo.vllm_mode=server", "train.vllm_server_gpus=2",
           "grpo.vllm_server_port=8123"]
+
+
+def _launched(cfg) -> bool:
+    """Whether the run's preflight would start the trainer in processes of its own."""
+    return launch_of(cfg).mode != "in-process"
 
 
 def test_gpu_split_follows_cuda_visible_devices():
@@ -36,9 +41,9 @@ def test_server_mode_config_reaches_the_command_and_trl(tmp_path, monkeypatch):
     args = trl_grpo_args(cfg, str(tmp_path))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert (args.use_vllm, args.vllm_mode, args.vllm_server_port) == (True, "server", 8123)
-    assert launched(cfg)  # the trainer runs in a process that does not see the server's GPUs
+    assert _launched(cfg)  # the trainer runs in a process that does not see the server's GPUs
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU, one process:
     here = "train.stage_process=never"  # (auto: its own process on CUDA, whatever the mode)
-    assert not launched(config_from_dict({}, ["grpo.use_vllm=true", here]))  # colocate: in-process
-    assert not launched(config_from_dict({}, [*SERVER, "train.vllm_server_launch=false", here]))
-    assert launched(config_from_dict({}, ["grpo.use_vllm=true"]))
+    assert not _launched(config_from_dict({}, ["grpo.use_vllm=true", here]))  # colocate: in-process
+    assert not _launched(config_from_dict({}, [*SERVER, "train.vllm_server_launch=false", here]))
+    assert _launched(config_from_dict({}, ["grpo.use_vllm=true"]))

@@ -144,7 +144,7 @@ def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | o
 
     workdir = workdir_of(workspace, cfg)
     uri = tracking_uri(cfg, workdir)
-    c = connect(uri, check=False)
+    c = connect(uri)
     name = experiment_name(cfg)
     exp_id = experiment_id(c, name, artifact_root(uri, workdir, name))
     key = hashlib.sha256(",".join(sorted(parent_runs)).encode()).hexdigest()[:12]

@@ -6,7 +6,7 @@ run": that one is thread-local, so a Prefect task in a worker thread would not s
 The store is chosen once per process by `connect` (which `start_parent_run` calls);
 later calls in any thread of that process use it unless given a client.
 
-Imports only the leaves tasks.tracking.tracking_store and tasks.tracking.redaction."""
+Imports only the leaf tasks.tracking.redaction."""
 from __future__ import annotations
 
 import json
@@ -29,7 +29,6 @@ from grpo_core.eval.metric_names import (  # noqa: F401 - re-exported
     sanitize_key,
 )
 from tasks.tracking.redaction import redact
-from tasks.tracking.tracking_store import check_reachable
 
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"
 
@@ -57,17 +56,16 @@ def _client(uri: str) -> MlflowClient:
     return _clients[uri]
 
 
-def connect(uri: str, check: bool = True) -> MlflowClient:
+def connect(uri: str) -> MlflowClient:
     """Make `uri` this process's store for every call below that is given no client, and
-    return a client for it.
+    return a client for it. It does not probe the store: the run's preflight did
+    (tasks.preflight.reach_tracking), once.
 
     MLflow's own global (mlflow.set_tracking_uri) is left alone on purpose: it also
     exports MLFLOW_TRACKING_URI, which would then win over the workdir default of the next
     config resolved in this process (a test suite, a comparison of two workdirs).
     """
     global _current_uri
-    if check:
-        check_reachable(uri)
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     with _lock:
