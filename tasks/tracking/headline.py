@@ -1,17 +1,13 @@
 """The experiment's views in MLflow's UI: the headline runs-table view, UI links, the
 comparison run's and the experiment's descriptions, and the comparison table read back
-(the numbers and texts are grpo_core.eval.headline's).
+(`grpo compare`); the numbers and texts are grpo_core.eval.headline's.
 
-- `set_experiment_view`: the experiment is tagged as model development (MLflow's
-  `mlflow.experimentKind`) and given a saved runs-table view whose columns are the
-  headline tags, first. MLflow 3.17 keeps a runs-table view as the experiment tag
-  `mlflow.sharedViewState.<id>`; a value in its saved-view envelope ({"name",
-  "createdAt", "updatedAt", "state": the view as a JSON string}) is listed under the
-  runs table's "Views" menu by its name, and opens through `?viewStateShareKey=<id>`.
-  Links ask for MLflow's model-training mode (`?workflowType=machine_learning`: MLflow
-  3.17 ignores the kind tag and opens every experiment in its GenAI view).
-- `ui_links`: the UI addresses of the runs table, a run and a model version.
-- `compare_table`: the recipes' rows from the finished parent runs (`grpo compare`).
+MLflow 3.17 keeps a runs-table view as the experiment tag `mlflow.sharedViewState.<id>`; a
+value in its saved-view envelope ({"name", "createdAt", "updatedAt", "state": the view as
+a JSON string}) is listed under the runs table's "Views" menu by its name, and opens
+through `?viewStateShareKey=<id>`. Links ask for MLflow's model-training mode
+(`?workflowType=machine_learning`): MLflow 3.17 ignores the experiment's kind tag and
+opens every experiment in its GenAI view (checked in Chromium: bench/mlflow_ui_check.py).
 """
 from __future__ import annotations
 
@@ -25,7 +21,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.comparison import table_row
-from grpo_core.eval.headline import comparison_description, headline_tag  # noqa: F401 - re-exported
+from grpo_core.eval.headline import comparison_description, headline_tag, landing_text
 from grpo_core.eval.metric_names import (
     HEADLINE,
     benchmarks_in,
@@ -33,16 +29,13 @@ from grpo_core.eval.metric_names import (
     delta_key,
     sanitize_key,
 )
+from grpo_core.redaction import strip_userinfo
 from tasks.tracking.mlflow_client import child_runs, current_uri, get_client, set_tags, stage_of
-from tasks.tracking.tracking_store import strip_userinfo
 
 EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
 VIEW_KEY = "grpo-headline"
 VIEW_NAME = "Headline: base, final, paired delta (95% CI)"  # as the Views menu lists it
-# MLflow 3.17's UI starts in its GenAI mode whatever the experiment's kind tag says (the
-# mode is a browser-wide switch, remembered in local storage): links ask for the model
-# training mode explicitly. Checked in Chromium (bench/mlflow_ui_check.py).
-WORKFLOW = "machine_learning"
+WORKFLOW = "machine_learning"  # the UI's mode is browser-wide: links ask for this one
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui`'s default address, for a local store
 _STATS = ("grpo_steps", "sft_steps", "wall_min", "findings")
@@ -160,29 +153,9 @@ def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequ
     set_tags(run_id, {"mlflow.note.content": comparison_description(said, rows, markdown, links),
                       VERDICT_TAG: said or "none",
                       **({"prefect_flow_run_id": prefect["id"]} if prefect.get("id") else {})}, c)
-    table = ui_links("", exp_id, base="/")["runs_table"]
-    # Plain text first: MLflow's experiment list shows the description's start unrendered.
-    landing = [f"Verdict: {said}" if said else "Recipe comparison", "",
-               f"- [comparison run]({link(run_id)}): the table, stage by stage, and the chart",
-               f"- parent runs: {parents}",
-               f"- [headline runs table]({table}) (base, final and paired delta per recipe; "
-               f"also the runs table's Views menu: \"{VIEW_NAME}\")",
-               *([f"- {prefect_link}"] if prefect_link else [])]
-    c.set_experiment_tag(exp_id, "mlflow.note.content", "\n".join(landing))
-
-
-def comparison_verdict(uri: str | None, experiment: str) -> str | None:
-    """The verdict of `experiment`'s newest comparison run (None without one)."""
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else get_client()
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
-    # what it was computed with, STALE (that module imports this one: imported here)
-    from tasks.tracking.verdict_freshness import annotate, newest_comparison
-
-    run = newest_comparison(client, exp.experiment_id)
-    said = run.data.tags.get(VERDICT_TAG) if run else None
-    return None if said in (None, "none") else annotate(said, run, client)
+    c.set_experiment_tag(exp_id, "mlflow.note.content", landing_text(
+        said, link(run_id), parents, ui_links("", exp_id, base="/")["runs_table"], VIEW_NAME,
+        prefect_link))
 
 
 def compare_table(uri: str | None, experiment: str, metric: str | None = None,

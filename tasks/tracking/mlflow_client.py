@@ -23,12 +23,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
-from grpo_core.eval.metric_names import (  # noqa: F401 - re-exported
-    eval_metrics,
-    flatten_metrics,
-    sanitize_key,
-)
-from tasks.tracking.redaction import redact
+from grpo_core.eval.metric_names import flatten_metrics, sanitize_key
+from grpo_core.redaction import redact
 from tasks.tracking.tracking_store import check_reachable
 
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"

@@ -17,11 +17,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval import promotion
-from grpo_core.eval.promotion import PAIRED_RULE, UNPAIRED_RULE, Decision  # noqa: F401 - re-exported
+from grpo_core.eval.promotion import Decision
+from grpo_core.redaction import redact
+from grpo_core.workspace import read_state, write_state
 from tasks.tracking.mlflow_client import get_client, set_tags
 from tasks.tracking.mlflow_model import hf_folder, log_and_register
-from tasks.tracking.redaction import redact
-from tasks.tracking.tracking_store import read_state, slug, write_state
+from tasks.tracking.tracking_store import slug
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 EVAL_RUN_TAG = "grpo.eval_run_id"
@@ -110,12 +111,6 @@ def promote(client: MlflowClient | None, name: str, version: str, metric: str, v
         c.set_model_version_tag(name, version, k, v)
     c.update_model_version(name, version, description=d.text())
     return d
-
-
-def promote_if_better(*args, **kwargs) -> tuple[bool, str]:
-    """promote's decision as (promoted, reason)."""
-    d = promote(*args, **kwargs)
-    return d.promoted, d.reason
 
 
 def champion_uri(name: str) -> str:

@@ -12,10 +12,11 @@ import time
 from mlflow.tracking import MlflowClient
 from transformers import TrainerCallback
 
+from grpo_core.eval.metric_names import flatten_metrics, sanitize_key
 from grpo_core.verify.rewards import scorer_error_counts
-from tasks.tracking.mlflow_client import flatten_metrics, get_client, sanitize_key, set_tags
+from grpo_core.workspace import workdir_of
+from tasks.tracking.mlflow_client import get_client, set_tags
 from tasks.tracking.spool import MetricSpool, unsent_dir
-from tasks.tracking.tracking_store import workdir_of
 from tasks.tracking.trainer_logging import RUN_SUMMARY, chart_copies, summary_tags
 
 

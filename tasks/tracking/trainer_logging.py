@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
+from grpo_core.workspace import workdir_of
 from tasks.tracking.mlflow_client import get_client
-from tasks.tracking.tracking_store import workdir_of
 
 
 def replay_unsent_metrics(workspace, client: MlflowClient | None = None) -> dict[str, int]:
