@@ -3,7 +3,7 @@ adapter that logs what grpo_core.eval decides. Its modules, bottom-up (each impo
 those before it): redaction, tracking_store (where the store is, whether it answers),
 mlflow_client (the process's client: params, tags, metrics, child runs), mlflow_model,
 spool (metric points MLflow's asynchronous logging could not send), artifacts, registry,
-trainer_logging, headline (views, UI links, descriptions), verdict_freshness, parent_run.
+trainer_logging (the callback's keys), headline (views, UI links, descriptions), verdict_freshness, parent_run.
 step_logger.StepLogger, the trainer callback, imports transformers: it is not re-exported.
 """
 from __future__ import annotations
@@ -48,11 +48,11 @@ from tasks.tracking.registry import (  # noqa: F401 - re-exported
     promote,
     register_model,
 )
+from tasks.tracking.spool import replay_unsent_metrics  # noqa: F401 - re-exported
 from tasks.tracking.tracking_store import (  # noqa: F401 - re-exported
     TrackingUnreachable,
     artifact_root,
     check_reachable,
     tracking_uri,
 )
-from tasks.tracking.trainer_logging import replay_unsent_metrics  # noqa: F401 - re-exported
 from tasks.tracking.verdict_freshness import comparison_verdict  # noqa: F401 - re-exported
