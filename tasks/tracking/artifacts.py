@@ -1,6 +1,5 @@
 """Run artifacts: text/JSON/files, plots, per-problem eval tables and the recipe
-comparison run. tasks.tracking re-exports every name here, so callers keep writing
-`tracking.log_json(...)`."""
+comparison run."""
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +45,7 @@ def log_file(run_id: str, local_path: str | os.PathLike, artifact_dir: str | Non
 
 
 def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = None) -> None:
-    """Give `dst_run` the artifacts of `src_run` (a stage served from the cache under a
-    new child run still shows its tables and plots there)."""
+    """Give `dst_run` the artifacts of `src_run` (a cached stage's tables and plots)."""
     c = get_client(client)
     with tempfile.TemporaryDirectory() as tmp:
         local = c.download_artifacts(src_run, "", tmp)
@@ -57,8 +55,7 @@ def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = Non
 
 def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind: str = "grpo",
                         client: MlflowClient | None = None) -> str:
-    """plots/<kind>_curves.png: the per-step panels of tasks.plots (GRPO: reward, reward
-    per function, accuracy, length, truncation, zero-variance groups first)."""
+    """plots/<kind>_curves.png: tasks.plots' per-step panels."""
     from tasks.plots import training_curves
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,9 +107,8 @@ def _log_table(c: MlflowClient, run_id: str, df, path: str) -> str:
 
 def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | os.PathLike | None,
                    parent_runs: Sequence[str]) -> str:
-    """The recipe comparison as its own run ("comparison", grpo.pipeline=comparison) in the
-    experiment: comparison.md, comparison.csv, the chart and an MLflow table; reused
-    when the same parent runs are compared again. Returns its run id."""
+    """The recipe comparison as its own run (grpo.pipeline=comparison; reused for the same
+    parent runs): comparison.md, .csv, the chart and an MLflow table. Returns its id."""
     import csv
     import hashlib
     import io
@@ -148,9 +144,8 @@ def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | o
 
 
 def _log_comparison_numbers(run_id: str, rows: list[dict], markdown: str, c: MlflowClient) -> None:
-    """The table on the run's page, not only in its artifacts: one metric per recipe x
-    benchmark x {base, final, delta} (with CI bounds), one readable param per row, and
-    the markdown table as the run's description (shown at the top of its page)."""
+    """The table on the run's page: metrics per recipe, benchmark and column (with CI
+    bounds), a param per row, its runs-table tags, the markdown as its description."""
     log_metrics(run_id, comparison_metrics(rows), client=c)
     # Params cannot change once logged; the run is reused only for the same parent runs,
     # whose numbers are the same, so a clash means nothing new to say.

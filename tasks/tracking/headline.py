@@ -43,8 +43,8 @@ CELL_PX, DELTA_PX = 210, 300  # runs-table widths of a headline cell, of the del
 
 
 def headline_columns(benchmarks: Iterable[str], metric: str) -> list[str]:
-    """The runs table's columns for the headline (MLflow ids "tags.`<name>`"): base,
-    final and paired delta per benchmark, each with its CI, then the run's size."""
+    """The runs table's headline columns: base, final and paired delta per benchmark (tags
+    with their CI), then the run's size."""
     cols = ["attributes.`Models`"]
     for bench in benchmarks:
         cols += [f"tags.`{headline_tag(bench, metric, name)}`" for name in HEADLINE]
@@ -59,8 +59,7 @@ def saved_view(state: Mapping[str, Any], name: str, created_ms: int | None = Non
 
 
 def read_view(value: str | None) -> tuple[dict, int | None]:
-    """(the view's state, when it was created) of a `mlflow.sharedViewState.*` tag, in
-    the saved-view envelope or bare (as earlier versions of this pipeline wrote it)."""
+    """(state, createdAt) of a view tag, in the saved-view envelope or bare (older runs)."""
     try:
         found = json.loads(value) if value else {}
         if isinstance(found.get("state"), str):
@@ -72,9 +71,8 @@ def read_view(value: str | None) -> tuple[dict, int | None]:
 
 def set_experiment_view(client: MlflowClient, exp_id: str, benchmarks: Iterable[str],
                         metric: str) -> str:
-    """Tag the experiment as model development and save the headline runs-table view
-    (columns of earlier configs' benchmarks are kept: one experiment, one table).
-    Returns the view key for `ui_links`."""
+    """Tag the experiment as model development and save the headline runs-table view,
+    keeping earlier configs' benchmark columns; returns the view key for `ui_links`."""
     client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT)
     tag = VIEW_TAG_PREFIX + VIEW_KEY
     old, created = read_view(client.get_experiment(exp_id).tags.get(tag))
@@ -96,9 +94,8 @@ def set_experiment_view(client: MlflowClient, exp_id: str, benchmarks: Iterable[
 
 
 def ui_base(tracking_uri: str) -> str:
-    """Where the MLflow UI of `tracking_uri` is: the server itself for http(s) stores
-    (credentials stripped), else $GRPO_MLFLOW_UI_URL (the `mlflow ui` serving the local
-    store), else `mlflow ui`'s default local address."""
+    """The MLflow UI of `tracking_uri`: an http(s) server itself (credentials stripped),
+    else $GRPO_MLFLOW_UI_URL, else `mlflow ui`'s default address."""
     if tracking_uri.startswith(("http://", "https://")):
         return strip_userinfo(tracking_uri).rstrip("/")
     return os.environ.get("GRPO_MLFLOW_UI_URL") or DEFAULT_UI
@@ -132,12 +129,9 @@ VERDICT_TAG = "grpo.verdict"
 def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequence[str],
                         prefect_run: Mapping[str, str | None] | None = None,
                         client: MlflowClient | None = None, rows: Sequence[Mapping] = ()) -> None:
-    """The answer where a newcomer lands: the comparison run's description (shown at the
-    top of its page) and the experiment's (`mlflow.note.content`, its landing text) start
-    with the verdict sentence (the run's, then each recipe's final in a line: `rows`, the
-    comparison table), then link the comparison run, the parent runs, the saved
-    headline view and the Prefect flow run. Links are relative to the UI's address (the
-    same whichever host or port serves it)."""
+    """The comparison run's and the experiment's descriptions: the verdict first, then
+    links (relative to the UI's address) to the comparison run, the parent runs, the
+    headline view and the Prefect flow run; `rows`: the comparison table."""
     c = get_client(client)
     run = c.get_run(run_id)
     exp_id = run.info.experiment_id
@@ -160,11 +154,9 @@ def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequ
 
 def compare_table(uri: str | None, experiment: str, metric: str | None = None,
                   latest_only: bool = True) -> list[dict]:
-    """Rows (COMPARE_COLUMNS) from the FINISHED parent runs of `experiment`: per recipe (the
-    newest parent when latest_only) and benchmark, the metric on eval/base and eval/final
-    with CIs, and the paired delta with its CI when the pipeline logged one (else the
-    difference of the means, without a CI). `metric` defaults to each parent's
-    eval.primary_metric param."""
+    """COMPARE_COLUMNS rows from the FINISHED parent runs of `experiment` (the newest per
+    recipe when latest_only): per benchmark, eval/base and eval/final with CIs and the
+    paired delta; `metric` defaults to each parent's eval.primary_metric."""
     c = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else get_client()
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
