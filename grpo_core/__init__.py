@@ -2,8 +2,8 @@
 
 Modules are layered by concern; imports point one way, down the layers:
 
-- top modules (config, progress, workspace, prompts, versions, driver): the base any layer
-  may import. config is a package (its sections in modules); the others are modules. They
+- top modules (config, progress, workspace, prompts, versions, driver, redaction): the base
+  any layer may import. config is a package (its sections in modules); the others are modules. They
   import no layer. Exception, by design: config's validators import three modules late (inside
   the validator, not at import time): `data.benchmarks` (is_eval_split), `verify.rewards`
   (REWARDS) and `eval.metric_names` (the metric grammar), to refuse bad configs by name.
@@ -24,7 +24,7 @@ Importing this package is cheap: it imports nothing."""
 LAYERS = ("verify", "data", "modeling", "generation", "eval", "train")
 """Subpackages, lowest first: each may import the top modules and the ones before it."""
 
-TOP_MODULES = ("config", "progress", "workspace", "prompts", "versions", "driver")
+TOP_MODULES = ("config", "progress", "workspace", "prompts", "versions", "driver", "redaction")
 """The base modules at the top of grpo_core (no layer imports, see CONFIG_LATE_IMPORTS);
 config is a package, the one top module that is."""
 

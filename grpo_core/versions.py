@@ -14,9 +14,12 @@ TRL nor torch (`grpo --help` stays fast), nor Prefect or MLflow.
   extra, read from TRL's metadata; TRL 1.16: 0.22.0 to 0.31.0).
 - on a machine with an NVIDIA GPU, its driver against the one the CUDA build of torch needs
   (grpo_core/driver.py, the table infra/setup.sh checks too).
+- `environment_snapshot`: the versions and env vars a pipeline run records (MLflow's
+  config/environment.json).
 """
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Callable
@@ -320,3 +323,21 @@ def doctor_lines(gpu: bool | None = None, lookup: Lookup | None = None,
         out.append(("FAIL", problem) if problem else
                    ("ok", f"{build} in the range TRL {lookup('trl')} supports"))
     return out
+
+
+ENV_PREFIXES = ("GRPO_", "MLFLOW_", "HF_", "HUGGING", "TRANSFORMERS_", "PREFECT_", "CUDA_",
+                "TORCH", "VLLM_", "OMP_", "ACCELERATE_", "TOKENIZERS_")
+RECORDED = ("torch", "transformers", "trl", "accelerate", "datasets", "mlflow", "prefect",
+            "duckdb", "math-verify", "vllm")
+
+
+def environment_snapshot() -> dict:
+    """Python, platform, the installed versions of RECORDED and the env vars that change
+    behaviour (ENV_PREFIXES), as a run records them; secrets are the caller's to redact."""
+    import platform
+    import sys
+
+    versions = {p: v for p in RECORDED if (v := installed_version(p)) is not None}
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    return {"python": sys.version.split()[0], "platform": platform.platform(),
+            "packages": versions, "env": env}

@@ -1,8 +1,11 @@
 """Where local state lives: one folder (default ./.grpo) for the DuckDB store, MLflow,
 checkpoints and cached built-in models. Resolution order: explicit argument, then
-$GRPO_WORKDIR, then ./.grpo. Nothing is created until a stage asks for a path."""
+$GRPO_WORKDIR, then ./.grpo. Nothing is created until a stage asks for a path. Also the
+small JSON state files kept there (read_state, write_state: runs/<config hash>.json, a
+downloaded champion's marker)."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,3 +55,28 @@ class Workspace:
     @property
     def models(self) -> Path:
         return self.root / "models"
+
+
+def workdir_of(workspace: Workspace | str | os.PathLike | None, cfg=None) -> Path:
+    """The workdir folder of `workspace` (a Workspace or a path), else of the config."""
+    if isinstance(workspace, Workspace):
+        return workspace.root
+    if workspace is not None:
+        return Path(workspace).expanduser().resolve()
+    return Workspace.at(cfg.project.workdir if cfg is not None else None).root
+
+
+def read_state(path: Path) -> dict:
+    """A JSON state file, {} when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(path: Path, state: dict) -> None:
+    """Write a JSON state file atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    os.replace(tmp, path)

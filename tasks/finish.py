@@ -9,11 +9,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_core.eval.comparison import final_vs_base, stage_attribution
-from grpo_core.workspace import Workspace
+from grpo_core.workspace import Workspace, workdir_of
 from tasks import tracking
 from tasks.eval_records import pipeline_records
 from tasks.tracking.registry import EVAL_RUN_TAG
-from tasks.tracking.tracking_store import workdir_of
 
 
 def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Mapping[str, Any],

@@ -282,7 +282,7 @@ def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_pa
     # server being stopped).
     from mlflow import MlflowClient
 
-    from tasks.tracking.headline import comparison_verdict
+    from tasks.tracking.verdict_freshness import comparison_verdict
 
     db = f"sqlite:///{tmp_path}/mlflow/mlflow.db"
     client = MlflowClient(db, db)

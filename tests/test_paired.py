@@ -19,13 +19,15 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data.records import write_eval
 from grpo_core.data.store import Store
 from grpo_core.eval.comparison import COMPARE_COLUMNS
+from grpo_core.eval.metric_names import eval_metrics
 from grpo_core.eval.metrics import summarise
+from grpo_core.eval.promotion import PAIRED_RULE
 from grpo_core.modeling.loading import model_fingerprint
 from grpo_core.workspace import Workspace
 from tasks import eval_records as comparison
 from tasks import tracking as T
 from tasks.finish import finish_pipeline
-from tasks.tracking.registry import EVAL_RUN_TAG, PAIRED_RULE
+from tasks.tracking.registry import EVAL_RUN_TAG
 
 K = 20  # samples per problem: avg@20 moves in steps of 0.05
 METRIC = f"avg@{K}"
@@ -88,7 +90,7 @@ def _pipeline(cfg: PipelineConfig, wd: Path, model: Path, final: dict, base: dic
     parent = T.start_parent_run(cfg, cfg.hash(), cfg.project.recipe, "abc1234", "flow", wd)
     for label, res in (("eval/base", base), ("eval/final", final)):
         if res is not None:
-            T.log_metrics(T.child_run(parent, label), T.eval_metrics(res["benchmarks"]))
+            T.log_metrics(T.child_run(parent, label), eval_metrics(res["benchmarks"]))
     return finish_pipeline(parent, cfg, model, final, [], wd,
                              base=base["benchmarks"] if base else {})
 
@@ -277,7 +279,7 @@ def _stage_pipeline(wd: Path, recipe: str, stages: list[tuple[str, list[int]]]) 
     parent = T.start_parent_run(cfg, cfg.hash(), recipe, "abc1234", "flow", wd)
     final, model = evaluated[-1][1], evaluated[-1][2]
     for label, res, _ in (evaluated[0], evaluated[-1]):
-        T.log_metrics(T.child_run(parent, label), T.eval_metrics(res))
+        T.log_metrics(T.child_run(parent, label), eval_metrics(res))
     report = finish_pipeline(parent, cfg, model, {"benchmarks": final}, [], wd,
                                base=evaluated[0][1], stages=evaluated)
     return {"parent_run": parent, "final": final, "base": evaluated[0][1], "model_dir": model,

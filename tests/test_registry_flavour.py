@@ -75,8 +75,8 @@ def test_registered_version_is_a_transformers_model(store, proxy_dir, monkeypatc
     assert len(c.get_run(p1).outputs.model_outputs) == 1
     assert len(c.search_model_versions(f"name = '{NAME}'")) == 1
 
-    ok, _ = T.promote_if_better(c, NAME, "1", "greedy_accuracy", 0.5, 0.4, ci_hi=0.6)
-    assert ok and str(c.get_model_version_by_alias(NAME, "champion").version) == "1"
+    d = T.promote(c, NAME, "1", "greedy_accuracy", 0.5, 0.4, ci_hi=0.6)
+    assert d.promoted and str(c.get_model_version_by_alias(NAME, "champion").version) == "1"
 
     # download_champion: a from_pretrained folder (weights + tokenizer), bf16 as stored.
     folder = T.download_champion(NAME, wd / "champ")

@@ -6,7 +6,7 @@ While the pipeline holds the store's lock, a retrain waits `data.store_lock_time
 stops with the store-locked error before it downloads the champion or starts an MLflow
 run. Once the store is free a retrain runs to the end: its MLflow run records the decision
 (report/retrain_decision.json) and the registry follows it, by the paired rule of
-tasks/tracking/registry.py promote_if_better (the challenger wins only when the 95% CI of its
+tasks/tracking/registry.py promote (the challenger wins only when the 95% CI of its
 per-problem difference to the champion, on the same problems, lies above 0). The slow
 variant shards the retrain's filter and evaluations."""
 import json

@@ -21,6 +21,8 @@ from mlflow_server import MlflowServer
 
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.comparison import COMPARE_COLUMNS
+from grpo_core.eval.metric_names import eval_metrics, sanitize_key
+from grpo_core.redaction import is_secret_name, redact
 from tasks import tracking as T
 from tasks.finish import finish_pipeline
 from tasks.tracking.step_logger import StepLogger
@@ -66,11 +68,11 @@ def test_is_secret_name_word_wise():
     for name in ["HF_TOKEN", "hub_token", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY",
                  "api_key", "apiKey", "OPENAI_API_KEY", "hftoken", "db_passwd", "client_secret",
                  "ssh_keys", "credentials"]:
-        assert T.is_secret_name(name), name
+        assert is_secret_name(name), name
     # The config's own fields that merely contain the letters.
     for name in ["max_tokens", "min_tokens", "max_new_tokens", "keywords", "reasoning_keywords",
                  "num_tokens", "beta", "tokenizer"]:
-        assert not T.is_secret_name(name), name
+        assert not is_secret_name(name), name
 
 
 def test_redact_nested_and_urls():
@@ -78,7 +80,7 @@ def test_redact_nested_and_urls():
             "list": [{"password": SECRET}, "x"],
             "uri": f"https://bob:{SECRET}@host:5000/x", "plain": "https://host/x",
             "length": {"min_tokens": 200}}
-    out = T.redact(tree)
+    out = redact(tree)
     assert SECRET not in json.dumps(out)
     assert out["a"]["hub_token"] == "***" and out["list"][0]["password"] == "***"
     assert out["a"]["max_tokens"] == 800 and out["length"]["min_tokens"] == 200
@@ -97,12 +99,12 @@ def test_flatten_config_params():
 
 
 def test_sanitize_key():
-    assert T.sanitize_key("pass@4") == "pass_at_4"
-    assert T.sanitize_key("rewards/accuracy(x)/mean") == "rewards/accuracy_x_/mean"
-    assert T.sanitize_key("a//b/./c/") == "a/b/c"
-    assert T.sanitize_key("/lead") == "lead"
-    assert T.sanitize_key("ok-name.1 x") == "ok-name.1 x"
-    assert T.sanitize_key("a:b") == "a_b"
+    assert sanitize_key("pass@4") == "pass_at_4"
+    assert sanitize_key("rewards/accuracy(x)/mean") == "rewards/accuracy_x_/mean"
+    assert sanitize_key("a//b/./c/") == "a/b/c"
+    assert sanitize_key("/lead") == "lead"
+    assert sanitize_key("ok-name.1 x") == "ok-name.1 x"
+    assert sanitize_key("a:b") == "a_b"
 
 
 def test_tracking_uri_resolution(tmp_path, monkeypatch):
@@ -205,7 +207,7 @@ def test_no_secret_reaches_params_tags_or_artifacts(store, monkeypatch):
                                             "nested": {"secret": SECRET, "max_tokens": 7}})
     child = T.child_run(parent, "sft")
     T.set_tags(child, {"api_key": SECRET, "note": "fine"})
-    T.log_json(child, T.redact({"token": SECRET}), "data/x.json")
+    T.log_json(child, redact({"token": SECRET}), "data/x.json")
     client = T.get_client()
     for rid in (parent, child):
         run = client.get_run(rid)
@@ -243,7 +245,7 @@ def test_metrics_sanitised_skipped_and_batched(store):
 
 
 def test_eval_metrics_flatten_for_compare():
-    flat = T.eval_metrics({"gsm8k": {"metrics": {"greedy_accuracy": {"mean": 0.5, "lo": 0.4,
+    flat = eval_metrics({"gsm8k": {"metrics": {"greedy_accuracy": {"mean": 0.5, "lo": 0.4,
                                                                      "hi": 0.6, "n": 10},
                                                  "pass@4": {"mean": 0.7, "lo": 0.6, "hi": 0.8},
                                                  "ks": [1, 2, 4], "k": 4},
@@ -305,9 +307,9 @@ def test_register_and_promote_champion(store):
     v1 = T.register_model(p1, _fake_model(wd / "m1", "one"), name)
     assert v1 == "1"
     assert str(c.get_model_version_by_alias(name, "challenger").version) == "1"
-    ok, why = T.promote_if_better(c, name, v1, "greedy_accuracy", 0.50, 0.40, ci_hi=0.60,
-                                  protocol_hash="P")
-    assert ok and "no champion" in why
+    d = T.promote(c, name, v1, "greedy_accuracy", 0.50, 0.40, ci_hi=0.60,
+                  protocol_hash="P")
+    assert d.promoted and "no champion" in d.reason
     assert str(c.get_model_version_by_alias(name, "champion").version) == "1"
     tags = c.get_model_version(name, "1").tags
     assert tags["grpo.greedy_accuracy"] == "0.5" and tags["grpo.greedy_accuracy.ci_hi"] == "0.6"
@@ -319,9 +321,9 @@ def test_register_and_promote_champion(store):
     p2 = _parent(cfg, wd)
     v2 = T.register_model(p2, _fake_model(wd / "m2", "two"), name)
     # Better than the champion's mean but inside its CI: not a win.
-    ok, why = T.promote_if_better(c, name, v2, "greedy_accuracy", 0.55, 0.45, ci_hi=0.65,
-                                  protocol_hash="P")
-    assert not ok and "upper CI 0.600 " in why  # three decimals, as every number shown
+    d = T.promote(c, name, v2, "greedy_accuracy", 0.55, 0.45, ci_hi=0.65,
+                  protocol_hash="P")
+    assert not d.promoted and "upper CI 0.600 " in d.reason  # three decimals, as every number shown
     assert str(c.get_model_version_by_alias(name, "champion").version) == "1"
     assert str(c.get_model_version_by_alias(name, "challenger").version) == v2
     assert c.get_model_version(name, v2).tags["grpo.decision"] == "rejected"
@@ -330,19 +332,19 @@ def test_register_and_promote_champion(store):
     p3 = _parent(cfg, wd)
     v3 = T.register_model(p3, _fake_model(wd / "m3", "three"), name)
     # Clearly better but measured under another eval protocol: not compared.
-    ok, why = T.promote_if_better(c, name, v3, "greedy_accuracy", 0.9, 0.85, ci_hi=0.95,
-                                  protocol_hash="Q")
-    assert not ok and "protocol" in why
+    d = T.promote(c, name, v3, "greedy_accuracy", 0.9, 0.85, ci_hi=0.95,
+                  protocol_hash="Q")
+    assert not d.promoted and "protocol" in d.reason
     # The same, measured under the same protocol: promoted.
-    ok, why = T.promote_if_better(c, name, v3, "greedy_accuracy", 0.9, 0.85, ci_hi=0.95,
-                                  protocol_hash="P")
-    assert ok and "> champion v1" in why
+    d = T.promote(c, name, v3, "greedy_accuracy", 0.9, 0.85, ci_hi=0.95,
+                  protocol_hash="P")
+    assert d.promoted and "> champion v1" in d.reason
     assert str(c.get_model_version_by_alias(name, "champion").version) == v3
     # Numbers supplied by the caller (champion re-evaluated) win over stored tags.
-    ok, _ = T.promote_if_better(c, name, v2, "greedy_accuracy", 0.55, 0.45, ci_hi=0.65,
-                                champion_metrics={"greedy_accuracy": {"mean": 0.3, "lo": 0.2,
-                                                                      "hi": 0.4}})
-    assert ok and str(c.get_model_version_by_alias(name, "champion").version) == v2
+    d = T.promote(c, name, v2, "greedy_accuracy", 0.55, 0.45, ci_hi=0.65,
+                  champion_metrics={"greedy_accuracy": {"mean": 0.3, "lo": 0.2,
+                                                        "hi": 0.4}})
+    assert d.promoted and str(c.get_model_version_by_alias(name, "champion").version) == v2
 
     assert T.champion_uri(name) == f"models:/{name}@champion"
     folder = T.download_champion(name, wd / "champ")
@@ -361,7 +363,7 @@ def test_finish_pipeline_and_compare_table(store):
         parent = _parent(cfg, wd)
         for label, acc in (("eval/base", base), ("eval/final", final)):
             run = T.child_run(parent, label)
-            T.log_metrics(run, T.eval_metrics({"synthetic": {"metrics": {
+            T.log_metrics(run, eval_metrics({"synthetic": {"metrics": {
                 "greedy_accuracy": {"mean": acc, "lo": acc - 0.1, "hi": acc + 0.1, "n": 50}}}}))
         final_res = {"benchmarks": {"synthetic": {"protocol_hash": "P", "metrics": {
             "greedy_accuracy": {"mean": final, "lo": final - 0.1, "hi": final + 0.1}}}}}
@@ -565,8 +567,8 @@ def test_over_http_against_mlflow_server(tmp_path, template_db, monkeypatch):
         assert png.read_bytes()[:8] == PNG_MAGIC
         name = "http-r1_zero"
         v = T.register_model(parent, _fake_model(tmp_path / "m", "http"), name)
-        ok, _ = T.promote_if_better(c, name, v, "greedy_accuracy", 0.5, 0.4, ci_hi=0.6)
-        assert ok and str(c.get_model_version_by_alias(name, "champion").version) == v
+        d = T.promote(c, name, v, "greedy_accuracy", 0.5, 0.4, ci_hi=0.6)
+        assert d.promoted and str(c.get_model_version_by_alias(name, "champion").version) == v
         folder = T.download_champion(name, tmp_path / "champ")
         assert json.loads((folder / "config.json").read_text())["tag"] == "http"
         assert not (tmp_path / "mlruns").exists()

@@ -8,7 +8,7 @@ from mlflow import MlflowClient
 
 from grpo_core.eval.freshness import computed_with, stale, stale_line
 from tasks.tracking import verdict_freshness
-from tasks.tracking.headline import comparison_verdict
+from tasks.tracking.verdict_freshness import comparison_verdict
 
 RECORDED = {"p-r1_zero": {"version": "2", "champion": "1"}, "p-sft_grpo": {"version": "1", "champion": "1"}}
 

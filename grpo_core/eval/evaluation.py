@@ -178,6 +178,33 @@ def flexible_view(record: dict) -> dict:
                          if f"{f}_flexible" in record}}
 
 
+def _cut(text: Any, n: int) -> Any:
+    if isinstance(text, str) and len(text) > n:
+        return text[:n] + f"... [{len(text) - n} more chars]"
+    return text
+
+
+def eval_table_rows(records: list[dict], max_chars: int = 2000) -> list[dict]:
+    """The records as a table to read (tasks.tracking logs it): id, level, gold, greedy
+    answer/completion/correct, and the samples' answers, correctness and completions
+    (lists as JSON text; completions cut to max_chars, a sample's to a quarter of it)."""
+    rows = []
+    for r in records:
+        correct = r.get("sample_correct") or []
+        rows.append({
+            "problem_id": r.get("problem_id"), "source": r.get("source"), "level": r.get("level"),
+            "subject": r.get("subject"), "gold": r.get("gold"),
+            "greedy_answer": r.get("greedy_answer"), "correct": r.get("greedy_correct"),
+            "greedy_completion": _cut(r.get("greedy_completion"), max_chars),
+            "sample_accuracy": (sum(map(bool, correct)) / len(correct)) if correct else None,
+            "sample_answers": json.dumps(r.get("sample_answers") or []),
+            "sample_correct": json.dumps([bool(x) for x in correct]),
+            "sample_completions": json.dumps([_cut(t, max_chars // 4)
+                                              for t in r.get("sample_completions") or []]),
+        })
+    return rows
+
+
 def _format_adherence(records: list[dict], ci_kw: dict) -> dict | None:
     """Share of well-formatted completions: greedy ones when there are, else samples."""
     flags = [float(r["greedy_well_formatted"]) for r in records

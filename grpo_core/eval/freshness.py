@@ -50,3 +50,15 @@ def stale_line(found: Mapping[str, tuple[str, str]]) -> str:
     moved = "; ".join(f"{name}'s champion is now v{now}, newer than the v{was} this verdict "
                       f"was computed with" for name, (was, now) in found.items())
     return f"STALE: {moved}. Run the comparison again (`grpo run`) for a current verdict."
+
+
+def under_verdict(note: str, line: str) -> str:
+    """A description `note` with `line` as its second line (under the verdict's first)."""
+    head, _, rest = note.partition("\n")
+    return f"{head}\n{line}\n{rest}" if note else line
+
+
+def with_stale_line(note: str, line: str) -> str:
+    """`note` with its leading STALE paragraph replaced by `line` (removed when "")."""
+    body = note.split("\n\n", 1)[1] if note.startswith("STALE: ") and "\n\n" in note else note
+    return f"{line}\n\n{body}" if line else body

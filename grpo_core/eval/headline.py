@@ -7,9 +7,11 @@ stage results, paired deltas and comparison rows (tasks/tracking logs what they 
 - `headline_tags`: the same as text tags whose names say the metric, each value with its
   CI and rounded to it ("synthetic avg_at_8 final" = "0.121 [0.089, 0.153]"): MLflow's
   runs table shows tags as columns. `comparison_tags` fills the comparison run's row.
-- `parent_description`, `comparison_description`: the run descriptions. MLflow's UI shows
-  a description's first ~150 px and folds the rest behind "Show more": the answer comes
-  first, in short lines, the tables after it.
+- `final_headline`, `result_line`: the parent's copy of the final evaluation, its result
+  in one line.
+- `parent_description`, `comparison_description`, `landing_text`: the descriptions.
+  MLflow's UI shows a description's first ~150 px and folds the rest behind "Show more":
+  the answer comes first, in short lines, the tables after it.
 
 Every number is printed with three decimals (ci_text), or rounded to its CI (ci_phrase).
 """
@@ -20,7 +22,15 @@ from typing import Any
 
 from grpo_core.eval.attribution import ci_phrase, phases_phrase
 from grpo_core.eval.comparison import cell_number, ci_text, row_cell
-from grpo_core.eval.metric_names import HEADLINE, ci_cells, sanitize_key, shown
+from grpo_core.eval.metric_names import (
+    FINAL_PREFIX,
+    HEADLINE,
+    ci_block_keys,
+    ci_cells,
+    eval_metrics,
+    sanitize_key,
+    shown,
+)
 
 
 def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, Any],
@@ -150,3 +160,38 @@ def comparison_description(said: str, rows: Iterable[Mapping], markdown: str, li
     then the table and the links to the parent runs."""
     lines = [f"**{said}**" if said else "", *(f"- {x}" for x in comparison_lines(rows))]
     return "\n".join([*filter(None, lines), "", markdown, "", links])
+
+
+def final_headline(benchmarks: Mapping[str, Any], primary: str) -> dict[str, float]:
+    """The parent run's copy of the final evaluation: the primary metric's block per
+    benchmark (final/<bench>/<metric>, _ci_lo, _ci_hi, _n). Every other metric stays on
+    the eval/final run: a parent holding all of them buries the headline in its list."""
+    keep = {FINAL_PREFIX + k for b in benchmarks
+            for k in ci_block_keys(f"{sanitize_key(str(b))}/{sanitize_key(primary)}").values()}
+    return {FINAL_PREFIX + k: shown(v) for k, v in eval_metrics(benchmarks).items()
+            if FINAL_PREFIX + k in keep}
+
+
+def result_line(bench: str | None, metric: str, block: Mapping[str, Any],
+                registered: tuple[str, str, bool, str] | None = None) -> str:
+    """A pipeline's result in one line, "synthetic avg_at_8 0.121 [0.089, 0.153]; m v2
+    champion (reason)"; `block`: the primary metric's {"mean", "lo", "hi"} on the first
+    benchmark; `registered`: (model, version, promoted, reason)."""
+    said = (f"{bench} {metric} {ci_text(block['mean'], block.get('lo'), block.get('hi'))}"
+            if block.get("mean") is not None else f"{bench} {metric}: n/a")
+    if registered:
+        name, version, promoted, reason = registered
+        said += f"; {name} v{version} {'champion' if promoted else 'challenger'} ({reason})"
+    return said
+
+
+def landing_text(said: str, comparison: str, parents: str, table: str, view: str,
+                 prefect: str = "") -> str:
+    """The experiment's description after a comparison: plain text first (MLflow's
+    experiment list shows its start unrendered), then the links (markdown)."""
+    return "\n".join([f"Verdict: {said}" if said else "Recipe comparison", "",
+                      f"- [comparison run]({comparison}): the table, stage by stage, and the chart",
+                      f"- parent runs: {parents}",
+                      f"- [headline runs table]({table}) (base, final and paired delta per recipe; "
+                      f"also the runs table's Views menu: \"{view}\")",
+                      *([f"- {prefect}"] if prefect else [])])

@@ -1,6 +1,5 @@
 """Run artifacts: text/JSON/files, plots, per-problem eval tables and the recipe
-comparison run. tasks.tracking re-exports every name here, so callers keep writing
-`tracking.log_json(...)`."""
+comparison run."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.comparison import comparison_metrics, comparison_params
 from grpo_core.eval.headline import comparison_tags
+from grpo_core.workspace import workdir_of
 from tasks.tracking.mlflow_client import (
     connect,
     experiment_id,
@@ -24,13 +24,7 @@ from tasks.tracking.mlflow_client import (
     log_params,
     set_tags,
 )
-from tasks.tracking.tracking_store import (
-    artifact_root,
-    experiment_name,
-    slug,
-    tracking_uri,
-    workdir_of,
-)
+from tasks.tracking.tracking_store import artifact_root, experiment_name, slug, tracking_uri
 
 
 def log_text(run_id: str, text: str, path: str, client: MlflowClient | None = None) -> str:
@@ -51,8 +45,7 @@ def log_file(run_id: str, local_path: str | os.PathLike, artifact_dir: str | Non
 
 
 def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = None) -> None:
-    """Give `dst_run` the artifacts of `src_run` (a stage served from the cache under a
-    new child run still shows its tables and plots there)."""
+    """Give `dst_run` the artifacts of `src_run` (a cached stage's tables and plots)."""
     c = get_client(client)
     with tempfile.TemporaryDirectory() as tmp:
         local = c.download_artifacts(src_run, "", tmp)
@@ -62,8 +55,7 @@ def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = Non
 
 def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind: str = "grpo",
                         client: MlflowClient | None = None) -> str:
-    """plots/<kind>_curves.png: the per-step panels of tasks.plots (GRPO: reward, reward
-    per function, accuracy, length, truncation, zero-variance groups first)."""
+    """plots/<kind>_curves.png: tasks.plots' per-step panels."""
     from tasks.plots import training_curves
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,61 +75,40 @@ def log_passrate_histogram(run_id: str, pass_rates: Sequence[float], band: Seque
         return log_file(run_id, png, "plots", client)
 
 
-def _cut(text: Any, n: int) -> Any:
-    if isinstance(text, str) and len(text) > n:
-        return text[:n] + f"... [{len(text) - n} more chars]"
-    return text
-
-
-def eval_table_rows(per_problem: Sequence[Mapping[str, Any]], max_chars: int = 2000) -> list[dict]:
-    """One row per problem: id, level, gold, greedy answer/completion/correct, and the
-    samples' answers, correctness and completions (lists as JSON text)."""
-    rows = []
-    for r in per_problem:
-        correct = r.get("sample_correct") or []
-        rows.append({
-            "problem_id": r.get("problem_id"), "source": r.get("source"), "level": r.get("level"),
-            "subject": r.get("subject"), "gold": r.get("gold"),
-            "greedy_answer": r.get("greedy_answer"), "correct": r.get("greedy_correct"),
-            "greedy_completion": _cut(r.get("greedy_completion"), max_chars),
-            "sample_accuracy": (sum(map(bool, correct)) / len(correct)) if correct else None,
-            "sample_answers": json.dumps(r.get("sample_answers") or []),
-            "sample_correct": json.dumps([bool(x) for x in correct]),
-            "sample_completions": json.dumps([_cut(t, max_chars // 4)
-                                              for t in r.get("sample_completions") or []]),
-        })
-    return rows
-
-
 def log_eval_table(run_id: str, per_problem: Sequence[Mapping[str, Any]], name: str,
                    max_rows: int | None = None, client: MlflowClient | None = None) -> str:
-    """Per-problem eval results as an MLflow table (artifact `name` if it ends in .json,
-    else tables/<name>.json). Logging the same table again replaces it: MlflowClient.
-    log_table alone would append the rows to the existing file."""
+    """Per-problem eval results (grpo_core.eval.evaluation.eval_table_rows) as an MLflow
+    table: artifact `name` if it ends in .json, else tables/<name>.json."""
     import pandas as pd
 
-    c = get_client(client)
+    from grpo_core.eval.evaluation import eval_table_rows  # imports duckdb
+
     path = name if name.endswith((".json", ".parquet")) else f"tables/{name}.json"
-    df = pd.DataFrame(eval_table_rows(per_problem[:max_rows] if max_rows else per_problem))
+    rows = eval_table_rows(list(per_problem[:max_rows] if max_rows else per_problem))
+    return _log_table(get_client(client), run_id, pd.DataFrame(rows), path)
+
+
+def _log_table(c: MlflowClient, run_id: str, df, path: str) -> str:
+    """MlflowClient.log_table, except that logging a table again replaces it (log_table
+    alone appends the rows to the existing file)."""
     folder = os.path.dirname(path) or None
-    if path in {f.path for f in c.list_artifacts(run_id, folder)}:
-        with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / os.path.basename(path)
-            if path.endswith(".json"):
-                df.to_json(local, orient="split", index=False, date_format="iso")
-            else:
-                df.to_parquet(local, index=False)
-            c.log_artifact(run_id, str(local), folder)
-    else:
+    if path not in {f.path for f in c.list_artifacts(run_id, folder)}:
         c.log_table(run_id, df, path)
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / os.path.basename(path)
+        if path.endswith(".json"):
+            df.to_json(local, orient="split", index=False, date_format="iso")
+        else:
+            df.to_parquet(local, index=False)
+        c.log_artifact(run_id, str(local), folder)
     return path
 
 
 def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | os.PathLike | None,
                    parent_runs: Sequence[str]) -> str:
-    """The recipe comparison as its own run ("comparison", grpo.pipeline=comparison) in the
-    experiment: comparison.md, comparison.csv, the chart and an MLflow table; reused
-    when the same parent runs are compared again. Returns its run id."""
+    """The recipe comparison as its own run (grpo.pipeline=comparison; reused for the same
+    parent runs): comparison.md, .csv, the chart and an MLflow table. Returns its id."""
     import csv
     import hashlib
     import io
@@ -163,13 +134,7 @@ def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | o
     if rows:
         import pandas as pd
 
-        with tempfile.TemporaryDirectory() as tmp:  # replace, never append (see log_eval_table)
-            local = Path(tmp) / "comparison_table.json"
-            pd.DataFrame(rows).to_json(local, orient="split", index=False)
-            if "comparison/comparison_table.json" in {f.path for f in c.list_artifacts(run_id, "comparison")}:
-                c.log_artifact(run_id, str(local), "comparison")
-            else:
-                c.log_table(run_id, pd.DataFrame(rows), "comparison/comparison_table.json")
+        _log_table(c, run_id, pd.DataFrame(rows), "comparison/comparison_table.json")
     _log_comparison_numbers(run_id, rows, markdown, c)
     for p in parent_runs:
         with contextlib.suppress(MlflowException):
@@ -179,9 +144,8 @@ def log_comparison(cfg, workspace, markdown: str, table_csv: str, chart: str | o
 
 
 def _log_comparison_numbers(run_id: str, rows: list[dict], markdown: str, c: MlflowClient) -> None:
-    """The table on the run's page, not only in its artifacts: one metric per recipe x
-    benchmark x {base, final, delta} (with CI bounds), one readable param per row, and
-    the markdown table as the run's description (shown at the top of its page)."""
+    """The table on the run's page: metrics per recipe, benchmark and column (with CI
+    bounds), a param per row, its runs-table tags, the markdown as its description."""
     log_metrics(run_id, comparison_metrics(rows), client=c)
     # Params cannot change once logged; the run is reused only for the same parent runs,
     # whose numbers are the same, so a clash means nothing new to say.

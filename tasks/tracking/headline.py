@@ -1,17 +1,13 @@
 """The experiment's views in MLflow's UI: the headline runs-table view, UI links, the
 comparison run's and the experiment's descriptions, and the comparison table read back
-(the numbers and texts are grpo_core.eval.headline's).
+(`grpo compare`); the numbers and texts are grpo_core.eval.headline's.
 
-- `set_experiment_view`: the experiment is tagged as model development (MLflow's
-  `mlflow.experimentKind`) and given a saved runs-table view whose columns are the
-  headline tags, first. MLflow 3.17 keeps a runs-table view as the experiment tag
-  `mlflow.sharedViewState.<id>`; a value in its saved-view envelope ({"name",
-  "createdAt", "updatedAt", "state": the view as a JSON string}) is listed under the
-  runs table's "Views" menu by its name, and opens through `?viewStateShareKey=<id>`.
-  Links ask for MLflow's model-training mode (`?workflowType=machine_learning`: MLflow
-  3.17 ignores the kind tag and opens every experiment in its GenAI view).
-- `ui_links`: the UI addresses of the runs table, a run and a model version.
-- `compare_table`: the recipes' rows from the finished parent runs (`grpo compare`).
+MLflow 3.17 keeps a runs-table view as the experiment tag `mlflow.sharedViewState.<id>`; a
+value in its saved-view envelope ({"name", "createdAt", "updatedAt", "state": the view as
+a JSON string}) is listed under the runs table's "Views" menu by its name, and opens
+through `?viewStateShareKey=<id>`. Links ask for MLflow's model-training mode
+(`?workflowType=machine_learning`): MLflow 3.17 ignores the experiment's kind tag and
+opens every experiment in its GenAI view (checked in Chromium: bench/mlflow_ui_check.py).
 """
 from __future__ import annotations
 
@@ -25,7 +21,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.comparison import table_row
-from grpo_core.eval.headline import comparison_description, headline_tag  # noqa: F401 - re-exported
+from grpo_core.eval.headline import comparison_description, headline_tag, landing_text
 from grpo_core.eval.metric_names import (
     HEADLINE,
     benchmarks_in,
@@ -33,16 +29,13 @@ from grpo_core.eval.metric_names import (
     delta_key,
     sanitize_key,
 )
+from grpo_core.redaction import strip_userinfo
 from tasks.tracking.mlflow_client import child_runs, current_uri, get_client, set_tags, stage_of
-from tasks.tracking.tracking_store import strip_userinfo
 
 EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
 VIEW_KEY = "grpo-headline"
 VIEW_NAME = "Headline: base, final, paired delta (95% CI)"  # as the Views menu lists it
-# MLflow 3.17's UI starts in its GenAI mode whatever the experiment's kind tag says (the
-# mode is a browser-wide switch, remembered in local storage): links ask for the model
-# training mode explicitly. Checked in Chromium (bench/mlflow_ui_check.py).
-WORKFLOW = "machine_learning"
+WORKFLOW = "machine_learning"  # the UI's mode is browser-wide: links ask for this one
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 DEFAULT_UI = "http://127.0.0.1:5000"  # `mlflow ui`'s default address, for a local store
 _STATS = ("grpo_steps", "sft_steps", "wall_min", "findings")
@@ -50,8 +43,8 @@ CELL_PX, DELTA_PX = 210, 300  # runs-table widths of a headline cell, of the del
 
 
 def headline_columns(benchmarks: Iterable[str], metric: str) -> list[str]:
-    """The runs table's columns for the headline (MLflow ids "tags.`<name>`"): base,
-    final and paired delta per benchmark, each with its CI, then the run's size."""
+    """The runs table's headline columns: base, final and paired delta per benchmark (tags
+    with their CI), then the run's size."""
     cols = ["attributes.`Models`"]
     for bench in benchmarks:
         cols += [f"tags.`{headline_tag(bench, metric, name)}`" for name in HEADLINE]
@@ -66,8 +59,7 @@ def saved_view(state: Mapping[str, Any], name: str, created_ms: int | None = Non
 
 
 def read_view(value: str | None) -> tuple[dict, int | None]:
-    """(the view's state, when it was created) of a `mlflow.sharedViewState.*` tag, in
-    the saved-view envelope or bare (as earlier versions of this pipeline wrote it)."""
+    """(state, createdAt) of a view tag, in the saved-view envelope or bare (older runs)."""
     try:
         found = json.loads(value) if value else {}
         if isinstance(found.get("state"), str):
@@ -79,9 +71,8 @@ def read_view(value: str | None) -> tuple[dict, int | None]:
 
 def set_experiment_view(client: MlflowClient, exp_id: str, benchmarks: Iterable[str],
                         metric: str) -> str:
-    """Tag the experiment as model development and save the headline runs-table view
-    (columns of earlier configs' benchmarks are kept: one experiment, one table).
-    Returns the view key for `ui_links`."""
+    """Tag the experiment as model development and save the headline runs-table view,
+    keeping earlier configs' benchmark columns; returns the view key for `ui_links`."""
     client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT)
     tag = VIEW_TAG_PREFIX + VIEW_KEY
     old, created = read_view(client.get_experiment(exp_id).tags.get(tag))
@@ -103,9 +94,8 @@ def set_experiment_view(client: MlflowClient, exp_id: str, benchmarks: Iterable[
 
 
 def ui_base(tracking_uri: str) -> str:
-    """Where the MLflow UI of `tracking_uri` is: the server itself for http(s) stores
-    (credentials stripped), else $GRPO_MLFLOW_UI_URL (the `mlflow ui` serving the local
-    store), else `mlflow ui`'s default local address."""
+    """The MLflow UI of `tracking_uri`: an http(s) server itself (credentials stripped),
+    else $GRPO_MLFLOW_UI_URL, else `mlflow ui`'s default address."""
     if tracking_uri.startswith(("http://", "https://")):
         return strip_userinfo(tracking_uri).rstrip("/")
     return os.environ.get("GRPO_MLFLOW_UI_URL") or DEFAULT_UI
@@ -139,12 +129,9 @@ VERDICT_TAG = "grpo.verdict"
 def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequence[str],
                         prefect_run: Mapping[str, str | None] | None = None,
                         client: MlflowClient | None = None, rows: Sequence[Mapping] = ()) -> None:
-    """The answer where a newcomer lands: the comparison run's description (shown at the
-    top of its page) and the experiment's (`mlflow.note.content`, its landing text) start
-    with the verdict sentence (the run's, then each recipe's final in a line: `rows`, the
-    comparison table), then link the comparison run, the parent runs, the saved
-    headline view and the Prefect flow run. Links are relative to the UI's address (the
-    same whichever host or port serves it)."""
+    """The comparison run's and the experiment's descriptions: the verdict first, then
+    links (relative to the UI's address) to the comparison run, the parent runs, the
+    headline view and the Prefect flow run; `rows`: the comparison table."""
     c = get_client(client)
     run = c.get_run(run_id)
     exp_id = run.info.experiment_id
@@ -160,38 +147,16 @@ def describe_comparison(run_id: str, said: str, markdown: str, parent_runs: Sequ
     set_tags(run_id, {"mlflow.note.content": comparison_description(said, rows, markdown, links),
                       VERDICT_TAG: said or "none",
                       **({"prefect_flow_run_id": prefect["id"]} if prefect.get("id") else {})}, c)
-    table = ui_links("", exp_id, base="/")["runs_table"]
-    # Plain text first: MLflow's experiment list shows the description's start unrendered.
-    landing = [f"Verdict: {said}" if said else "Recipe comparison", "",
-               f"- [comparison run]({link(run_id)}): the table, stage by stage, and the chart",
-               f"- parent runs: {parents}",
-               f"- [headline runs table]({table}) (base, final and paired delta per recipe; "
-               f"also the runs table's Views menu: \"{VIEW_NAME}\")",
-               *([f"- {prefect_link}"] if prefect_link else [])]
-    c.set_experiment_tag(exp_id, "mlflow.note.content", "\n".join(landing))
-
-
-def comparison_verdict(uri: str | None, experiment: str) -> str | None:
-    """The verdict of `experiment`'s newest comparison run (None without one)."""
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else get_client()
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
-    # what it was computed with, STALE (that module imports this one: imported here)
-    from tasks.tracking.verdict_freshness import annotate, newest_comparison
-
-    run = newest_comparison(client, exp.experiment_id)
-    said = run.data.tags.get(VERDICT_TAG) if run else None
-    return None if said in (None, "none") else annotate(said, run, client)
+    c.set_experiment_tag(exp_id, "mlflow.note.content", landing_text(
+        said, link(run_id), parents, ui_links("", exp_id, base="/")["runs_table"], VIEW_NAME,
+        prefect_link))
 
 
 def compare_table(uri: str | None, experiment: str, metric: str | None = None,
                   latest_only: bool = True) -> list[dict]:
-    """Rows (COMPARE_COLUMNS) from the FINISHED parent runs of `experiment`: per recipe (the
-    newest parent when latest_only) and benchmark, the metric on eval/base and eval/final
-    with CIs, and the paired delta with its CI when the pipeline logged one (else the
-    difference of the means, without a CI). `metric` defaults to each parent's
-    eval.primary_metric param."""
+    """COMPARE_COLUMNS rows from the FINISHED parent runs of `experiment` (the newest per
+    recipe when latest_only): per benchmark, eval/base and eval/final with CIs and the
+    paired delta; `metric` defaults to each parent's eval.primary_metric."""
     c = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else get_client()
     exp = c.get_experiment_by_name(experiment)
     if exp is None:

@@ -1,12 +1,7 @@
-"""The MLflow client of this process and what the rest of `tasks` logs through it: params,
-tags, metrics (flattened, sanitised, batched) and the child runs of a parent run.
-
-Everything goes through `MlflowClient` with explicit run ids, never the fluent "active
-run": that one is thread-local, so a Prefect task in a worker thread would not see it.
-The store is chosen once per process by `connect` (which `start_parent_run` calls);
-later calls in any thread of that process use it unless given a client.
-
-Imports only the leaf tasks.tracking.redaction."""
+"""The process's MlflowClient and what `tasks` logs through it: params, tags, metrics and
+the child runs of a parent run. Always explicit run ids, never the fluent "active run"
+(thread-local: a Prefect task in a worker thread would not see it). `connect` chooses the
+store once per process; calls given no client use it, from any thread."""
 from __future__ import annotations
 
 import json
@@ -23,12 +18,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
-from grpo_core.eval.metric_names import (  # noqa: F401 - re-exported
-    eval_metrics,
-    flatten_metrics,
-    sanitize_key,
-)
-from tasks.tracking.redaction import redact
+from grpo_core.eval.metric_names import flatten_metrics, sanitize_key
+from grpo_core.redaction import redact
 
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"
 
@@ -37,11 +28,8 @@ _current_uri: str | None = None
 _lock = threading.Lock()
 
 
-# --------------------------------------------------------------------------- client
-
-# MLflow's HTTP client retries a refused connection 7 times with a doubling backoff
-# (minutes), and its asynchronous logging drains its queue at process exit: with a down
-# server a run would wait that long to end. Seconds instead (a value already set wins);
+# MLflow's HTTP client retries a refused connection for minutes, and its asynchronous
+# logging drains its queue at process exit: seconds instead (a value already set wins);
 # what cannot be sent goes to the offline spool (tasks.tracking.spool).
 FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
              "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
@@ -74,12 +62,10 @@ def connect(uri: str) -> MlflowClient:
 
 
 def current_uri() -> str:
-    """The store `connect` chose, else MLflow's default resolution."""
     return _current_uri or mlflow.get_tracking_uri()
 
 
 def get_client(client: MlflowClient | None = None) -> MlflowClient:
-    """`client` if given, else this process's client for `current_uri()`."""
     if client is not None:
         return client
     with _lock:
@@ -100,8 +86,6 @@ def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = N
         client.restore_experiment(exp.experiment_id)
     return exp.experiment_id
 
-
-# --------------------------------------------------------------------------- params and tags
 
 def flatten(tree: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
     """{"grpo": {"beta": 0.04}} -> {"grpo.beta": 0.04}. Lists of scalars stay one value;
@@ -146,12 +130,10 @@ def set_tags(run_id: str, tags: Mapping[str, Any], client: MlflowClient | None =
         for k, v in redact(dict(tags)).items()])
 
 
-# --------------------------------------------------------------------------- metrics
-
 def log_metrics(run_id: str, metrics: Mapping[str, Any], step: int | None = None,
                 client: MlflowClient | None = None, timestamp_ms: int | None = None) -> int:
-    """Log numbers (nested dicts flattened, names sanitised, None/NaN/inf skipped) in one
-    log_batch (MLflow splits it at its own maximum); returns how many were logged."""
+    """Nested numbers flattened and sanitised (None/NaN/inf skipped) in one log_batch
+    (MLflow splits it); returns how many were logged."""
     flat = flatten_metrics(metrics)
     if not flat:
         return 0
@@ -164,8 +146,6 @@ def log_metrics(run_id: str, metrics: Mapping[str, Any], step: int | None = None
 def has_metrics(run_id: str, client: MlflowClient | None = None) -> bool:
     return bool(get_client(client).get_run(run_id).data.metrics)
 
-
-# --------------------------------------------------------------------------- child runs
 
 _experiment_of: dict[str, str] = {}
 
@@ -180,8 +160,7 @@ STAGE_TAG = "grpo.stage"
 
 
 def stage_of(run) -> str:
-    """The stage a child run belongs to (data, grpo/round-1, eval/final...): its
-    `grpo.stage` tag; the run name is `<recipe>/<stage>` and only for people to read."""
+    """A child run's stage (data, grpo/round-1, eval/final...): its `grpo.stage` tag."""
     return run.data.tags.get(STAGE_TAG) or run.info.run_name
 
 
@@ -195,12 +174,9 @@ def child_runs(parent_id: str, client: MlflowClient, stage: str | None = None) -
 
 
 def child_run(parent_id: str, stage: str, client: MlflowClient | None = None) -> str:
-    """The child run of `stage` under `parent_id`, created or found again (a resumed stage
-    logs into the run it started). Stages: data, filter/round-N, sft, grpo/round-N,
-    eval/... The run is named `<recipe>/<stage>` (r1_zero/grpo/round-1), so two recipes'
-    stages are told apart in every MLflow view (compare page, chart legends); lookups go
-    by the `grpo.stage` tag. A found run that is not FINISHED (killed, failed) is set back
-    to RUNNING; the stage ends it (end_run) when its work is done."""
+    """The child run of `stage` under `parent_id`, found again (set RUNNING unless
+    FINISHED: a resumed stage logs into the run it started) or created, named
+    `<recipe>/<stage>` so two recipes' stages differ in every MLflow view."""
     if "'" in stage:
         raise ValueError(f"stage name must not contain a quote: {stage!r}")
     c = get_client(client)
@@ -224,8 +200,7 @@ def child_run(parent_id: str, stage: str, client: MlflowClient | None = None) ->
 
 def end_run(run_id: str, status: str = "FINISHED", client: MlflowClient | None = None,
             only_running: bool = False) -> None:
-    """End `run_id` now with `status`; with only_running, a run already ended keeps its
-    end time (a stage served from the cache under the child run it finished earlier)."""
+    """End `run_id`; with only_running, a run already ended keeps its end time."""
     c = get_client(client)
     if only_running and c.get_run(run_id).info.status != "RUNNING":
         return
@@ -240,8 +215,7 @@ def close_children(parent_id: str, status: str, client: MlflowClient) -> None:
 
 
 def metric_history(run_id: str, client: MlflowClient | None = None) -> list[dict]:
-    """Every metric of `run_id` as one dict per step, {"step": n, key: value, ...}, by
-    step: the per-step history StepLogger streamed (TRL's keys)."""
+    """Every metric of `run_id` as one dict per step, {"step": n, key: value, ...}."""
     c = get_client(client)
     steps: dict[int, dict] = {}
     for key in c.get_run(run_id).data.metrics:

@@ -1,9 +1,8 @@
 """A trained model as an MLflow model: the `transformers` flavour (text-generation, string
-in and out, the tokenizer as a component, the stored dtype kept), logged as a LoggedModel of
-the pipeline's run and registered from it, through an explicit MlflowClient only (no
-fluent API, no global tracking URI: tasks.tracking.mlflow_client.connect). A LoRA model's adapter
-(model.peft; its folder's adapter/) is kept in the logged model's adapter/. `hf_folder`
-turns a downloaded model back into a from_pretrained folder. Used by tasks.tracking.registry."""
+in and out, the tokenizer as a component, the stored dtype kept), logged as a LoggedModel
+of the pipeline's run and registered from it, through an explicit MlflowClient only. A
+LoRA model's adapter/ is kept beside it. `hf_folder` turns a downloaded model back into a
+from_pretrained folder."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +11,6 @@ import logging
 import os
 import shutil
 import tempfile
-import urllib.parse
 from pathlib import Path
 
 import mlflow
@@ -20,6 +18,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.train.lora import ADAPTER_DIR
+from tasks.tracking.tracking_store import is_remote
 
 MODEL_FORMAT_TAG = "grpo.model_format"
 MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # mlflow.utils.mlflow_tags.MLFLOW_MODEL_VERSIONS
@@ -28,10 +27,9 @@ _log = logging.getLogger(__name__)
 
 def log_and_register(c: MlflowClient, run_id: str, model_dir: str | os.PathLike, name: str,
                      version_tags: dict[str, str]):
-    """A new version of `name` holding the HF folder `model_dir`, logged with the
-    transformers flavour; a folder the flavour cannot take (transformers cannot load it)
-    is logged as plain files under the run's `model/` and registered from runs:/<id>/model,
-    the version's tags saying so (grpo.model_format=hf-folder, grpo.flavour_error)."""
+    """A new version of `name` holding the HF folder `model_dir` in the transformers
+    flavour; one the flavour cannot take is logged as plain files under the run's `model/`
+    (version tags grpo.model_format=hf-folder, grpo.flavour_error)."""
     with tempfile.TemporaryDirectory(prefix="grpo-mlflow-model-") as tmp:
         local = Path(tmp) / "model"
         try:
@@ -53,8 +51,7 @@ def log_and_register(c: MlflowClient, run_id: str, model_dir: str | os.PathLike,
 
 
 def _model_card(name: str, run_id: str):
-    """A short card of our own: without one MLflow looks the model's folder path up on
-    the Hugging Face hub for a card, and warns when that fails."""
+    """Our own card: without one MLflow looks the folder path up on the hub, and warns."""
     from huggingface_hub import ModelCard
 
     return ModelCard("---\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n"
@@ -62,10 +59,8 @@ def _model_card(name: str, run_id: str):
 
 
 def _pip_requirements() -> list[str]:
-    """What loading the model needs, pinned to the versions here. Given explicitly:
-    mlflow.transformers.get_default_pip_requirements raises when torchvision is not
-    installed (it pins it unconditionally), and inferring them would load the model again
-    in a subprocess."""
+    """What loading the model needs, pinned to the versions here: MLflow's default raises
+    without torchvision, and inferring them would load the model again in a subprocess."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
@@ -76,20 +71,12 @@ def _pip_requirements() -> list[str]:
 
 
 def _save_flavour(model_dir: str | os.PathLike, path: Path, name: str, run_id: str) -> None:
-    """mlflow.transformers.save_model of the HF folder into `path` (which must not exist):
-    model/ (config, generation config, weights), components/tokenizer/, MLmodel.
-
-    The model is loaded (dtype "auto": the stored dtype, so a bf16 checkpoint is saved and
-    reloaded in bf16) and saved again rather than handed over as a folder path: MLflow's
-    local-checkpoint route (save_model(<path>, task=...)) fails under transformers 5
-    (flavor_config.build_flavor_config_from_local_checkpoint reads
-    pipelines.check_task(task)[1]["impl"].__name__, now a dotted string). Re-saving also
-    leaves out what a trainer's folder holds besides the model (training_args.bin, or a
-    checkpoint's optimizer state).
-
-    The flavour's save_pretrained=False (log a reference to a hub repository instead of
-    the weights) only applies to an unmodified hub model; ours are fine-tuned local weights,
-    so they are always copied into the artifact store, large or not."""
+    """mlflow.transformers.save_model of the HF folder into `path` (model/, components/
+    tokenizer/, MLmodel). The model is loaded in its stored dtype and saved again, not
+    handed over as a folder path: MLflow's local-checkpoint route fails under
+    transformers 5 (it reads pipelines.check_task(task)[1]["impl"].__name__, now a dotted
+    string), and re-saving leaves out a trainer's extra files (training_args.bin, optimizer
+    state). Fine-tuned weights are always copied (save_pretrained=False is for hub models)."""
     import mlflow.transformers
     from mlflow.models.signature import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
@@ -113,8 +100,8 @@ def _save_flavour(model_dir: str | os.PathLike, path: Path, name: str, run_id: s
 
 def _log_logged_model(c: MlflowClient, run_id: str, local: Path, name: str,
                       version_tags: dict[str, str]):
-    """Log the flavour folder `local` as a LoggedModel of the run and register it, as
-    mlflow.<flavour>.log_model + mlflow.register_model would, through `c` only."""
+    """Log `local` as a LoggedModel of the run and register it, as log_model +
+    register_model would, through `c` only."""
     from mlflow.entities import LoggedModelOutput
     from mlflow.models import Model
 
@@ -141,22 +128,19 @@ def _log_logged_model(c: MlflowClient, run_id: str, local: Path, name: str,
 
 
 def _version_source(c: MlflowClient, lm) -> str:
-    """models:/<model_id>, what MLflow 3's register_model records (the version page then
-    links its logged model), where that resolves to this store: a tracking server (it
-    resolves it itself) or the process's global tracking URI. Otherwise the logged
-    model's artifact location: a local SQL registry resolves a models:/<model_id> source
-    through a default MlflowClient(), i.e. the global tracking URI, which connect leaves
-    alone; the version still records the run and loads the same."""
+    """models:/<model_id>, as MLflow 3's register_model records it, where that resolves to
+    this store (a tracking server, or the global tracking URI); else the logged model's
+    artifact location (a local SQL registry resolves models:/ through the global URI,
+    which connect leaves alone)."""
     uri = c.tracking_uri
-    remote = urllib.parse.urlparse(uri).scheme in ("http", "https", "databricks")
-    if remote or mlflow.get_tracking_uri() == uri:
+    if is_remote(uri) or mlflow.get_tracking_uri() == uri:
         return f"models:/{lm.model_id}"
     return lm.artifact_location
 
 
 def _link_version(c: MlflowClient, model_id: str, name: str, version: str) -> None:
-    """The logged model's mlflow.modelVersions tag (its page lists the versions made from
-    it), as mlflow.register_model sets it; a tracking server may have set it already."""
+    """The logged model's mlflow.modelVersions tag, as mlflow.register_model sets it (a
+    tracking server may have set it already)."""
     entry = {"name": name, "version": version}
     try:
         raw = c.get_logged_model(model_id).tags.get(MODEL_VERSIONS_TAG)
@@ -170,9 +154,8 @@ def _link_version(c: MlflowClient, model_id: str, name: str, version: str) -> No
 
 
 def hf_folder(root: str | os.PathLike) -> Path:
-    """The from_pretrained folder of a downloaded model: `root` when it holds config.json
-    (a plain HF folder); for an MLflow transformers model (MLmodel), its weights folder
-    (model/) with the tokenizer files of components/tokenizer/ copied in beside them."""
+    """The from_pretrained folder of a downloaded model: `root` holding config.json, or an
+    MLflow transformers model's model/ with its components' (tokenizer) files copied in."""
     root = Path(root)
     if (root / "config.json").is_file():
         return root

@@ -1,27 +1,18 @@
-"""MLflow tracking for the pipeline: one parent run per pipeline run, a child run per stage.
-
-Layout in MLflow (experiment = tracking.experiment or project.name):
+"""A pipeline's parent run from start to close. The run tree (experiment =
+tracking.experiment or project.name):
 
     parent run  "<recipe>-<config hash>"   tags recipe, config_hash, git_commit,
                                            prefect_flow_run_id, grpo.pipeline=parent
       params    the resolved config, flattened ("grpo.beta": 0.04), secrets redacted
-      metrics   final/<bench>/<primary metric> (+ CI), and the headline (tasks/tracking/headline.py):
-                <bench>/base|final|delta (+ _lo, _hi), grpo_steps, sft_steps, wall_min,
-                findings; its description says the result in one line
-      artifacts config/resolved.yaml, config/environment.json
-      model     the registered model, a LoggedModel of the run (tasks/tracking/mlflow_model.py)
-      children  "<recipe>/<stage>", stage (tag grpo.stage) one of data, filter/round-N,
-                sft, grpo/round-N, eval/base, eval/round-N, eval/final; each ends with
-                its stage
-
-Everything goes through the process's MlflowClient (tasks.tracking.mlflow_client), with explicit
-run ids; `start_parent_run` chooses the store for the process (`connect`).
+      metrics   final/<bench>/<primary metric> (+ CI) and the headline (grpo_core.eval.headline)
+      artifacts config/resolved.yaml, config/environment.json; the registered model
+      children  "<recipe>/<stage>", tag grpo.stage: data, filter/round-N, sft, grpo/round-N,
+                eval/base, eval/round-N, eval/final; each ended by its stage
 
 Resume: the parent run of a config hash is remembered in <workdir>/runs/<hash>.json and
-reused by every later run of the same config, whatever its status. A killed run thus
-continues under its parent, and a re-run of a finished config (a cache hit) appears as
-the same parent run again rather than as an empty twin. Child runs are found by stage
-under their parent, so a resumed stage logs into the run it started.
+reused by every later run of the same config, whatever its status: a killed run continues
+under its parent, a re-run of a finished config shows as the same parent again. Child
+runs are found by stage under their parent (mlflow_client.child_run).
 """
 from __future__ import annotations
 
@@ -29,23 +20,19 @@ import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval import headline as text
-from grpo_core.eval.comparison import ci_text, delta_metrics
-from grpo_core.eval.metric_names import (
-    FINAL_PREFIX,
-    ci_block_keys,
-    eval_metrics,
-    sanitize_key,
-    shown,
-)
+from grpo_core.eval.comparison import delta_metrics
 from grpo_core.eval.promotion import Decision
+from grpo_core.redaction import redact, strip_userinfo
 from grpo_core.train.findings import count_findings
-from grpo_core.workspace import Workspace
+from grpo_core.versions import environment_snapshot
+from grpo_core.workspace import Workspace, read_state, workdir_of, write_state
 from tasks.tracking import headline
 from tasks.tracking.artifacts import log_json, log_text
 from tasks.tracking.mlflow_client import (
@@ -60,42 +47,17 @@ from tasks.tracking.mlflow_client import (
     log_params,
     set_tags,
 )
-from tasks.tracking.redaction import redact
 from tasks.tracking.registry import champion_uri, promote, register_model
 from tasks.tracking.tracking_store import (
     artifact_root,
     experiment_name,
-    parent_state_path,
-    read_state,
-    strip_userinfo,
     tracking_uri,
-    workdir_of,
-    write_state,
 )
 
-_ENV_PREFIXES = ("GRPO_", "MLFLOW_", "HF_", "HUGGING", "TRANSFORMERS_", "PREFECT_", "CUDA_",
-                 "TORCH", "VLLM_", "OMP_", "ACCELERATE_", "TOKENIZERS_")
-_VERSIONED = ("torch", "transformers", "trl", "accelerate", "datasets", "mlflow", "prefect",
-              "duckdb", "math-verify", "vllm")
 
+def _state_path(workdir: Path, config_hash: str) -> Path:
+    return workdir / "runs" / f"{config_hash}.json"
 
-def environment_snapshot() -> dict:
-    """Package versions and the env vars that change behaviour (secrets redacted)."""
-    from importlib import metadata
-
-    versions = {}
-    for pkg in _VERSIONED:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[pkg] = metadata.version(pkg)
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)}
-    import platform
-    import sys
-
-    return redact({"python": sys.version.split()[0], "platform": platform.platform(),
-                   "packages": versions, "env": env})
-
-
-# --------------------------------------------------------------------------- runs
 
 def _usable_run(client: MlflowClient, run_id: str | None, exp_id: str):
     if not run_id:
@@ -112,12 +74,9 @@ def _usable_run(client: MlflowClient, run_id: str | None, exp_id: str):
 def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_run_id: str | None,
                      workspace: Workspace | str | os.PathLike | None = None,
                      extra_params: Mapping[str, Any] | None = None) -> str:
-    """The parent run of this config hash, created or reused (see the module docstring).
-
-    A new run gets the flattened, redacted config as params, config/resolved.yaml and
-    config/environment.json; a reused one gets its status set back to RUNNING and its
-    git_commit / prefect_flow_run_id tags moved to this run (grpo.resumes counts reuses).
-    """
+    """The parent run of this config hash, created (params, config/resolved.yaml,
+    config/environment.json) or reused: set RUNNING again, its git_commit and
+    prefect_flow_run_id tags this run's, grpo.resumes counting the reuses."""
     import yaml
 
     workdir = workdir_of(workspace, cfg)
@@ -125,7 +84,7 @@ def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_r
     client = connect(uri)
     name = experiment_name(cfg)
     exp_id = experiment_id(client, name, artifact_root(uri, workdir, name))
-    state_file = parent_state_path(workdir, config_hash)
+    state_file = _state_path(workdir, config_hash)
     state = read_state(state_file)
     tags = {"recipe": recipe, "config_hash": config_hash, "git_commit": git_commit,
             "prefect_flow_run_id": flow_run_id or "", "grpo.pipeline": "parent",
@@ -144,7 +103,7 @@ def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_r
         log_params(run_id, {**config_params(cfg), **(extra_params or {})}, client)
         client.log_text(run_id, yaml.safe_dump(redact(cfg.model_dump(mode="json")), sort_keys=False),
                         "config/resolved.yaml")
-        log_json(run_id, environment_snapshot(), "config/environment.json", client)
+        log_json(run_id, redact(environment_snapshot()), "config/environment.json", client)
     now = time.time()
     created = state.get("created", now) if run is not None else now
     write_state(state_file, {"run_id": run_id, "status": "RUNNING", "experiment": name,
@@ -158,7 +117,7 @@ def _set_state_status(workspace, parent_id: str, status: str, client: MlflowClie
     with contextlib.suppress(MlflowException):
         config_hash = client.get_run(parent_id).data.tags.get("config_hash")
         if config_hash and workspace is not None:
-            path = parent_state_path(workdir_of(workspace), config_hash)
+            path = _state_path(workdir_of(workspace), config_hash)
             state = read_state(path)
             if state.get("run_id") == parent_id:
                 write_state(path, {**state, "status": status, "updated": time.time()})
@@ -166,8 +125,7 @@ def _set_state_status(workspace, parent_id: str, status: str, client: MlflowClie
 
 def fail_pipeline(parent_id: str, error: str, workspace=None,
                   client: MlflowClient | None = None) -> None:
-    """Mark the parent and its still-running children FAILED, with the error as a tag.
-    A later run of the same config reuses the parent and sets it RUNNING again."""
+    """Mark the parent and its still-running children FAILED, with the error as a tag."""
     c = get_client(client)
     set_tags(parent_id, {"grpo.error": error[:2000]}, c)
     close_children(parent_id, "FAILED", c)
@@ -175,22 +133,19 @@ def fail_pipeline(parent_id: str, error: str, workspace=None,
     _set_state_status(workspace, parent_id, "FAILED", c)
 
 
-# --------------------------------------------------------------------------- pipeline end
-
 def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks: Mapping[str, Any],
                    findings: Sequence[str], workspace, *, deltas: Mapping[str, Any],
                    attribution: Mapping | None, base: Mapping[str, Any] | None,
                    wall_s: float | None, model: str | None, records: Mapping[str, list],
                    champion_records: Sequence[Mapping] | None,
                    client: MlflowClient | None = None) -> dict:
-    """Log what the end of a pipeline decided (tasks/finish.py): final metrics on the parent
-    (prefix final/), findings, the paired `deltas` on the eval/final run, the model
-    registered as a version of `model` and judged against the champion on the first
-    benchmark (`records`: {bench: the final eval's rows}), the headline metrics and
-    tags, the description; running children and the parent set FINISHED."""
+    """Log what the end of a pipeline decided (tasks/finish.py): final metrics and findings
+    on the parent, the paired `deltas` on the eval/final run, the model registered as a
+    version of `model` and judged against the champion on the first benchmark (`records`:
+    {bench: the final eval's rows}), the headline and the description; the runs FINISHED."""
     c = get_client(client)
     primary, bench = cfg.eval.primary_metric, next(iter(cfg.eval.benchmarks), None)
-    log_metrics(parent_id, final_headline(benchmarks, primary), client=c)
+    log_metrics(parent_id, text.final_headline(benchmarks, primary), client=c)
     said = count_findings(findings)  # one count, by severity, as each round's page says it
     set_tags(parent_id, {"findings": " | ".join(findings) or "none", "findings.count": said}, c)
     if findings:
@@ -200,16 +155,14 @@ def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks
         log_metrics(child_run(parent_id, "eval/final", c), delta_metrics(deltas), client=c)
     res = benchmarks.get(bench, {}) if bench else {}
     block = (res.get("metrics") or {}).get(primary) or {}
-    summary = (f"{bench} {primary} {ci_text(block['mean'], block.get('lo'), block.get('hi'))}"
-               if block.get("mean") is not None else f"{bench} {primary}: n/a")
     out: dict[str, Any] = {"parent_run": parent_id, "benchmark": bench, "metric": primary,
                            "value": block.get("mean"), "ci_lo": block.get("lo"),
                            "ci_hi": block.get("hi"), "deltas": dict(deltas)}
     if model:
-        out.update(_register_and_promote(parent_id, cfg, model_dir, model, res,
+        out.update(_register_and_promote(parent_id, cfg, model_dir, model, res, block,
                                          records.get(bench) or [], champion_records, c))
-        summary += (f"; {model} v{out['version']} "
-                    f"{'champion' if out['promoted'] else 'challenger'} ({out['reason']})")
+    summary = text.result_line(bench, primary, block, (model, out["version"], out["promoted"],
+                                                       out["reason"]) if model else None)
     out["summary"], out["attribution"] = summary, attribution
     out["links"] = headline.links_for_run(parent_id, (model, out["version"]) if model else None, c)
     _log_headline(parent_id, cfg, benchmarks, base, deltas, findings, wall_s, summary, c,
@@ -220,24 +173,13 @@ def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks
     return out
 
 
-def final_headline(benchmarks: Mapping[str, Any], primary: str) -> dict[str, float]:
-    """The parent's copy of the final evaluation: the primary metric's block per benchmark
-    (final/<bench>/<metric>, _ci_lo, _ci_hi, _n). Every other metric stays on the eval/final
-    run: a parent holding all of them buries the headline in its metrics list."""
-    keep = {FINAL_PREFIX + k for b in benchmarks
-            for k in ci_block_keys(f"{sanitize_key(str(b))}/{sanitize_key(primary)}").values()}
-    return {FINAL_PREFIX + k: shown(v) for k, v in eval_metrics(benchmarks).items()
-            if FINAL_PREFIX + k in keep}
-
-
 def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mapping[str, Any],
-                          records: list[dict], champion_records: Sequence[Mapping] | None,
-                          c: MlflowClient) -> dict:
+                          block: Mapping[str, Any], records: list[dict],
+                          champion_records: Sequence[Mapping] | None, c: MlflowClient) -> dict:
     """Register the model and record the promotion rule's decision, tagged on the parent
-    too. `records`: the final eval's rows of the first benchmark; its run id is tagged on
-    the version, for the next challenger to pair with."""
+    too; the final eval's run id (of `records`) is tagged on the version, for the next
+    challenger to pair with."""
     primary = cfg.eval.primary_metric
-    block = (res.get("metrics") or {}).get(primary) or {}
     version = register_model(parent_id, model_dir, name,
                              tags={"recipe": cfg.project.recipe, "config_hash": cfg.hash()}, client=c)
     out = {"model_name": name, "version": version, "model_uri": f"models:/{name}/{version}",

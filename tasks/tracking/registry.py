@@ -1,6 +1,5 @@
-"""Model registry: register a pipeline's model as a version of <project>-<recipe>, record
-the promotion rule's decision (grpo_core.eval.promotion) on it, and fetch the champion.
-tasks.tracking re-exports the public names."""
+"""Model registry: a pipeline's model as a version of <project>-<recipe>, the promotion
+rule's decision (grpo_core.eval.promotion) recorded on it, the champion fetched."""
 from __future__ import annotations
 
 import contextlib
@@ -17,44 +16,29 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.eval import promotion
-from grpo_core.eval.promotion import PAIRED_RULE, UNPAIRED_RULE, Decision  # noqa: F401 - re-exported
+from grpo_core.eval.promotion import Decision
+from grpo_core.redaction import redact
+from grpo_core.workspace import read_state, write_state
 from tasks.tracking.mlflow_client import get_client, set_tags
 from tasks.tracking.mlflow_model import hf_folder, log_and_register
-from tasks.tracking.redaction import redact
-from tasks.tracking.tracking_store import read_state, slug, write_state
+from tasks.tracking.tracking_store import slug
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 EVAL_RUN_TAG = "grpo.eval_run_id"
 
 
 def model_name(cfg) -> str:
-    """Registered model of a config family: <project>-<recipe>. Stable across retraining
-    rounds (a new config hash of the same recipe competes for the same champion)."""
+    """<project>-<recipe>: a new config hash of the same recipe competes for its champion."""
     return slug(f"{cfg.project.name}-{cfg.project.recipe}")
 
 
 def register_model(run_id: str, model_dir: str | os.PathLike, name: str,
                    tags: Mapping[str, Any] | None = None, client: MlflowClient | None = None) -> str:
-    """Log the HF folder `model_dir` (save_pretrained output) as an MLflow model of run
-    `run_id` and register it as a new version of `name` with alias `challenger`; returns
-    the version.
-
-    The model is MLflow's `transformers` flavour (task text-generation, string in and out,
-    the tokenizer as a component, the stored weights' dtype kept), logged as MLflow 3 does
-    it: a LoggedModel of the run (the runs table's "Models" column, the run's outputs)
-    whose artifacts are the flavour's folder, and a version created from it. So
-    `mlflow.transformers.load_model("models:/<name>@champion")` returns a generating
-    pipeline and `mlflow.pyfunc.load_model` a string-to-string model. Only MlflowClient
-    calls with explicit ids (no fluent API, no global tracking URI: see
-    tasks.tracking.mlflow_client.connect).
-
-    A folder the flavour cannot take (transformers cannot load it) is logged as before,
-    files as they are under the run's `model/` artifacts, registered from runs:/<id>/model;
-    the version's tags say so (grpo.model_format=hf-folder, grpo.flavour_error).
-
-    A second call for the same run (a re-run of a finished config) returns the existing
-    version instead of copying the weights again.
-    """
+    """Log the HF folder `model_dir` as an MLflow model of run `run_id` (tasks.tracking.
+    mlflow_model: `mlflow.transformers.load_model("models:/<name>@champion")` returns a
+    generating pipeline) and register it as a new version of `name` with alias
+    `challenger`; returns the version. A second call for the same run (a re-run of a
+    finished config) returns the existing version instead of copying the weights again."""
     c = get_client(client)
     _ensure_registered_model(c, name)
     existing = [v for v in c.search_model_versions(f"name = '{name}'") if v.run_id == run_id]
@@ -90,9 +74,8 @@ def promote(client: MlflowClient | None, name: str, version: str, metric: str, v
             champion_records: Sequence[Mapping] | None = None, eval_run_id: str | None = None,
             n_resamples: int = 1000, seed: int = 0) -> Decision:
     """Judge `version` against the champion by grpo_core.eval.promotion's rule and record
-    it: the challenger's number as version tags, the champion alias when it wins, the
-    decision as version tags (grpo.decision, _reason, _rule, grpo.paired_delta...) and in
-    words as the version's description."""
+    it on the version: its number and the decision as tags, in words as its description,
+    the champion alias when it wins."""
     c = get_client(client)
     version = str(version)
     for k, v in promotion.metric_tags(metric, value, ci_lo, ci_hi, protocol_hash, eval_run_id).items():
@@ -112,12 +95,6 @@ def promote(client: MlflowClient | None, name: str, version: str, metric: str, v
     return d
 
 
-def promote_if_better(*args, **kwargs) -> tuple[bool, str]:
-    """promote's decision as (promoted, reason)."""
-    d = promote(*args, **kwargs)
-    return d.promoted, d.reason
-
-
 def champion_uri(name: str) -> str:
     return f"models:/{name}@{CHAMPION}"
 
@@ -131,15 +108,9 @@ def champion_version(name: str, client: MlflowClient | None = None):
 
 
 def download_champion(name: str, dst: str | os.PathLike, client: MlflowClient | None = None) -> Path:
-    """Download the champion into `dst` (skipped when `dst` already holds that version) and
-    return the folder to pass to from_pretrained: config.json, the weights and the
-    tokenizer files. Raises LookupError when `name` has no champion.
-
-    A version logged with the transformers flavour is downloaded whole to dst/v<version>/
-    and the folder returned is its model/ (weights), into which the tokenizer files of
-    components/tokenizer/ are copied; a version registered as a plain HF folder (before
-    the flavour, or when it failed) is that folder. The previous champion's v<N>/ is
-    removed."""
+    """Download the champion into `dst` (skipped when it already holds that version; the
+    previous champion's v<N>/ removed) and return its from_pretrained folder (hf_folder).
+    Raises LookupError when `name` has no champion."""
     c = get_client(client)
     mv = champion_version(name, c)
     if mv is None:

@@ -1,14 +1,8 @@
-"""Training metrics to MLflow without stalling training: MLflow's own asynchronous logging
-(`MlflowClient.log_batch(synchronous=False)`) sends them from its worker threads, and what
-it has not sent by the end of a round is kept locally: the offline spool.
-
-`MetricSpool.put` hands a batch to MLflow and returns at once. `close` waits up to a
-deadline for MLflow's futures, sends a batch that failed (a server down for a while, back
-before the deadline) again, and appends what is still unsent to <workdir>/runs/unsent/
-<run id>.jsonl, which `replay_unsent` sends on the next run. Re-sending a point is harmless:
-MLflow's SQL store keeps one row per (key, step, timestamp, value). MLflow's HTTP retries
-are cut to seconds (tasks.tracking.mlflow_client.FAIL_FAST), so a down server neither
-holds a batch for minutes nor the process's exit, where MLflow drains its queue."""
+"""The offline spool behind MLflow's asynchronous logging: `MetricSpool.put` hands a batch
+to `log_batch(synchronous=False)`; `close` waits up to a deadline, sends a failed batch
+again, and appends what is still unsent to <workdir>/runs/unsent/<run id>.jsonl, which
+`replay_unsent_metrics` sends on the next run (a point sent twice is one row in MLflow's
+store: one per key, step, timestamp and value)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +13,9 @@ from pathlib import Path
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
+
+from grpo_core.workspace import workdir_of
+from tasks.tracking.mlflow_client import get_client
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +47,7 @@ class MetricSpool:
 
     def _unconfirmed(self, timeout_s: float) -> list[Point]:
         """The points of batches MLflow did not confirm within `timeout_s` (failed or not
-        done yet): RunOperations.wait has no timeout, so it is waited on in a thread."""
+        done yet); RunOperations.wait has no timeout: it is waited on in a thread."""
         done: list[bool] = [False] * len(self._pending)
 
         def wait() -> None:
@@ -93,11 +90,12 @@ class MetricSpool:
         return len(left)
 
 
-def replay_unsent(workdir: str | Path, client: MlflowClient) -> dict[str, int]:
-    """Send the points earlier runs could not; a file is deleted once MLflow took it.
-    Returns {run_id: points sent}; a file that still fails stays for the next run."""
+def replay_unsent_metrics(workspace, client: MlflowClient | None = None) -> dict[str, int]:
+    """Send the points earlier runs kept; a file is deleted once MLflow took it, one that
+    still fails stays for the next run. Returns {run_id: points sent}."""
     done: dict[str, int] = {}
-    folder = unsent_dir(workdir)
+    client = get_client(client)
+    folder = unsent_dir(workdir_of(workspace))
     for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
         points = []
         for line in path.read_text(encoding="utf-8").splitlines():

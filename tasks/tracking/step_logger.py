@@ -1,9 +1,5 @@
-"""StepLogger: our transformers TrainerCallback streaming a trainer's logs into an MLflow
-run, the metrics sent by MLflow's asynchronous logging and kept locally when MLflow is away.
-
-Its own module because it imports transformers (tens of seconds on a loaded machine):
-what builds a trainer imports it from here; the tasks.tracking facade does not, so
-importing the facade does not import transformers."""
+"""StepLogger: a TrainerCallback streaming a trainer's logs into an MLflow run through the
+offline spool. Its own module: it imports transformers, which the facade must not."""
 from __future__ import annotations
 
 import contextlib
@@ -12,32 +8,25 @@ import time
 from mlflow.tracking import MlflowClient
 from transformers import TrainerCallback
 
+from grpo_core.eval.metric_names import flatten_metrics, sanitize_key
 from grpo_core.verify.rewards import scorer_error_counts
-from tasks.tracking.mlflow_client import flatten_metrics, get_client, sanitize_key, set_tags
+from grpo_core.workspace import workdir_of
+from tasks.tracking.mlflow_client import get_client, set_tags
 from tasks.tracking.spool import MetricSpool, unsent_dir
-from tasks.tracking.tracking_store import workdir_of
 from tasks.tracking.trainer_logging import RUN_SUMMARY, chart_copies, summary_tags
 
 
 def _zero_by_construction(args, key: str, value: float) -> bool:
-    """TRL's clip_ratio/* with one optimisation pass per generation (num_iterations 1):
-    the importance ratio is then exactly 1, so they are 0 at every step, and the run
-    page would open on their five flat charts. A non-zero value is always streamed."""
+    """TRL's clip_ratio/* with num_iterations 1: the importance ratio is exactly 1, they
+    are 0 at every step (five flat charts). A non-zero value is always streamed."""
     return (key.startswith("clip_ratio/") and value == 0
             and getattr(args, "num_iterations", None) == 1)
 
 
 class StepLogger(TrainerCallback):
-    """A TrainerCallback streaming the trainer's logs into `run_id`.
-
-    Pass it in `callbacks=[...]` with report_to=[] (or "none"): no fluent MLflow state,
-    works from any thread. Points are collected and handed every `flush_every_s` seconds,
-    at each checkpoint save and at train end to a `MetricSpool` (MLflow's asynchronous
-    log_batch): a 0.1 s step does not pay a database write, and a tracking server that
-    goes away mid-round does not stall training. At train end it waits up to
-    `close_timeout_s` for MLflow; points still unsent are kept under
-    <workdir>/runs/unsent/ (`unsent` and `unsent_file` say so) and sent by the next run.
-    """
+    """Streams the trainer's logs into `run_id` (pass it with report_to=[]): points handed
+    to a MetricSpool every `flush_every_s` seconds, at each save and at train end, where
+    it waits up to `close_timeout_s`; what is still unsent is kept (`unsent_file`)."""
 
     def __init__(self, run_id: str, flush_every_s: float = 5.0,
                  client: MlflowClient | None = None, workspace=None,
@@ -91,8 +80,8 @@ class StepLogger(TrainerCallback):
         self.close()
 
     def close(self) -> int:
-        """Hand over the last points and wait for MLflow (idempotent): call it in a
-        `finally` too, since a trainer that raises skips on_train_end."""
+        """Hand over the last points and wait for MLflow (idempotent; call it in a
+        `finally` too: a trainer that raises skips on_train_end)."""
         if not self.shipper.closed:
             self.flush()
             self.unsent = self.shipper.close(self.close_timeout_s)

@@ -1,14 +1,10 @@
-"""Where the MLflow store is, and whether it answers (mlflow imported only to probe a
-server, with MLflow's own credentials), so `grpo run` can refuse an unreachable tracking
-server in seconds, before the heavy imports. Also the
-workspace side of tracking: the workdir of a config, and the small JSON state files
-(<workdir>/runs/<config hash>.json remembers a config's parent run).
-
-A leaf: it imports no other module of `tasks`."""
+"""Where the MLflow store is (a config's tracking URI, experiment and artifact root), and
+whether it answers (mlflow imported only to probe a server, with MLflow's own
+credentials), so `grpo run` can refuse an unreachable server in seconds, before the heavy
+imports. A leaf: it imports no other module of `tasks`."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import threading
@@ -16,7 +12,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from grpo_core.workspace import Workspace
+from grpo_core.redaction import strip_userinfo
+from grpo_core.workspace import Workspace, workdir_of
 
 _MLFLOW_ANSWERS = (200, 401, 403)
 _PROBE_PATHS = ("/health", "/api/2.0/mlflow/experiments/search?max_results=1")
@@ -24,15 +21,6 @@ _PROBE_PATHS = ("/health", "/api/2.0/mlflow/experiments/search?max_results=1")
 
 class TrackingUnreachable(RuntimeError):
     """The tracking store cannot be used; the message names the URI and what to do."""
-
-
-def workdir_of(workspace: Workspace | str | os.PathLike | None, cfg=None) -> Path:
-    """The workdir folder of `workspace` (a Workspace or a path), else of the config."""
-    if isinstance(workspace, Workspace):
-        return workspace.root
-    if workspace is not None:
-        return Path(workspace).expanduser().resolve()
-    return Workspace.at(cfg.project.workdir if cfg is not None else None).root
 
 
 def tracking_uri(cfg, workspace: Workspace | str | os.PathLike | None = None) -> str:
@@ -68,38 +56,6 @@ def artifact_root(uri: str, workspace: Workspace | str | os.PathLike | None, nam
 def slug(text: str) -> str:
     """`text` as a file/registry-safe name (runs of other characters -> "-")."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "default"
-
-
-def strip_userinfo(uri: str) -> str:
-    """The URI without user:password@, for messages and for our own health probe."""
-    p = urllib.parse.urlparse(uri)
-    if p.username is None and p.password is None:
-        return uri
-    host = p.hostname or ""
-    if p.port:
-        host = f"{host}:{p.port}"
-    return urllib.parse.urlunparse(p._replace(netloc=host))
-
-
-def parent_state_path(workdir: Path, config_hash: str) -> Path:
-    """Where the parent run of `config_hash` is remembered."""
-    return workdir / "runs" / f"{config_hash}.json"
-
-
-def read_state(path: Path) -> dict:
-    """A JSON state file, {} when it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def write_state(path: Path, state: dict) -> None:
-    """Write a JSON state file atomically (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:

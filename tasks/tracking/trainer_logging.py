@@ -1,20 +1,6 @@
-"""Trainer-side MLflow logging without transformers: the keys and tags the trainer callback
-(tasks.tracking.step_logger.StepLogger) sends a point under, and the replay of points
-kept locally while MLflow was away (re-exported by tasks.tracking)."""
+"""The keys and tags the trainer callback (tasks.tracking.step_logger, which imports
+transformers) sends a point under, importable without transformers."""
 from __future__ import annotations
-
-from mlflow.tracking import MlflowClient
-
-from tasks.tracking.mlflow_client import get_client
-from tasks.tracking.tracking_store import workdir_of
-
-
-def replay_unsent_metrics(workspace, client: MlflowClient | None = None) -> dict[str, int]:
-    """Send the metric points earlier runs kept locally while MLflow was unreachable."""
-    from tasks.tracking.spool import replay_unsent
-
-    return replay_unsent(workdir_of(workspace), get_client(client))
-
 
 # The trainer's end-of-training summary: one value per run, a one-dot chart as a metric;
 # tags of the run instead (`trainer.<key>`, readable on its overview).

@@ -1,11 +1,11 @@
-"""The recipe verdict's freshness in MLflow (the rule: grpo_core.eval.freshness).
+"""The recipe verdict's freshness in MLflow (the rule and texts: grpo_core.eval.freshness).
 
-`stamp` records, on a new comparison run, the model versions its verdict was computed with
+`stamp` records on a new comparison run the model versions its verdict was computed with
 (tag grpo.verdict_versions, from each parent run's grpo.registered_model/model_version) and
 writes "computed with ..." under the verdict in the run's and the experiment's descriptions.
 `mark_if_stale`, called when a retrain or a pipeline has finished (either may have promoted
-a newer champion), puts a `STALE: ...` line at the top of both descriptions and tags the
-comparison run grpo.verdict_stale; `annotate` adds both to the verdict `grpo compare` prints.
+a newer champion), puts a `STALE: ...` line at the top of both and tags the run
+grpo.verdict_stale; `comparison_verdict` (what `grpo compare` prints) adds both.
 """
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ import logging
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from grpo_core.eval.freshness import computed_with, stale, stale_line
+from grpo_core.eval.freshness import (
+    computed_with,
+    stale,
+    stale_line,
+    under_verdict,
+    with_stale_line,
+)
+from tasks.tracking.headline import VERDICT_TAG
 from tasks.tracking.mlflow_client import get_client, set_tags
 from tasks.tracking.registry import champion_version
 
@@ -41,17 +48,11 @@ def stamp(run_id: str, parent_runs: list[str], client: MlflowClient | None = Non
         return ""
     run = c.get_run(run_id)
     set_tags(run_id, {VERSIONS_TAG: json.dumps(recorded), STALE_TAG: "no",
-                      NOTE: _under_verdict(run.data.tags.get(NOTE, ""), f"({line})")}, c)
+                      NOTE: under_verdict(run.data.tags.get(NOTE, ""), f"({line})")}, c)
     exp = c.get_experiment(run.info.experiment_id)
     c.set_experiment_tag(exp.experiment_id, NOTE,
-                         _under_verdict(exp.tags.get(NOTE, ""), f"({line})"))
+                         under_verdict(exp.tags.get(NOTE, ""), f"({line})"))
     return line
-
-
-def _under_verdict(note: str, line: str) -> str:
-    """`note` with `line` as its second line (under the verdict's first)."""
-    head, _, rest = note.partition("\n")
-    return f"{head}\n{line}\n{rest}" if note else line
 
 
 def newest_comparison(c: MlflowClient, experiment_id: str):
@@ -72,8 +73,15 @@ def freshness(run, client: MlflowClient | None = None) -> dict:
     return {"computed_with": computed_with(recorded), "stale": stale_line(stale(recorded, champions))}
 
 
-def annotate(said: str, run, client: MlflowClient | None = None) -> str:
-    """The verdict with what it was computed with, and STALE: ... when a champion moved on."""
+def comparison_verdict(uri: str | None, experiment: str) -> str | None:
+    """The verdict of `experiment`'s newest comparison run, with what it was computed with
+    and STALE: ... when a champion moved on (None without one)."""
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else get_client()
+    exp = client.get_experiment_by_name(experiment)
+    run = newest_comparison(client, exp.experiment_id) if exp is not None else None
+    said = run.data.tags.get(VERDICT_TAG) if run else None
+    if said in (None, "none"):
+        return None
     f = freshness(run, client)
     return " ".join(x for x in (said, f"({f['computed_with']})" if f["computed_with"] else "",
                                 f["stale"]) if x)
@@ -90,15 +98,10 @@ def mark_if_stale(experiment: str, client: MlflowClient | None = None) -> str:
             return ""
         line = freshness(run, c)["stale"]
         set_tags(run.info.run_id, {STALE_TAG: line or "no",
-                                   NOTE: _banner(run.data.tags.get(NOTE, ""), line)}, c)
-        c.set_experiment_tag(exp.experiment_id, NOTE, _banner(exp.tags.get(NOTE, ""), line))
+                                   NOTE: with_stale_line(run.data.tags.get(NOTE, ""), line)}, c)
+        c.set_experiment_tag(exp.experiment_id, NOTE,
+                             with_stale_line(exp.tags.get(NOTE, ""), line))
         return line
     except MlflowException as exc:
         log.warning("could not check the verdict's freshness: %s", exc)
         return ""
-
-
-def _banner(note: str, line: str) -> str:
-    """`note` with its STALE line replaced by `line` (removed when `line` is "")."""
-    body = note.split("\n\n", 1)[1] if note.startswith("STALE: ") and "\n\n" in note else note
-    return f"{line}\n\n{body}" if line else body

@@ -1,8 +1,9 @@
-"""Secret redaction: values of secret-named keys and passwords inside URLs never reach
-MLflow params, tags, artifacts or logs."""
+"""Secret redaction: values of secret-named keys and credentials inside URLs never reach
+a run's params, tags, artifacts, messages or logs."""
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,3 +46,14 @@ def redact(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return [redact(v) for v in tree]
     return _scrub_value(tree)
+
+
+def strip_userinfo(uri: str) -> str:
+    """The URI without user:password@, for messages and for our own health probe."""
+    p = urllib.parse.urlparse(uri)
+    if p.username is None and p.password is None:
+        return uri
+    host = p.hostname or ""
+    if p.port:
+        host = f"{host}:{p.port}"
+    return urllib.parse.urlunparse(p._replace(netloc=host))
