@@ -74,9 +74,16 @@ def read_state(path: Path) -> dict:
         return {}
 
 
-def write_state(path: Path, state: dict) -> None:
-    """Write a JSON state file atomically (temp file + rename)."""
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` through a temp file and a rename: a killed process leaves the
+    old file or the new one, never half of one."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_state(path: Path, state: dict) -> None:
+    """Write a JSON state file atomically (write_atomic)."""
+    write_atomic(path, json.dumps(state, indent=2, sort_keys=True))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
+from grpo_core.workspace import read_state, write_atomic
 from tasks.cache import stage_key
 
 # Left out on purpose: where or how visibly work runs (filter.shards/shard_runner,
@@ -90,19 +90,12 @@ def _file_sha(path: Path, memo: dict | None = None) -> str | None:
 def _read_memo(path: Path | None) -> dict | None:
     if path is None:
         return None
-    try:
-        memo = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        memo = {}
+    memo = read_state(Path(path))
     return {"files": memo.get("files") or {}, "sources": memo.get("sources") or {}}
 
 
 def _write_memo(path: Path, memo: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(memo, indent=1, sort_keys=True))
 
 
 def ingest_key(cfg: PipelineConfig, digests: Path | None = None) -> str:

@@ -10,7 +10,6 @@ and the Prefect task of the stage reports it as the `Cached` state (tasks/stage_
 is stale and the stage runs again."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,6 +26,7 @@ from grpo_core.train.throughput import (
     format_memory,
     format_throughput,
 )
+from grpo_core.workspace import write_atomic
 
 
 def _metric_text(m: dict | None) -> str:
@@ -51,11 +51,7 @@ class StageResult(BaseModel):
     # ------------------------------------------------------------------ save / load
     def save(self, path: str | Path) -> None:
         """Write the result as JSON, atomically (a killed run leaves no half entry)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(self.model_dump_json(indent=1))
-        os.replace(tmp, path)
+        write_atomic(path, self.model_dump_json(indent=1))
 
     @classmethod
     def load(cls, path: str | Path, cached: bool = False):

@@ -91,14 +91,12 @@ def patient_gold_parsing(seconds: float = GOLD_DEADLINE_S) -> Iterator[None]:
     """
     from grpo_core.verify import gold
 
-    old = getattr(gold, "GOLD_DEADLINE_S", None)
-    if old is not None:
-        gold.GOLD_DEADLINE_S = max(old, seconds)
+    old = gold.GOLD_DEADLINE_S
+    gold.GOLD_DEADLINE_S = max(old, seconds)
     try:
         yield
     finally:
-        if old is not None:
-            gold.GOLD_DEADLINE_S = old
+        gold.GOLD_DEADLINE_S = old
 
 
 def check_gold(p: Problem, parses: dict[str, bool] | None = None) -> Rejection | None:
