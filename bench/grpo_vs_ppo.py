@@ -330,9 +330,9 @@ def log_mlflow(uri: str, results: list[dict], markdown: str, csv_text: str, char
     """One run per arm (params, per-step reward, the measurements) and the comparison run
     (table + chart), as the recipe comparison is logged (tasks.tracking.artifacts.log_comparison)."""
     from grpo_core.config import config_from_dict
+    from grpo_core.workspace import artifact_root
     from tasks import tracking
     from tasks.tracking.mlflow_client import connect, experiment_id
-    from tasks.tracking.tracking_store import artifact_root
 
     workspace = Path(uri[len("sqlite:///"):]).parent if uri.startswith("sqlite:///") else None
     cfg = config_from_dict({"tracking": {"tracking_uri": uri, "experiment": EXPERIMENT},

@@ -31,7 +31,7 @@ from common import ROOT
 
 from grpo_core.eval.headline import headline_tag
 from grpo_core.eval.metric_names import HEADLINE, benchmarks_in
-from tasks.tracking.headline import VIEW_NAME, ui_links
+from grpo_core.eval.ui_views import VIEW_NAME, ui_links
 
 ASSISTANT_CLOSED = ("localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
                     "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');")

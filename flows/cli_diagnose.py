@@ -54,10 +54,10 @@ def diagnose(
 def _run_history(cfg, run_id: str) -> list[dict]:
     from mlflow.exceptions import MlflowException
 
-    from grpo_core.workspace import Workspace
+    from grpo_core.workspace import Workspace, tracking_uri
     from tasks import tracking
 
-    uri = tracking.tracking_uri(cfg, Workspace.at(cfg.project.workdir))
+    uri = tracking_uri(cfg, Workspace.at(cfg.project.workdir))
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         fail(f"no MLflow store at {uri} (--workdir?)", 1)
     from tasks.preflight import PreflightError, reach_tracking

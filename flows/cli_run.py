@@ -162,14 +162,14 @@ def compare(experiment: Annotated[str | None, typer.Option("--experiment", help=
     """Print the recipe comparison table from existing MLflow runs."""
     from flows.compare import to_markdown
     from grpo_core.config import PipelineConfig
-    from grpo_core.workspace import Workspace
+    from grpo_core.workspace import Workspace, tracking_uri
     from tasks import tracking
 
     cfg = PipelineConfig()
     if workdir is not None:
         cfg.project.workdir = str(workdir)
     ws = Workspace.at(cfg.project.workdir)
-    uri = tracking.tracking_uri(cfg, ws)
+    uri = tracking_uri(cfg, ws)
     rows = tracking.compare_table(uri, experiment or "recipes")
     if not rows:
         fail(f"no finished pipeline runs in experiment {experiment or 'recipes'!r}", 1)
@@ -195,8 +195,7 @@ def doctor(workdir: WORKDIR = None) -> None:
     data dir."""
     from grpo_core.config import PipelineConfig
     from grpo_core.generation.rollout import vllm_available
-    from grpo_core.workspace import Workspace, resolve_data_dir
-    from tasks import tracking
+    from grpo_core.workspace import Workspace, resolve_data_dir, tracking_uri
 
     ok = True
 
@@ -233,7 +232,7 @@ def doctor(workdir: WORKDIR = None) -> None:
         line(False, f"workspace {ws.root}: {exc}")
     from tasks.preflight import PreflightError, reach_tracking
 
-    uri = tracking.tracking_uri(cfg, ws)
+    uri = tracking_uri(cfg, ws)
     try:
         reach_tracking(uri)
         line(True, f"MLflow tracking URI reachable: {uri}")

@@ -32,12 +32,13 @@ from grpo_core.eval.comparison import (
     paired_deltas,
     table_row,
 )
+from grpo_core.eval.ui_views import ui_base
 from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.eval_records import records_store, stage_records
 from tasks.plots import comparison_chart
 from tasks.preflight import RunPlan
-from tasks.tracking import headline, verdict_freshness
+from tasks.tracking import verdict_freshness
 
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
 
@@ -205,7 +206,7 @@ def artifact_markdown(report: dict, links: dict, uri: str = "") -> str:
                  + (f", [runs table]({links['runs_table']})" if links.get("runs_table") else ""), ""]
         if uri and not uri.startswith(("http://", "https://")):
             head += [f"(a local store, `{uri}`: serve it with `mlflow ui --backend-store-uri "
-                     f"{uri}` at {headline.ui_base(uri)} for these links)", ""]
+                     f"{uri}` at {ui_base(uri)} for these links)", ""]
     return "\n".join([*head, report["markdown"]])
 
 

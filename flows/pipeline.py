@@ -38,12 +38,12 @@ from grpo_core.train.throughput import (
     child_processes,
     rss_now_gb,
 )
-from grpo_core.workspace import Workspace
+from grpo_core.workspace import Workspace, experiment_name
 from tasks import stage_data, stages, tracking
 from tasks.finish import finish_pipeline
 from tasks.preflight import RunPlan, planned
 from tasks.stage_results import EvalResult, FilterResult
-from tasks.tracking import tracking_store, verdict_freshness
+from tasks.tracking import verdict_freshness
 
 
 def git_commit() -> str:
@@ -109,7 +109,7 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True,
                      warm.starts, warm.reuses)
             tracking.log_metrics(ctx.parent_run, {ENGINE_STARTS_METRIC: warm.starts,
                                                   ENGINE_REUSES_METRIC: warm.reuses})
-        verdict_freshness.mark_if_stale(tracking_store.experiment_name(cfg))  # a newer champion?
+        verdict_freshness.mark_if_stale(experiment_name(cfg))  # a newer champion?
     log_findings(log, out["findings"])
     return out
 

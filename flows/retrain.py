@@ -24,13 +24,13 @@ from flows.stage_log import log_findings, retrain_run_name, run_stage
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.round_gate import regressions
 from grpo_core.modeling.loading import use_hub_token
-from grpo_core.workspace import Workspace
+from grpo_core.workspace import Workspace, experiment_name
 from tasks import stage_data, stages, tracking
 from tasks.eval_records import records_store, stage_records
 from tasks.finish import finish_pipeline
 from tasks.preflight import RunPlan, planned
 from tasks.stage_results import EvalResult
-from tasks.tracking import tracking_store, verdict_freshness
+from tasks.tracking import verdict_freshness
 
 
 @flow(name="grpo-retrain", validate_parameters=True, flow_run_name=retrain_run_name)
@@ -56,7 +56,7 @@ def retrain(config: PipelineConfig, progress: bool = True, plan: RunPlan | None 
             tracking.set_tags(ctx.parent_run, {"grpo.champion_version": champion.version})
             out = _stages(ctx, champion_dir, log)
         # the champion it was retrained from may be newer than the experiment's verdict
-        verdict_freshness.mark_if_stale(tracking_store.experiment_name(cfg))
+        verdict_freshness.mark_if_stale(experiment_name(cfg))
         report, bench = out["decision"], cfg.eval.benchmarks[0]
         tracking.log_json(ctx.parent_run, {
             "champion_version": str(champion.version), "champion": out["champion"][bench]["metrics"],

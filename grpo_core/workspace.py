@@ -2,11 +2,14 @@
 checkpoints and cached built-in models. Resolution order: explicit argument, then
 $GRPO_WORKDIR, then ./.grpo. Nothing is created until a stage asks for a path. Also the
 small JSON state files kept there (read_state, write_state: runs/<config hash>.json, a
-downloaded champion's marker)."""
+downloaded champion's marker), and where a config's MLflow store is (tracking_uri,
+experiment_name, artifact_root)."""
 from __future__ import annotations
 
 import json
 import os
+import re
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,3 +90,38 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
 def write_state(path: Path, state: dict) -> None:
     """Write a JSON state file atomically (write_atomic)."""
     write_atomic(path, json.dumps(state, indent=2, sort_keys=True))
+
+
+def tracking_uri(cfg, workspace: Workspace | str | os.PathLike | None = None) -> str:
+    """cfg.tracking.tracking_uri, else $MLFLOW_TRACKING_URI, else SQLite under the workdir."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    explicit = cfg.tracking.tracking_uri if cfg is not None else None
+    if explicit:
+        return explicit
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{Workspace(workdir_of(workspace, cfg)).mlflow_db}"
+
+
+def experiment_name(cfg) -> str:
+    return cfg.tracking.experiment or cfg.project.name
+
+
+def is_remote(uri: str) -> bool:
+    return urllib.parse.urlparse(uri).scheme in ("http", "https", "databricks")
+
+
+def artifact_root(uri: str, workspace: Workspace | str | os.PathLike | None, name: str,
+                  cfg=None) -> str | None:
+    """Where a new experiment keeps its artifacts: <workdir>/mlartifacts/<name> for local
+    stores (never ./mlruns under whatever the current directory is); the server's choice
+    for a tracking server."""
+    if is_remote(uri):
+        return None
+    return (Workspace(workdir_of(workspace, cfg)).mlflow_artifacts / slug(name)).as_uri()
+
+
+def slug(text: str) -> str:
+    """`text` as a file/registry-safe name (runs of other characters -> "-")."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "default"

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pydantic import BaseModel, ConfigDict
 
 from grpo_core.config import PipelineConfig
-from grpo_core.workspace import Workspace
+from grpo_core.workspace import Workspace, tracking_uri
 from tasks.launch import LaunchPlan, stage_plan
 from tasks.tracking import tracking_store
 
@@ -110,7 +110,7 @@ def preflight(cfg: PipelineConfig, loads_model: bool = True) -> RunPlan:
     launch = launch_of(cfg)
     ws = Workspace.at(cfg.project.workdir)
     return RunPlan(launch=launch,
-                   tracking_uri=reach_tracking(tracking_store.tracking_uri(cfg, ws)),
+                   tracking_uri=reach_tracking(tracking_uri(cfg, ws)),
                    db_path=str(ws.db_path), lock_timeout=cfg.data.store_lock_timeout)
 
 

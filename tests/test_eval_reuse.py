@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
+from grpo_core import workspace
 from grpo_core.workspace import Workspace
 from tasks import stages
 from tasks import tracking as T
@@ -41,7 +42,7 @@ def test_final_eval_reads_back_the_benchmark_the_round_scored(tracked_config, sh
     assert final.benchmarks["synthetic"] == round_.benchmarks["synthetic"]
     assert final.benchmarks["gsm8k"]["metrics"]["n_problems"] == 3
     # The final eval's run shows both per-problem tables, the reused one copied over.
-    client = MlflowClient(tracking_uri=T.tracking_uri(cfg, wd))
+    client = MlflowClient(tracking_uri=workspace.tracking_uri(cfg, wd))
     names = {a.path for a in client.list_artifacts(final.mlflow_run, "eval")}
     assert names == {"eval/synthetic.json", "eval/gsm8k.json"}
 

@@ -200,6 +200,7 @@ def test_eval_runs_on_the_name(fetched_workdir):
 def test_provenance_goes_on_the_pipeline_run_that_uses_the_model(tracked_config, wheel_dir):
     from mlflow.tracking import MlflowClient
 
+    from grpo_core import workspace
     from grpo_core.workspace import Workspace
     from tasks import stages
     from tasks import tracking as T
@@ -211,7 +212,7 @@ def test_provenance_goes_on_the_pipeline_run_that_uses_the_model(tracked_config,
     path = stages.base_model(stages.Ctx(cfg=cfg, ws=Workspace(wd), parent_run=parent,
                                            progress=False))
     assert path == str((wd / "models" / NAME).resolve())
-    tags = MlflowClient(tracking_uri=T.tracking_uri(cfg, wd)).get_run(parent).data.tags
+    tags = MlflowClient(tracking_uri=workspace.tracking_uri(cfg, wd)).get_run(parent).data.tags
     record = F.read_provenance(path)
     assert tags["model.provenance.wheel_sha256"] == record["wheel_sha256"]
     assert tags["model.provenance.conversion"] == "Q4_1 dequantised to fp32"

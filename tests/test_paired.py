@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_core import workspace
 from grpo_core.config import PipelineConfig
 from grpo_core.data.records import write_eval
 from grpo_core.data.store import Store
@@ -141,7 +142,7 @@ def _check_registry(wd: Path, project: str, report: dict, promoted: bool) -> Non
 def _check_comparison(wd: Path, project: str, stage_results: dict, promoted: bool) -> None:
     from flows.compare import comparison_rows, to_markdown
 
-    rows = T.compare_table(T.tracking_uri(_cfg(wd, project), wd), project)
+    rows = T.compare_table(workspace.tracking_uri(_cfg(wd, project), wd), project)
     assert [(r["recipe"], r["benchmark"]) for r in rows] == [("r1_zero", BENCH)]
     row = rows[0]
     assert list(row) == COMPARE_COLUMNS

@@ -130,7 +130,7 @@ def test_a_real_round_logs_throughput_to_its_history_and_mlflow_run(tiny_model_p
     from tasks.tracking.step_logger import StepLogger
 
     run, wd = tracked
-    logger = StepLogger(run, workspace=wd, flush_every_s=60)
+    logger = StepLogger(run, workspace=wd)
     try:
         result = run_grpo_round(tiny_model_path, generate_problems("train", 8, levels=[1]),
                                 _cfg(), tmp_path / "round", "r1_zero", extra_callbacks=[logger])

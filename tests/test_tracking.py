@@ -19,14 +19,16 @@ from pathlib import Path
 import pytest
 from mlflow_server import MlflowServer
 
+from grpo_core import workspace
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.comparison import COMPARE_COLUMNS
 from grpo_core.eval.metric_names import eval_metrics, sanitize_key
+from grpo_core.eval.ui_views import read_view
 from grpo_core.redaction import is_secret_name, redact
+from grpo_core.train.step_points import RUN_SUMMARY
 from tasks import tracking as T
 from tasks.finish import finish_pipeline
 from tasks.tracking.step_logger import StepLogger
-from tasks.tracking.trainer_logging import RUN_SUMMARY
 
 SECRET = "sekrit-7f3a9"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -110,14 +112,14 @@ def test_sanitize_key():
 def test_tracking_uri_resolution(tmp_path, monkeypatch):
     cfg = PipelineConfig()
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert T.tracking_uri(cfg, tmp_path) == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    assert workspace.tracking_uri(cfg, tmp_path) == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
-    assert T.tracking_uri(cfg, tmp_path) == "http://127.0.0.1:1"
+    assert workspace.tracking_uri(cfg, tmp_path) == "http://127.0.0.1:1"
     cfg.tracking.tracking_uri = "sqlite:////x/y.db"
-    assert T.tracking_uri(cfg, tmp_path) == "sqlite:////x/y.db"
+    assert workspace.tracking_uri(cfg, tmp_path) == "sqlite:////x/y.db"
     assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
-    assert T.artifact_root("http://h:1", tmp_path, "e") is None
-    assert T.artifact_root("sqlite:////x.db", tmp_path, "my exp") == \
+    assert workspace.artifact_root("http://h:1", tmp_path, "e") is None
+    assert workspace.artifact_root("sqlite:////x.db", tmp_path, "my exp") == \
         (tmp_path.resolve() / "mlartifacts" / "my-exp").as_uri()
 
 
@@ -388,7 +390,7 @@ def test_finish_pipeline_and_compare_table(store):
     # ... and the experiment opens on the runs table showing them.
     exp = client.get_experiment(p.info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    view, _ = T.headline.read_view(exp.tags["mlflow.sharedViewState.grpo-headline"])
+    view, _ = read_view(exp.tags["mlflow.sharedViewState.grpo-headline"])
     assert "tags.`synthetic greedy_accuracy final`" in view["selectedColumns"]
     # the column's text: the value with its CI, rounded to it
     assert p.data.tags["synthetic greedy_accuracy final"] == "0.50 [0.40, 0.60]"
@@ -397,13 +399,13 @@ def test_finish_pipeline_and_compare_table(store):
                                         "machine_learning&viewStateShareKey=grpo-headline")
     assert links["run"].endswith(f"{p.info.run_id}?workflowType=machine_learning")
     assert "/#/models/recipes-r1_zero/versions/1?" in links["model_version"]
-    rows = T.compare_table(T.tracking_uri(cfg, wd), "recipes")
+    rows = T.compare_table(workspace.tracking_uri(cfg, wd), "recipes")
     assert [(r["recipe"], r["benchmark"]) for r in rows] == [("r1_zero", "synthetic"),
                                                              ("sft_grpo", "synthetic")]
     assert rows[1]["final"] == 0.6 and rows[1]["base"] == 0.2
     assert rows[1]["final_lo"] == pytest.approx(0.5) and rows[1]["delta"] == pytest.approx(0.4)
     assert list(rows[0]) == COMPARE_COLUMNS
-    assert T.compare_table(T.tracking_uri(cfg, wd), "nope") == []
+    assert T.compare_table(workspace.tracking_uri(cfg, wd), "nope") == []
 
     chart = wd / "chart.png"
     chart.write_bytes(PNG_MAGIC)
@@ -470,7 +472,7 @@ def test_step_logger(store):
     c = T.get_client()
 
     ours = T.child_run(parent, "sft")
-    _tiny_trainer(wd / "t1", [], [StepLogger(ours, flush_every_s=60)]).train()
+    _tiny_trainer(wd / "t1", [], [StepLogger(ours)]).train()
     steps = sorted(m.step for m in c.get_metric_history(ours, "loss"))
     assert steps == [1, 2, 3, 4]  # flushed at train end although the interval is 60 s
     # the trainer's one-value summary: tags of the run (4 digits), not one-dot charts
@@ -481,7 +483,7 @@ def test_step_logger(store):
     from types import SimpleNamespace
 
     grpo = T.child_run(parent, "grpo/round-1")
-    logger = StepLogger(grpo, flush_every_s=60)
+    logger = StepLogger(grpo)
     state = SimpleNamespace(is_world_process_zero=True, global_step=1)
     logger.on_log(SimpleNamespace(num_iterations=1, num_generations=8), state, None,
                   logs={"reward": 0.5, "rewards/accuracy/mean": 0.25, "completions/mean_length": 20.0,
@@ -526,7 +528,7 @@ def test_reward_scorer_errors_reach_the_round_run(store, monkeypatch):
                 monkeypatch.setattr(answers, "_verify_uncached", real)
                 assert got == [None, 1.0]
 
-    logger = StepLogger(run, flush_every_s=60)
+    logger = StepLogger(run)
     _tiny_trainer(wd / "t3", [], [OneBadReward(), logger]).train()
     history = T.get_client().get_metric_history(run, "scorer_errors/accuracy")
     # 1 error from step 2 on; before it 0 (or no point, when no reward error happened yet
@@ -550,7 +552,7 @@ def test_over_http_against_mlflow_server(tmp_path, template_db, monkeypatch):
         cfg = PipelineConfig()
         cfg.project.workdir = str(tmp_path / "wd")
         cfg.project.name = "http"
-        assert T.tracking_uri(cfg, tmp_path / "wd") == uri
+        assert workspace.tracking_uri(cfg, tmp_path / "wd") == uri
         T.check_reachable(uri)
         parent = T.start_parent_run(cfg, cfg.hash(), "r1_zero", "abc", "flow", tmp_path / "wd")
         assert T.start_parent_run(cfg, cfg.hash(), "r1_zero", "abc", "flow2", tmp_path / "wd") == parent

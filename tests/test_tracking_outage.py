@@ -69,7 +69,7 @@ def test_mlflow_server_killed_mid_round(tiny_model_path, tmp_path):
 
         # 1. Down from step 3 to step 8, back before the round ends.
         run = client.create_run(exp, run_name="restarted").info.run_id
-        logger = StepLogger(run, flush_every_s=0, workspace=wd, close_timeout_s=180)
+        logger = StepLogger(run, workspace=wd, close_timeout_s=180)
         outage = Outage(server, down=3, up=8)
         t0 = time.monotonic()
         _round(tiny_model_path, tmp_path / "r1", [logger, outage])
@@ -84,7 +84,7 @@ def test_mlflow_server_killed_mid_round(tiny_model_path, tmp_path):
 
         # 2. Down from step 3 until after the round: the points go to a local file.
         run2 = client.create_run(exp, run_name="fallback").info.run_id
-        logger2 = StepLogger(run2, flush_every_s=0, workspace=wd, close_timeout_s=2)
+        logger2 = StepLogger(run2, workspace=wd, close_timeout_s=2)
         _round(tiny_model_path, tmp_path / "r2", [logger2, Outage(server, down=3, up=None)])
         assert logger2.unsent > 0 and logger2.unsent_file.is_file()
         assert str(logger2.unsent_file) in logger2.finding()

@@ -14,9 +14,9 @@ import mlflow
 import pytest
 from mlflow_server import MlflowServer
 
-from grpo_core.eval import headline
+from grpo_core.eval import headline, ui_views
+from grpo_core.train.step_points import HEADLINE_CURVES, chart_copies
 from tasks.tracking import headline as views
-from tasks.tracking.trainer_logging import HEADLINE_CURVES, chart_copies
 
 JS = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
 # The runs page's saved-view parser (module "experiment-page saved views" in 3.17's bundle)
@@ -30,7 +30,7 @@ def _bundle_has(text: str) -> bool:
 
 def test_the_installed_web_app_lists_views_stored_as_we_store_them():
     """The tag prefix and the envelope are the web app's, not ours: both are in its bundle."""
-    assert _bundle_has(f'"{views.VIEW_TAG_PREFIX}"'), "MLflow's runs views moved off the tag"
+    assert _bundle_has(f'"{ui_views.VIEW_TAG_PREFIX}"'), "MLflow's runs views moved off the tag"
     assert _bundle_has(ENVELOPE_RULE), "MLflow's saved-view envelope changed"
 
 
@@ -51,17 +51,17 @@ def test_headline_view_saved_under_views_over_http(tmp_path, template_db):
         server.wait_healthy()
         client = mlflow.MlflowClient(server.uri)
         exp_id = client.create_experiment("recipes")
-        tag = views.VIEW_TAG_PREFIX + views.VIEW_KEY
+        tag = ui_views.VIEW_TAG_PREFIX + ui_views.VIEW_KEY
         # a view as an earlier version wrote it (bare state, metric columns): replaced
         client.set_experiment_tag(exp_id, tag, json.dumps({"selectedColumns": [
             "metrics.`synthetic/final`", "tags.`gsm8k avg_at_8 final`"]}))
         key = views.set_experiment_view(client, exp_id, ["synthetic"], "avg@8")
-        assert key == views.VIEW_KEY
+        assert key == ui_views.VIEW_KEY
         status, got = server.request(f"/api/2.0/mlflow/experiments/get?experiment_id={exp_id}")
         assert status == 200
         tags = {t["key"]: t["value"] for t in got["experiment"]["tags"]}
         env = json.loads(tags[tag])
-        assert env["name"] == views.VIEW_NAME
+        assert env["name"] == ui_views.VIEW_NAME
         state = _ui_parse(tags[tag])
         cols = state["selectedColumns"]
         assert cols[:4] == ["attributes.`Models`", "tags.`gsm8k avg_at_8 final`",
@@ -77,7 +77,7 @@ def test_headline_view_saved_under_views_over_http(tmp_path, template_db):
         again = json.loads(client.get_experiment(exp_id).tags[tag])
         assert again["createdAt"] == env["createdAt"] and _ui_parse(json.dumps(again)) == state
         assert len([k for k in client.get_experiment(exp_id).tags
-                    if k.startswith(views.VIEW_TAG_PREFIX)]) == 1
+                    if k.startswith(ui_views.VIEW_TAG_PREFIX)]) == 1
     finally:
         server.stop()
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from grpo_core.eval.attribution import phase_gains, stage_gains
 from grpo_core.eval.metric_names import (
     HEADLINE,
+    benchmarks_in,
     ci_block_keys,
     ci_cells,
     delta_key,
@@ -124,6 +125,22 @@ def table_row(recipe: str, benchmark: str, metric: str, base: Triple, final: Tri
         d = final[0] - base[0]
     return dict(zip(COMPARE_COLUMNS, (recipe, benchmark, metric, *base, *final, d, dlo, dhi),
                     strict=True))
+
+
+def logged_rows(recipe: str, metric: str, base: Mapping[str, float],
+                final: Mapping[str, float]) -> list[dict]:
+    """A recipe's comparison rows read back from its logged metrics: `base`/`final` the
+    eval/base and eval/final runs' metrics (`<bench>/<metric>` with CI keys, the final's
+    paired delta too), one row per benchmark the final run holds `metric` for."""
+    mk = sanitize_key(metric)
+
+    def triple(metrics, key):
+        keys = ci_block_keys(key)
+        return metrics.get(keys["mean"]), metrics.get(keys["lo"]), metrics.get(keys["hi"])
+
+    return [table_row(recipe, bench, metric, triple(base, f"{bench}/{mk}"),
+                      triple(final, f"{bench}/{mk}"), triple(final, delta_key(f"{bench}/{mk}")))
+            for bench in benchmarks_in(final, mk)]
 
 
 def ci_triple(block: Mapping | None, value: str = "mean") -> Triple:

@@ -25,7 +25,7 @@ import contextlib
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 EXTRACTIONS = ("strict", "flexible")
 GREEDY = "greedy_accuracy"
@@ -191,6 +191,25 @@ def flatten_metrics(metrics: Mapping, prefix: str = "") -> dict[str, float]:
                 out.update(flatten_metrics(v, key))
         elif (x := _number(v)) is not None:
             out[key] = x
+    return out
+
+
+def flatten(tree: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """{"grpo": {"beta": 0.04}} -> {"grpo.beta": 0.04}. Lists of scalars stay one value;
+    lists holding mappings are indexed ("data.train.0.source")."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{sep}{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key, sep))
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, Mapping) for x in v):
+            for i, x in enumerate(v):
+                if isinstance(x, Mapping):
+                    out.update(flatten(x, f"{key}{sep}{i}", sep))
+                else:
+                    out[f"{key}{sep}{i}"] = x
+        else:
+            out[key] = v
     return out
 
 

@@ -1,9 +1,11 @@
 """Resolve and load a policy: `builtin:tiny-arith`, `builtin:proxy-qwen2` (and -hd32), a fetched name
-(`smollm2-135m-instruct`: modeling.fetch), a local folder, or a hub id."""
+(`smollm2-135m-instruct`: modeling.fetch), a local folder, or a hub id; `hf_folder`: the
+folder of a registered model downloaded from MLflow."""
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 from grpo_core.modeling.fetch import is_fetchable, resolve_fetched
@@ -153,3 +155,28 @@ def load_for_training(model_path: str):
     import torch
 
     return load_causal_lm(model_path, torch.float32), stored_dtype(model_path)
+
+
+def hf_folder(root: str | os.PathLike) -> Path:
+    """The from_pretrained folder of a downloaded registered model: `root` holding
+    config.json, or an MLflow transformers model's model/ (read from its MLmodel file) with
+    its components' (tokenizer) files copied in."""
+    root = Path(root)
+    if (root / "config.json").is_file():
+        return root
+    if not (root / "MLmodel").is_file():
+        raise LookupError(f"{root} holds neither config.json nor an MLmodel file")
+    import yaml
+
+    flavors = (yaml.safe_load((root / "MLmodel").read_text(encoding="utf-8")) or {}).get("flavors")
+    conf = (flavors or {}).get("transformers") or {}
+    weights = root / conf.get("model_binary", "model")
+    if not (weights / "config.json").is_file():
+        raise LookupError(f"{root}: no config.json under {weights.name}/ (a transformers "
+                          f"flavour saved with save_pretrained=False holds no weights)")
+    for component in conf.get("components", []):
+        src = root / "components" / component
+        for f in src.iterdir() if src.is_dir() else ():
+            if f.is_file() and not (weights / f.name).exists():
+                shutil.copy2(f, weights / f.name)
+    return weights

@@ -1,9 +1,9 @@
 """One entry point to MLflow tracking for flows and stages (`tracking.<name>`): a thin
 adapter that logs what grpo_core.eval decides. Its modules, bottom-up (each imports only
-those before it): redaction, tracking_store (where the store is, whether it answers),
+those before it): tracking_store (whether the store answers; where it is: grpo_core.workspace),
 mlflow_client (the process's client: params, tags, metrics, child runs), mlflow_model,
 spool (metric points MLflow's asynchronous logging could not send), artifacts, registry,
-trainer_logging (the callback's keys), headline (views, UI links, descriptions), verdict_freshness, parent_run.
+headline (views, UI links, descriptions), verdict_freshness, parent_run.
 step_logger.StepLogger, the trainer callback, imports transformers: it is not re-exported.
 """
 from __future__ import annotations
@@ -51,8 +51,6 @@ from tasks.tracking.registry import (  # noqa: F401 - re-exported
 from tasks.tracking.spool import replay_unsent_metrics  # noqa: F401 - re-exported
 from tasks.tracking.tracking_store import (  # noqa: F401 - re-exported
     TrackingUnreachable,
-    artifact_root,
     check_reachable,
-    tracking_uri,
 )
 from tasks.tracking.verdict_freshness import comparison_verdict  # noqa: F401 - re-exported

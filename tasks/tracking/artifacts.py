@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from grpo_core.eval.comparison import comparison_metrics, comparison_params
 from grpo_core.eval.headline import comparison_tags
-from grpo_core.workspace import workdir_of
+from grpo_core.workspace import artifact_root, experiment_name, slug, tracking_uri, workdir_of
 from tasks.tracking.mlflow_client import (
     connect,
     experiment_id,
@@ -24,7 +24,6 @@ from tasks.tracking.mlflow_client import (
     log_params,
     set_tags,
 )
-from tasks.tracking.tracking_store import artifact_root, experiment_name, slug, tracking_uri
 
 
 def log_text(run_id: str, text: str, path: str, client: MlflowClient | None = None) -> str:

@@ -18,7 +18,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
-from grpo_core.eval.metric_names import flatten_metrics, sanitize_key
+from grpo_core.eval.metric_names import flatten, flatten_metrics, sanitize_key
 from grpo_core.redaction import redact
 
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"
@@ -72,6 +72,12 @@ def get_client(client: MlflowClient | None = None) -> MlflowClient:
         return _client(current_uri())
 
 
+def client_for(uri: str | None) -> MlflowClient:
+    """A client of `uri`, or of this process's store when None (read-only views)."""
+    with _lock:
+        return _client(uri or current_uri())
+
+
 def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = None) -> str:
     """Get or create the experiment `name` (restoring it if it was deleted)."""
     exp = client.get_experiment_by_name(name)
@@ -85,25 +91,6 @@ def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = N
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
     return exp.experiment_id
-
-
-def flatten(tree: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
-    """{"grpo": {"beta": 0.04}} -> {"grpo.beta": 0.04}. Lists of scalars stay one value;
-    lists holding mappings are indexed ("data.train.0.source")."""
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{sep}{k}" if prefix else str(k)
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, key, sep))
-        elif isinstance(v, (list, tuple)) and any(isinstance(x, Mapping) for x in v):
-            for i, x in enumerate(v):
-                if isinstance(x, Mapping):
-                    out.update(flatten(x, f"{key}{sep}{i}", sep))
-                else:
-                    out[f"{key}{sep}{i}"] = x
-        else:
-            out[key] = v
-    return out
 
 
 def _param_value(v: Any) -> str:

@@ -1,8 +1,8 @@
 """A trained model as an MLflow model: the `transformers` flavour (text-generation, string
 in and out, the tokenizer as a component, the stored dtype kept), logged as a LoggedModel
 of the pipeline's run and registered from it, through an explicit MlflowClient only. A
-LoRA model's adapter/ is kept beside it. `hf_folder` turns a downloaded model back into a
-from_pretrained folder."""
+LoRA model's adapter/ is kept beside it (a downloaded one back as a from_pretrained
+folder: grpo_core.modeling.loading.hf_folder)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +18,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from grpo_core.train.lora import ADAPTER_DIR
-from tasks.tracking.tracking_store import is_remote
+from grpo_core.workspace import is_remote
 
 MODEL_FORMAT_TAG = "grpo.model_format"
 MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # mlflow.utils.mlflow_tags.MLFLOW_MODEL_VERSIONS
@@ -61,13 +61,11 @@ def _model_card(name: str, run_id: str):
 def _pip_requirements() -> list[str]:
     """What loading the model needs, pinned to the versions here: MLflow's default raises
     without torchvision, and inferring them would load the model again in a subprocess."""
-    from importlib.metadata import PackageNotFoundError, version
+    from grpo_core.versions import installed_version
 
-    out = []
-    for pkg in ("transformers", "torch", "tokenizers", "safetensors", "accelerate"):
-        with contextlib.suppress(PackageNotFoundError):
-            out.append(f"{pkg}=={version(pkg).split('+')[0]}")
-    return out
+    return [f"{pkg}=={v.split('+')[0]}" for pkg in
+            ("transformers", "torch", "tokenizers", "safetensors", "accelerate")
+            if (v := installed_version(pkg))]
 
 
 def _save_flavour(model_dir: str | os.PathLike, path: Path, name: str, run_id: str) -> None:
@@ -151,26 +149,3 @@ def _link_version(c: MlflowClient, model_id: str, name: str, version: str) -> No
     except (MlflowException, ValueError) as exc:
         _log.warning("register_model: could not tag logged model %s with %s v%s: %s",
                      model_id, name, version, exc)
-
-
-def hf_folder(root: str | os.PathLike) -> Path:
-    """The from_pretrained folder of a downloaded model: `root` holding config.json, or an
-    MLflow transformers model's model/ with its components' (tokenizer) files copied in."""
-    root = Path(root)
-    if (root / "config.json").is_file():
-        return root
-    if not (root / "MLmodel").is_file():
-        raise LookupError(f"{root} holds neither config.json nor an MLmodel file")
-    from mlflow.models import Model
-
-    conf = Model.load(str(root / "MLmodel")).flavors.get("transformers") or {}
-    weights = root / conf.get("model_binary", "model")
-    if not (weights / "config.json").is_file():
-        raise LookupError(f"{root}: no config.json under {weights.name}/ (a transformers "
-                          f"flavour saved with save_pretrained=False holds no weights)")
-    for component in conf.get("components", []):
-        src = root / "components" / component
-        for f in src.iterdir() if src.is_dir() else ():
-            if f.is_file() and not (weights / f.name).exists():
-                shutil.copy2(f, weights / f.name)
-    return weights

@@ -32,7 +32,15 @@ from grpo_core.eval.promotion import Decision
 from grpo_core.redaction import redact, strip_userinfo
 from grpo_core.train.findings import count_findings
 from grpo_core.versions import environment_snapshot
-from grpo_core.workspace import Workspace, read_state, workdir_of, write_state
+from grpo_core.workspace import (
+    Workspace,
+    artifact_root,
+    experiment_name,
+    read_state,
+    tracking_uri,
+    workdir_of,
+    write_state,
+)
 from tasks.tracking import headline
 from tasks.tracking.artifacts import log_json, log_text
 from tasks.tracking.mlflow_client import (
@@ -48,11 +56,6 @@ from tasks.tracking.mlflow_client import (
     set_tags,
 )
 from tasks.tracking.registry import champion_uri, promote, register_model
-from tasks.tracking.tracking_store import (
-    artifact_root,
-    experiment_name,
-    tracking_uri,
-)
 
 
 def _state_path(workdir: Path, config_hash: str) -> Path:

@@ -17,11 +17,11 @@ from mlflow.tracking import MlflowClient
 
 from grpo_core.eval import promotion
 from grpo_core.eval.promotion import Decision
+from grpo_core.modeling.loading import hf_folder
 from grpo_core.redaction import redact
-from grpo_core.workspace import read_state, write_state
+from grpo_core.workspace import read_state, slug, write_state
 from tasks.tracking.mlflow_client import get_client, set_tags
-from tasks.tracking.mlflow_model import hf_folder, log_and_register
-from tasks.tracking.tracking_store import slug
+from tasks.tracking.mlflow_model import log_and_register
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 EVAL_RUN_TAG = "grpo.eval_run_id"

@@ -1,5 +1,6 @@
 """StepLogger: a TrainerCallback streaming a trainer's logs into an MLflow run through the
-offline spool. Its own module: it imports transformers, which the facade must not."""
+offline spool (what a log line becomes: grpo_core.train.step_points). Its own module: it
+imports transformers, which the facade must not."""
 from __future__ import annotations
 
 import contextlib
@@ -8,34 +9,22 @@ import time
 from mlflow.tracking import MlflowClient
 from transformers import TrainerCallback
 
-from grpo_core.eval.metric_names import flatten_metrics, sanitize_key
+from grpo_core.train.step_points import errors_since, step_points, summary_tags
 from grpo_core.verify.rewards import scorer_error_counts
 from grpo_core.workspace import workdir_of
 from tasks.tracking.mlflow_client import get_client, set_tags
 from tasks.tracking.spool import MetricSpool, unsent_dir
-from tasks.tracking.trainer_logging import RUN_SUMMARY, chart_copies, summary_tags
-
-
-def _zero_by_construction(args, key: str, value: float) -> bool:
-    """TRL's clip_ratio/* with num_iterations 1: the importance ratio is exactly 1, they
-    are 0 at every step (five flat charts). A non-zero value is always streamed."""
-    return (key.startswith("clip_ratio/") and value == 0
-            and getattr(args, "num_iterations", None) == 1)
 
 
 class StepLogger(TrainerCallback):
-    """Streams the trainer's logs into `run_id` (pass it with report_to=[]): points handed
-    to a MetricSpool every `flush_every_s` seconds, at each save and at train end, where
-    it waits up to `close_timeout_s`; what is still unsent is kept (`unsent_file`)."""
+    """Streams the trainer's logs into `run_id` (pass it with report_to=[]): each log line
+    handed to MLflow's asynchronous logging, which batches them; at train end it waits up
+    to `close_timeout_s`, and what is still unsent is kept (`unsent_file`)."""
 
-    def __init__(self, run_id: str, flush_every_s: float = 5.0,
-                 client: MlflowClient | None = None, workspace=None,
+    def __init__(self, run_id: str, client: MlflowClient | None = None, workspace=None,
                  close_timeout_s: float = 120.0):
-        self.run_id, self.every, self.close_timeout_s = run_id, flush_every_s, close_timeout_s
-        self.buffer: list = []
+        self.run_id, self.close_timeout_s, self.client = run_id, close_timeout_s, client
         self.summary: dict = {}
-        self.client = client
-        self.last_flush = time.monotonic()
         self.shipper = MetricSpool(run_id, get_client(client), unsent_dir(workdir_of(workspace)))
         self.unsent = 0
         # Reward scorer errors of this process, counted from here on (the counter is
@@ -49,41 +38,19 @@ class StepLogger(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        ts = int(time.time() * 1000)
-        self.summary.update({k: v for k, v in logs.items() if k in RUN_SUMMARY})
-        logs = {k: v for k, v in logs.items() if k not in RUN_SUMMARY}
-        flat = flatten_metrics(logs)
-        # a GRPO trainer's arguments say how many completions per prompt
-        flat.update(chart_copies(flat, grpo=hasattr(args, "num_generations")))
-        for k, v in {**flat, **self.scorer_errors()}.items():
-            if not _zero_by_construction(args, k, v):
-                self.buffer.append((sanitize_key(k), v, ts, int(state.global_step)))
-        if time.monotonic() - self.last_flush >= self.every:
-            self.flush()
-
-    def scorer_errors(self) -> dict[str, int]:
-        """scorer_errors/<reward fn>: reward calls whose scoring raised (their reward was
-        left out, not read as wrong), since this logger started."""
-        now, start = scorer_error_counts(), self.errors_at_start
-        return {f"scorer_errors/{label.removeprefix('reward/')}": n - start.get(label, 0)
-                for label, n in now.items() if label.startswith("reward/")}
-
-    def flush(self):
-        items, self.buffer = self.buffer, []
-        self.shipper.put(items)
-        self.last_flush = time.monotonic()
-
-    def on_save(self, args, state, control, **kwargs):
-        self.flush()
+        ts, step = int(time.time() * 1000), int(state.global_step)
+        summary, points = step_points(logs, args)
+        self.summary.update(summary)
+        points.update(errors_since(scorer_error_counts(), self.errors_at_start))
+        self.shipper.put([(k, v, ts, step) for k, v in points.items()])
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close()
 
     def close(self) -> int:
-        """Hand over the last points and wait for MLflow (idempotent; call it in a
-        `finally` too: a trainer that raises skips on_train_end)."""
+        """Wait for MLflow to take the points (idempotent; call it in a `finally` too: a
+        trainer that raises skips on_train_end)."""
         if not self.shipper.closed:
-            self.flush()
             self.unsent = self.shipper.close(self.close_timeout_s)
             if self.summary and not self.unsent:  # MLflow answered just now
                 with contextlib.suppress(Exception):

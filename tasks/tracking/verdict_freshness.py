@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
@@ -23,12 +24,24 @@ from grpo_core.eval.freshness import (
     with_stale_line,
 )
 from tasks.tracking.headline import VERDICT_TAG
-from tasks.tracking.mlflow_client import get_client, set_tags
+from tasks.tracking.mlflow_client import client_for, get_client, set_tags
 from tasks.tracking.registry import champion_version
 
 VERSIONS_TAG, STALE_TAG = "grpo.verdict_versions", "grpo.verdict_stale"
 NOTE = "mlflow.note.content"
 log = logging.getLogger(__name__)
+
+
+def _champion(name: str, c: MlflowClient) -> str | None:
+    champ = champion_version(name, c)
+    return str(champ.version) if champ else None
+
+
+def _rewrite_notes(c: MlflowClient, run, tags: dict, edit: Callable[[str], str]) -> None:
+    """Set `tags` on comparison run `run` and rewrite its and its experiment's descriptions."""
+    set_tags(run.info.run_id, {**tags, NOTE: edit(run.data.tags.get(NOTE, ""))}, c)
+    exp = c.get_experiment(run.info.experiment_id)
+    c.set_experiment_tag(exp.experiment_id, NOTE, edit(exp.tags.get(NOTE, "")))
 
 
 def stamp(run_id: str, parent_runs: list[str], client: MlflowClient | None = None) -> str:
@@ -40,51 +53,37 @@ def stamp(run_id: str, parent_runs: list[str], client: MlflowClient | None = Non
         tags = c.get_run(parent).data.tags
         name, version = tags.get("grpo.registered_model"), tags.get("grpo.model_version")
         if name and version:
-            champ = champion_version(name, c)
-            recorded[name] = {"version": str(version),
-                              "champion": str(champ.version) if champ else None}
+            recorded[name] = {"version": str(version), "champion": _champion(name, c)}
     line = computed_with(recorded)
-    if not line:
-        return ""
-    run = c.get_run(run_id)
-    set_tags(run_id, {VERSIONS_TAG: json.dumps(recorded), STALE_TAG: "no",
-                      NOTE: under_verdict(run.data.tags.get(NOTE, ""), f"({line})")}, c)
-    exp = c.get_experiment(run.info.experiment_id)
-    c.set_experiment_tag(exp.experiment_id, NOTE,
-                         under_verdict(exp.tags.get(NOTE, ""), f"({line})"))
+    if line:
+        _rewrite_notes(c, c.get_run(run_id), {VERSIONS_TAG: json.dumps(recorded), STALE_TAG: "no"},
+                       lambda note: under_verdict(note, f"({line})"))
     return line
 
 
-def newest_comparison(c: MlflowClient, experiment_id: str):
+def _newest_comparison(c: MlflowClient, experiment: str):
     """The experiment's newest comparison run (None without one)."""
-    found = c.search_runs([experiment_id], "tags.`grpo.pipeline` = 'comparison'",
-                          order_by=["attributes.start_time DESC"], max_results=1)
+    exp = c.get_experiment_by_name(experiment)
+    found = c.search_runs([exp.experiment_id], "tags.`grpo.pipeline` = 'comparison'",
+                          order_by=["attributes.start_time DESC"], max_results=1) if exp else []
     return found[0] if found else None
 
 
-def freshness(run, client: MlflowClient | None = None) -> dict:
-    """{"computed_with": line, "stale": "STALE: ..." or ""} of comparison run `run`."""
-    c = get_client(client)
+def _stale_line(run, c: MlflowClient) -> str:
     recorded = json.loads(run.data.tags.get(VERSIONS_TAG) or "{}")
-    champions = {}
-    for name in recorded:
-        champ = champion_version(name, c)
-        champions[name] = str(champ.version) if champ else None
-    return {"computed_with": computed_with(recorded), "stale": stale_line(stale(recorded, champions))}
+    return stale_line(stale(recorded, {name: _champion(name, c) for name in recorded}))
 
 
 def comparison_verdict(uri: str | None, experiment: str) -> str | None:
     """The verdict of `experiment`'s newest comparison run, with what it was computed with
     and STALE: ... when a champion moved on (None without one)."""
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri) if uri else get_client()
-    exp = client.get_experiment_by_name(experiment)
-    run = newest_comparison(client, exp.experiment_id) if exp is not None else None
+    c = client_for(uri)
+    run = _newest_comparison(c, experiment)
     said = run.data.tags.get(VERDICT_TAG) if run else None
     if said in (None, "none"):
         return None
-    f = freshness(run, client)
-    return " ".join(x for x in (said, f"({f['computed_with']})" if f["computed_with"] else "",
-                                f["stale"]) if x)
+    line = computed_with(json.loads(run.data.tags.get(VERSIONS_TAG) or "{}"))
+    return " ".join(x for x in (said, f"({line})" if line else "", _stale_line(run, c)) if x)
 
 
 def mark_if_stale(experiment: str, client: MlflowClient | None = None) -> str:
@@ -92,15 +91,11 @@ def mark_if_stale(experiment: str, client: MlflowClient | None = None) -> str:
     there is none). A tracking error is logged, never raised: the run itself is done."""
     try:
         c = get_client(client)
-        exp = c.get_experiment_by_name(experiment)
-        run = newest_comparison(c, exp.experiment_id) if exp is not None else None
+        run = _newest_comparison(c, experiment)
         if run is None or VERSIONS_TAG not in run.data.tags:
             return ""
-        line = freshness(run, c)["stale"]
-        set_tags(run.info.run_id, {STALE_TAG: line or "no",
-                                   NOTE: with_stale_line(run.data.tags.get(NOTE, ""), line)}, c)
-        c.set_experiment_tag(exp.experiment_id, NOTE,
-                             with_stale_line(exp.tags.get(NOTE, ""), line))
+        line = _stale_line(run, c)
+        _rewrite_notes(c, run, {STALE_TAG: line or "no"}, lambda note: with_stale_line(note, line))
         return line
     except MlflowException as exc:
         log.warning("could not check the verdict's freshness: %s", exc)
