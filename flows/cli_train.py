@@ -22,8 +22,7 @@ def _setup(config, overrides, workdir, model, stage: str):
     (tasks/stage_data.py: the same bounds as in the pipeline)."""
     from grpo_core.data.pool import ingest_sources, training_pool
     from grpo_core.data.store import Store, StoreError
-    from grpo_core.modeling.loading import load_tokenizer, resolve_model_path
-    from grpo_core.prompts import resolve_template
+    from grpo_core.modeling.loading import resolve_model_path
     from grpo_core.workspace import Workspace
     from tasks.stage_data import stage_reads
 
@@ -36,8 +35,8 @@ def _setup(config, overrides, workdir, model, stage: str):
             pool = training_pool(cfg, store, ingest_sources(cfg, store), *stage_reads(cfg, stage))
     except StoreError as exc:
         fail(str(exc), 1)
-    template = resolve_template(cfg.model.template, load_tokenizer(path))
-    return cfg, ws, path, pool, template
+    # model.template as configured: the trainer resolves "auto" with the tokenizer it loads
+    return cfg, ws, path, pool, cfg.model.template
 
 
 def plan_or_exit(cfg):

@@ -180,7 +180,6 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str
 
 
 def sft(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str]) -> SftStageResult:
-    from grpo_core.prompts import resolve_template
     from grpo_core.train.sft import run_sft
 
     problems_fp, read = stage_data.stage_input(ctx, "sft", problem_ids)
@@ -188,7 +187,7 @@ def sft(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str]) -> SftStage
 
     def compute(run):
         problems = read()
-        template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
+        template = ctx.cfg.model.template  # "auto" resolved by run_sft's tokenizer
         out = ctx.ckpt_dir(f"sft-{key[-8:]}")
         plan = ctx.launch_plan()
         if plan.mode != "in-process":
@@ -211,7 +210,6 @@ def sft(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str]) -> SftStage
 def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
                round_no: int) -> GrpoStageResult:
     from grpo_core.data.records import drop_rollouts_after, rollout_sink
-    from grpo_core.prompts import resolve_template
     from grpo_core.train.grpo import last_checkpoint, run_grpo_round
     from grpo_core.train.throughput import round_summary
 
@@ -220,7 +218,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
 
     def compute(run):
         problems = read()
-        template = resolve_template(ctx.cfg.model.template, _tokenizer(model_path))
+        template = ctx.cfg.model.template  # "auto" resolved by run_grpo_round's tokenizer
         out = ctx.ckpt_dir(f"grpo-{key[-8:]}")
         with ctx.store() as store:
             # A round killed after a checkpoint continues from it (resume=True); what the
@@ -339,8 +337,3 @@ def scored_already(ctx: Ctx, model_fp: str, benchmarks: list[str], problem_sets:
                 tracking.copy_artifacts(done.mlflow_run, run)
     return out
 
-
-def _tokenizer(path: str):
-    from grpo_core.modeling.loading import load_tokenizer
-
-    return load_tokenizer(path)

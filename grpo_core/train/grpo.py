@@ -14,7 +14,7 @@ from pathlib import Path
 from grpo_core.config import PipelineConfig, generation_batch
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import load_for_training
-from grpo_core.prompts import render_prompt, stop_strings
+from grpo_core.prompts import render_prompt, resolve_template, stop_strings
 from grpo_core.train import lora
 from grpo_core.train.batch_patterns import repeated_patterns, share_metrics
 from grpo_core.train.in_round_eval import (
@@ -182,6 +182,7 @@ def run_grpo_round(
     out.mkdir(parents=True, exist_ok=True)
     ckpt = last_checkpoint(out) if resume else None
     tokenizer = load_tokenizer(model_path)  # left padding, pad = eos when it has none
+    template = resolve_template(template, tokenizer)  # "auto": by this tokenizer
     model, save_dtype = load_for_training(model_path)
     funcs, weights = build_reward_funcs(cfg.rewards, cfg.grpo.max_completion_length)
     extra_rewards = list(extra_rewards or [])

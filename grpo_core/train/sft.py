@@ -9,7 +9,7 @@ from pathlib import Path
 from grpo_core.config import PipelineConfig
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import load_for_training
-from grpo_core.prompts import render_prompt
+from grpo_core.prompts import render_prompt, resolve_template
 from grpo_core.train import lora
 from grpo_core.train.trl_args import trl_sft_args
 
@@ -78,7 +78,8 @@ def run_sft(
     report_to: list[str] | None = None,
     extra_callbacks: list | None = None,
 ) -> SFTResult:
-    """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final."""
+    """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final.
+    `template`: model.template ("auto" is resolved here, with the tokenizer loaded here)."""
     from grpo_core.modeling.loading import configure_threads, load_tokenizer
     from grpo_core.train.callbacks import LossHistory
     from grpo_core.train.trainer import PipelineSFTTrainer
@@ -92,6 +93,7 @@ def run_sft(
         raise ValueError("SFT needs problems with reference solutions; none were found")
     out = Path(output_dir)
     tokenizer = load_tokenizer(model_path, padding_side=None)  # the tokenizer's own side
+    template = resolve_template(template, tokenizer)  # "auto": by this tokenizer
     model, save_dtype = load_for_training(model_path)  # fp32 master weights
     args = trl_sft_args(cfg, str(out), report_to)
     result = SFTResult(output_dir=str(out / "final"), steps=0)
