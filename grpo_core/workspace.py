@@ -94,7 +94,6 @@ def write_state(path: Path, state: dict) -> None:
 
 def tracking_uri(cfg, workspace: Workspace | str | os.PathLike | None = None) -> str:
     """cfg.tracking.tracking_uri, else $MLFLOW_TRACKING_URI, else SQLite under the workdir."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     explicit = cfg.tracking.tracking_uri if cfg is not None else None
     if explicit:
         return explicit

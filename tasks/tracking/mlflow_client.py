@@ -66,10 +66,7 @@ def current_uri() -> str:
 
 
 def get_client(client: MlflowClient | None = None) -> MlflowClient:
-    if client is not None:
-        return client
-    with _lock:
-        return _client(current_uri())
+    return client if client is not None else client_for(None)
 
 
 def client_for(uri: str | None) -> MlflowClient:
