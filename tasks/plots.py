@@ -161,8 +161,17 @@ def training_curves(history: Sequence[dict], path: str | Path, kind: str = "grpo
 
 def passrate_histogram(pass_rates: Sequence[float], band: tuple[float, float], path: str | Path,
                        bins: int = 8, title: str = "Estimated pass rate per prompt") -> Path:
-    """Write a PNG of the pass-rate histogram (grpo_core.eval.passrate.histogram: one bin
-    per attainable rate j/bins) with the kept band shaded; returns the path."""
+    """Write `passrate_figure(...)` as a PNG at path; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    passrate_figure(pass_rates, band, bins, title).savefig(path, format="png")
+    return path
+
+
+def passrate_figure(pass_rates: Sequence[float], band: tuple[float, float], bins: int = 8,
+                    title: str = "Estimated pass rate per prompt"):
+    """The pass-rate histogram (grpo_core.eval.passrate.histogram: one bin per attainable
+    rate j/bins) with the kept band shaded, as a Figure (Agg canvas attached)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -181,10 +190,7 @@ def passrate_histogram(pass_rates: Sequence[float], band: tuple[float, float], p
     # Above the axes, so it never hides a bar.
     ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False, fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    return fig
 
 
 # ----------------------------------------------------------------------------- comparison

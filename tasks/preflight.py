@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from grpo_core.config import PipelineConfig
+from grpo_core.redaction import strip_userinfo
 from grpo_core.workspace import Workspace, tracking_uri
 from tasks.launch import LaunchPlan, stage_plan
-from tasks.tracking import tracking_store
 
 
 class PreflightError(Exception):
@@ -32,6 +36,10 @@ class PreflightError(Exception):
     def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+_MLFLOW_ANSWERS = (200, 401, 403)
+_PROBE_PATH = "/api/2.0/mlflow/experiments/search?max_results=1"
 
 
 class RunPlan(BaseModel):
@@ -60,12 +68,73 @@ def launch_of(cfg: PipelineConfig) -> LaunchPlan:
 
 
 def reach_tracking(uri: str) -> str:
-    """`uri` when the MLflow store answers; PreflightError (exit 1) naming it otherwise."""
-    try:
-        tracking_store.check_reachable(uri)
-    except tracking_store.TrackingUnreachable as exc:
-        raise PreflightError(str(exc), 1) from None
+    """`uri` when the MLflow store answers (check_reachable)."""
+    check_reachable(uri)
     return uri
+
+
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """PreflightError (exit 1), naming the URI, when the MLflow store cannot answer: the
+    run's one probe, before the heavy imports (mlflow only to ask a server).
+    sqlite: the database's folder must be writable. http(s): `_ask_server`."""
+    if urllib.parse.urlparse(uri).scheme in ("http", "https"):
+        return _ask_server(uri, timeout)
+    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+    if path and path != ":memory:":
+        folder = Path(path).parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not os.access(folder, os.W_OK):
+            raise PreflightError(f"MLflow store {uri}: folder {folder} is not writable", 1)
+
+
+def _ask_server(uri: str, timeout: float) -> None:
+    """One GET of the REST API with the credentials the MLflow client sends (MLflow's own
+    get_default_host_creds and http_request: env, ~/.mlflow/credentials, a token, the URI's
+    user:password, its TLS settings). 200, or 403 from an auth layer, is reachable; a 401
+    fails, naming the variables to set, never their values, except under a custom auth
+    provider (MLFLOW_TRACKING_AUTH, AWS SigV4), which decides for itself and is not asked
+    here; anything else, a refusal or silence is unreachable (a 404 from another web app is
+    not a tracking server). The request runs in a daemon thread joined with a deadline, so a
+    slow DNS lookup cannot stretch it past `timeout` + 1 s; no retries."""
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import MlflowHostCreds, http_request
+
+    shown = strip_userinfo(uri)
+    creds = get_default_host_creds(uri)
+    custom = bool(creds.auth or creds.aws_sigv4)
+    if custom:
+        creds = MlflowHostCreds(shown, ignore_tls_verification=creds.ignore_tls_verification,
+                                server_cert_path=creds.server_cert_path)
+    outcome: dict[str, Any] = {}
+
+    def probe() -> None:
+        try:
+            outcome["status"] = http_request(creds, _PROBE_PATH, "GET", max_retries=0,
+                                             timeout=timeout).status_code
+        except Exception as exc:  # noqa: BLE001 - any failure means unreachable
+            outcome["error"] = f"{type(exc).__name__}: {exc}".replace(uri, shown)
+
+    t = threading.Thread(target=probe, daemon=True, name="mlflow-health-probe")
+    t.start()
+    t.join(timeout + 1.0)
+    status = outcome.get("status")
+    if status == 401 and not custom:
+        given = bool((creds.username and creds.password) or creds.token
+                     or urllib.parse.urlparse(uri).password)
+        said = "refused the credentials given" if given else "requires authentication and none was given"
+        raise PreflightError(
+            f"MLflow tracking server {shown} {said} (HTTP 401). Set "
+            f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an MLflow user "
+            f"of that server (the compose stack's pipeline user: MLFLOW_PIPELINE_USERNAME "
+            f"/ MLFLOW_PIPELINE_PASSWORD in infra/.env).", 1)
+    if status not in _MLFLOW_ANSWERS:
+        why = (f"GET {_PROBE_PATH}: HTTP {status}, not an MLflow server?" if status is not None
+               else outcome.get("error", f"no answer within {timeout:g} s"))
+        raise PreflightError(
+            f"MLflow tracking server {shown} is not reachable ({why}). Start it "
+            f"(mlflow server --host ... --port ...), fix MLFLOW_TRACKING_URI / "
+            f"tracking.tracking_uri, or unset both to use the local SQLite store.", 1)
 
 
 def check_model(cfg: PipelineConfig) -> None:

@@ -143,13 +143,13 @@ def test_mlflow_basic_auth_pipeline_run_and_guarded_registry(tiny_model_path, tm
 
 
 def test_check_reachable_probes_with_the_clients_credentials(tmp_path, monkeypatch):
-    """tasks.tracking.tracking_store.check_reachable against a stand-in for a basic-auth MLflow (open
+    """tasks.preflight.check_reachable against a stand-in for a basic-auth MLflow (open
     /health, 401 elsewhere without the right header): the header is built as the MLflow
     client builds it, from the environment, ~/.mlflow/credentials or the URI's userinfo."""
     import http.server
     import threading
 
-    from tasks.tracking.tracking_store import TrackingUnreachable, check_reachable
+    from tasks.preflight import PreflightError, check_reachable
 
     good = "Basic " + basic_auth_token(*PIPELINE)
 
@@ -170,11 +170,11 @@ def test_check_reachable_probes_with_the_clients_credentials(tmp_path, monkeypat
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.mlflow/credentials yet
     try:
-        with pytest.raises(TrackingUnreachable, match="requires authentication and none was given"):
+        with pytest.raises(PreflightError, match="requires authentication and none was given"):
             check_reachable(uri, timeout=3)
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", PIPELINE[0])
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong-password-5678")
-        with pytest.raises(TrackingUnreachable, match="refused the credentials") as err:
+        with pytest.raises(PreflightError, match="refused the credentials") as err:
             check_reachable(uri, timeout=3)
         assert "wrong-password-5678" not in str(err.value) and "MLFLOW_TRACKING_PASSWORD" in str(err.value)
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PIPELINE[1])

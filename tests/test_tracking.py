@@ -28,6 +28,7 @@ from grpo_core.redaction import is_secret_name, redact
 from grpo_core.train.step_points import RUN_SUMMARY
 from tasks import tracking as T
 from tasks.finish import finish_pipeline
+from tasks.preflight import PreflightError, check_reachable
 from tasks.tracking.step_logger import StepLogger
 
 SECRET = "sekrit-7f3a9"
@@ -91,8 +92,10 @@ def test_redact_nested_and_urls():
     assert tree["a"]["hub_token"] == SECRET  # a copy: the input is untouched
 
 
-def test_flatten_config_params():
-    params = T.config_params(PipelineConfig())
+def test_parent_run_params_are_the_flattened_config(store):
+    cfg, wd = store
+    parent = _parent(cfg, wd)  # connects this test's store
+    params = T.get_client().get_run(parent).data.params
     assert params["grpo.beta"] == "0.04"
     assert params["filter.band"] == "[0.3, 0.7]"
     assert params["data.train.0.source"] == "synthetic:arith"
@@ -129,13 +132,13 @@ def test_check_reachable_unused_port_fails_fast():
         port = s.getsockname()[1]  # closed when the block ends: nothing listens there
     uri = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
-    with pytest.raises(T.TrackingUnreachable) as err:
-        T.check_reachable(uri, timeout=3)
-    assert time.monotonic() - t0 < 10
+    with pytest.raises(PreflightError) as err:
+        check_reachable(uri, timeout=3)
+    assert time.monotonic() - t0 < 10 and err.value.exit_code == 1
     assert uri in str(err.value)
     # Credentials in the URI never reach the message.
-    with pytest.raises(T.TrackingUnreachable) as err:
-        T.check_reachable(f"http://bob:{SECRET}@127.0.0.1:{port}", timeout=3)
+    with pytest.raises(PreflightError) as err:
+        check_reachable(f"http://bob:{SECRET}@127.0.0.1:{port}", timeout=3)
     assert SECRET not in str(err.value) and f"127.0.0.1:{port}" in str(err.value)
 
 
@@ -553,7 +556,7 @@ def test_over_http_against_mlflow_server(tmp_path, template_db, monkeypatch):
         cfg.project.workdir = str(tmp_path / "wd")
         cfg.project.name = "http"
         assert workspace.tracking_uri(cfg, tmp_path / "wd") == uri
-        T.check_reachable(uri)
+        check_reachable(uri)
         parent = T.start_parent_run(cfg, cfg.hash(), "r1_zero", "abc", "flow", tmp_path / "wd")
         assert T.start_parent_run(cfg, cfg.hash(), "r1_zero", "abc", "flow2", tmp_path / "wd") == parent
         child = T.child_run(parent, "grpo/round-1")

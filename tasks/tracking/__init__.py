@@ -1,7 +1,6 @@
 """One entry point to MLflow tracking for flows and stages (`tracking.<name>`): a thin
 adapter that logs what grpo_core.eval decides. Its modules, bottom-up (each imports only
-those before it): tracking_store (whether the store answers; where it is: grpo_core.workspace),
-mlflow_client (the process's client: params, tags, metrics, child runs), mlflow_model,
+those before it): mlflow_client (the process's client: params, tags, metrics, child runs), mlflow_model,
 spool (metric points MLflow's asynchronous logging could not send), artifacts, registry,
 headline (views, UI links, descriptions), verdict_freshness, parent_run.
 step_logger.StepLogger, the trainer callback, imports transformers: it is not re-exported.
@@ -24,7 +23,6 @@ from tasks.tracking.headline import (  # noqa: F401 - re-exported
 )
 from tasks.tracking.mlflow_client import (  # noqa: F401 - re-exported
     child_run,
-    config_params,
     connect,
     current_uri,
     end_run,
@@ -49,8 +47,4 @@ from tasks.tracking.registry import (  # noqa: F401 - re-exported
     register_model,
 )
 from tasks.tracking.spool import replay_unsent_metrics  # noqa: F401 - re-exported
-from tasks.tracking.tracking_store import (  # noqa: F401 - re-exported
-    TrackingUnreachable,
-    check_reachable,
-)
 from tasks.tracking.verdict_freshness import comparison_verdict  # noqa: F401 - re-exported

@@ -55,23 +55,22 @@ def copy_artifacts(src_run: str, dst_run: str, client: MlflowClient | None = Non
 def log_training_curves(run_id: str, history: Sequence[Mapping[str, Any]], kind: str = "grpo",
                         client: MlflowClient | None = None) -> str:
     """plots/<kind>_curves.png: tasks.plots' per-step panels."""
-    from tasks.plots import training_curves
+    from tasks.plots import figure
 
-    with tempfile.TemporaryDirectory() as tmp:
-        png = training_curves(history, Path(tmp) / f"{slug(kind)}_curves.png", kind=kind)
-        return log_file(run_id, png, "plots", client)
+    path = f"plots/{slug(kind)}_curves.png"
+    get_client(client).log_figure(run_id, figure(history, kind), path)
+    return path
 
 
 def log_passrate_histogram(run_id: str, pass_rates: Sequence[float], band: Sequence[float],
                            k: int | None = None, client: MlflowClient | None = None) -> str:
     """plots/passrate_histogram.png with the kept band shaded."""
-    from tasks.plots import passrate_histogram
+    from tasks.plots import passrate_figure
 
     title = f"Estimated pass rate per prompt (k={k})" if k else "Estimated pass rate per prompt"
-    with tempfile.TemporaryDirectory() as tmp:
-        png = passrate_histogram(list(pass_rates), (float(band[0]), float(band[1])),
-                                 Path(tmp) / "passrate_histogram.png", title=title)
-        return log_file(run_id, png, "plots", client)
+    fig = passrate_figure(list(pass_rates), (float(band[0]), float(band[1])), title=title)
+    get_client(client).log_figure(run_id, fig, "plots/passrate_histogram.png")
+    return "plots/passrate_histogram.png"
 
 
 def log_eval_table(run_id: str, per_problem: Sequence[Mapping[str, Any]], name: str,

@@ -16,7 +16,7 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
 from grpo_core.eval.metric_names import flatten, flatten_metrics, sanitize_key
 from grpo_core.redaction import redact
@@ -93,12 +93,6 @@ def experiment_id(client: MlflowClient, name: str, artifact_root: str | None = N
 def _param_value(v: Any) -> str:
     text = json.dumps(v) if isinstance(v, (list, tuple, dict)) else str(v)
     return text if len(text) <= MAX_PARAM_VAL_LENGTH else text[: MAX_PARAM_VAL_LENGTH - 3] + "..."
-
-
-def config_params(cfg) -> dict[str, str]:
-    """The resolved config as MLflow params: flattened, redacted, stringified."""
-    return {k[:MAX_ENTITY_KEY_LENGTH]: _param_value(v)
-            for k, v in flatten(redact(cfg.model_dump(mode="json"))).items()}
 
 
 def log_params(run_id: str, params: Mapping[str, Any], client: MlflowClient | None = None) -> None:

@@ -47,7 +47,6 @@ from tasks.tracking.mlflow_client import (
     child_run,
     child_runs,
     close_children,
-    config_params,
     connect,
     experiment_id,
     get_client,
@@ -103,9 +102,9 @@ def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_r
     else:
         run_id = client.create_run(exp_id, run_name=f"{recipe}-{config_hash[:8]}",
                                    tags={k: str(v) for k, v in tags.items()}).info.run_id
-        log_params(run_id, {**config_params(cfg), **(extra_params or {})}, client)
-        client.log_text(run_id, yaml.safe_dump(redact(cfg.model_dump(mode="json")), sort_keys=False),
-                        "config/resolved.yaml")
+        config = cfg.model_dump(mode="json")
+        log_params(run_id, {**config, **(extra_params or {})}, client)  # flattened, redacted
+        client.log_text(run_id, yaml.safe_dump(redact(config), sort_keys=False), "config/resolved.yaml")
         log_json(run_id, redact(environment_snapshot()), "config/environment.json", client)
     now = time.time()
     created = state.get("created", now) if run is not None else now

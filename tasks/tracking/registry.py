@@ -121,18 +121,13 @@ def download_champion(name: str, dst: str | os.PathLike, client: MlflowClient | 
     seen = read_state(marker)
     if {k: seen.get(k) for k in want} == want and (dst / seen.get("folder", "")).is_dir():
         return dst / seen["folder"]
-    dst.mkdir(parents=True, exist_ok=True)
-    prefix = f"runs:/{mv.run_id}/"
-    if mv.run_id and (mv.source or "").startswith(prefix):
-        local = Path(c.download_artifacts(mv.run_id, mv.source[len(prefix):], str(dst)))
-    else:  # a logged model (or registered elsewhere): where the registry says it is
-        out = dst / f"v{mv.version}"
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir()
-        local = Path(mlflow.artifacts.download_artifacts(
-            artifact_uri=c.get_model_version_download_uri(name, str(mv.version)),
-            dst_path=str(out), tracking_uri=c.tracking_uri))
+    out = dst / f"v{mv.version}"  # where the registry says it is (a logged model or runs:/)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    local = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=c.get_model_version_download_uri(name, str(mv.version)),
+        dst_path=str(out), tracking_uri=c.tracking_uri))
     folder = hf_folder(local)
     old = seen.get("version")
     if old and str(old) != str(mv.version) and (dst / f"v{old}").is_dir():
