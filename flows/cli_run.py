@@ -63,10 +63,10 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
     if smoke or model is not None:
         real = configs[0]
         configs = [_smoke_config_or_exit(config, real, model, smoke)]
-    from tasks.preflight import PreflightError, holding_store, preflight
+    from tasks.preflight import PreflightError, holding_store, preflight_all
 
     try:  # every check before any work: exit 2 naming the field, 1 for a silent MLflow
-        plans = [preflight(c) for c in configs]
+        plans = preflight_all(configs)  # each MLflow store probed once
     except PreflightError as exc:
         fail(str(exc), exc.exit_code)
     uri = plans[0].tracking_uri

@@ -37,7 +37,7 @@ from grpo_core.workspace import Workspace
 from tasks import tracking
 from tasks.eval_records import records_store, stage_records
 from tasks.plots import comparison_chart
-from tasks.preflight import RunPlan
+from tasks.preflight import RunPlan, preflight_all
 from tasks.tracking import verdict_freshness
 
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
@@ -168,13 +168,12 @@ def to_csv(rows: list[dict]) -> str:
 @flow(name="grpo-compare", validate_parameters=True, flow_run_name=compare_run_name)
 def compare_recipes(configs: list[PipelineConfig], progress: bool = True,
                     plans: list[RunPlan] | None = None) -> dict:
-    """`plans`: each config's preflight, the store held (`grpo run`); None: each pipeline
-    makes its own (a deployment's run)."""
+    """`plans`: each config's preflight, the store held (`grpo run`); None (a deployment's
+    run): made here, each pipeline taking the store in its turn."""
     log = get_run_logger()
     results = {}
-    for i, cfg in enumerate(configs):
-        results[cfg.project.recipe] = grpo_pipeline(cfg, progress=progress,
-                                                    plan=plans[i] if plans else None)
+    for cfg, plan in zip(configs, plans or preflight_all(configs), strict=True):
+        results[cfg.project.recipe] = grpo_pipeline(cfg, progress=progress, plan=plan)
     report = comparison_report(configs, results)
     parents = [r["parent_run"] for r in results.values()]
     run = publish_comparison(configs[0], report, parents)

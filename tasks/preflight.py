@@ -18,7 +18,7 @@ import contextlib
 import os
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -170,17 +170,27 @@ def check_benchmarks(cfg: PipelineConfig) -> None:
             store.close()
 
 
-def preflight(cfg: PipelineConfig, loads_model: bool = True) -> RunPlan:
+def preflight(cfg: PipelineConfig, loads_model: bool = True, probed: Collection[str] = ()
+              ) -> RunPlan:
     """Every check of a run of `cfg`, in the order a user fixes them; its plan.
-    `loads_model`: False for a retrain, which starts from the registered champion."""
+    `loads_model`: False for a retrain, which starts from the registered champion;
+    `probed`: MLflow stores already found answering in this pass (not asked again)."""
     if loads_model:
         check_model(cfg)
     check_benchmarks(cfg)
     launch = launch_of(cfg)
     ws = Workspace.at(cfg.project.workdir)
-    return RunPlan(launch=launch,
-                   tracking_uri=reach_tracking(tracking_uri(cfg, ws)),
+    uri = tracking_uri(cfg, ws)
+    return RunPlan(launch=launch, tracking_uri=uri if uri in probed else reach_tracking(uri),
                    db_path=str(ws.db_path), lock_timeout=cfg.data.store_lock_timeout)
+
+
+def preflight_all(configs: Sequence[PipelineConfig]) -> list[RunPlan]:
+    """The plans of configs run together (a comparison): each MLflow store probed once."""
+    plans: list[RunPlan] = []
+    for cfg in configs:
+        plans.append(preflight(cfg, probed={p.tracking_uri for p in plans}))
+    return plans
 
 
 @contextlib.contextmanager
