@@ -1,11 +1,14 @@
 """A real `mlflow server` on loopback for tests: start, SIGKILL, restart on the same port
 and backend store (what a crashed and restarted tracking server looks like); with
 `admin=(user, password)`, behind MLflow's basic auth as infra/compose.yaml runs it (the
-shipped infra/mlflow/basic_auth.ini, its user store moved into the test's folder)."""
+shipped infra/mlflow/basic_auth.ini, its user store moved into the test's folder).
+`http_standin`: a loopback stand-in answering GETs with a status of the test's choosing."""
 from __future__ import annotations
 
 import base64
 import configparser
+import contextlib
+import http.server
 import json
 import os
 import secrets
@@ -13,13 +16,36 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 AUTH_INI = ROOT / "infra" / "mlflow" / "basic_auth.ini"
+
+
+@contextlib.contextmanager
+def http_standin(status_of: Callable[[http.server.BaseHTTPRequestHandler], int]) -> Iterator[str]:
+    """A loopback HTTP server answering each GET with `status_of(request)` and no body, for
+    what needs no MLflow behind it (a probe's credentials, how often it asks); yields its URI."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(status_of(self))
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 import yaml
-from mlflow_server import MlflowServer
+from mlflow_server import MlflowServer, http_standin
 from pipeline_runs import GRPO, ROOT, basic_auth_token, run_env, scan_for_secrets
 
 from tasks.tracking.mlflow_client import stage_of
@@ -146,30 +146,18 @@ def test_check_reachable_probes_with_the_clients_credentials(tmp_path, monkeypat
     """tasks.preflight.check_reachable against a stand-in for a basic-auth MLflow (open
     /health, 401 elsewhere without the right header): the header is built as the MLflow
     client builds it, from the environment, ~/.mlflow/credentials or the URI's userinfo."""
-    import http.server
-    import threading
-
     from tasks.preflight import PreflightError, check_reachable
 
     good = "Basic " + basic_auth_token(*PIPELINE)
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            ok = self.path == "/health" or self.headers.get("Authorization") == good
-            self.send_response(200 if ok else 401)
-            self.end_headers()
+    def status_of(request) -> int:
+        return 200 if request.path == "/health" or request.headers.get("Authorization") == good else 401
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    uri = f"http://127.0.0.1:{server.server_address[1]}"
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
                  "MLFLOW_TRACKING_AUTH", "MLFLOW_TRACKING_AWS_SIGV4"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.mlflow/credentials yet
-    try:
+    with http_standin(status_of) as uri:
         with pytest.raises(PreflightError, match="requires authentication and none was given"):
             check_reachable(uri, timeout=3)
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", PIPELINE[0])
@@ -189,5 +177,3 @@ def test_check_reachable_probes_with_the_clients_credentials(tmp_path, monkeypat
         (tmp_path / ".mlflow" / "credentials").unlink()
         monkeypatch.setenv("MLFLOW_TRACKING_AUTH", "some_plugin")  # a custom provider decides
         check_reachable(uri, timeout=3)
-    finally:
-        server.shutdown()

@@ -8,6 +8,7 @@ import multiprocessing
 from pathlib import Path
 
 import pytest
+from mlflow_server import http_standin
 
 from grpo_core.config import config_from_dict
 from grpo_core.data.locks import lock_path
@@ -91,29 +92,11 @@ def test_configs_run_together_probe_their_mlflow_server_once(tmp_path):
     """A comparison's configs share one MLflow server: preflight_all asks it once, as
     `grpo run` and a deployed comparison plan them (a stand-in answering 200 and counting
     the requests: no MLflow server is needed to count)."""
-    import http.server
-    import threading
-
     asked = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            asked.append(self.path)
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    uri = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with http_standin(lambda request: asked.append(request.path) or 200) as uri:
         configs = [_cfg(tmp_path, f"project.recipe={r}", f"tracking.tracking_uri={uri}")
                    for r in ("r1_zero", "sft_grpo")]
         plans = preflight_all(configs)
         assert [p.tracking_uri for p in plans] == [uri, uri] and len(asked) == 1
         preflight(configs[0])  # a run of its own asks again
         assert len(asked) == 2
-    finally:
-        server.shutdown()
