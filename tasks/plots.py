@@ -186,8 +186,9 @@ def passrate_figure(pass_rates: Sequence[float], band: tuple[float, float], bins
     ax.set_xlim(-0.5 / bins, 1 + 0.5 / bins)
     ax.set_xlabel("pass rate")
     ax.set_ylabel("prompts")
-    ax.set_title(f"{title} (n={len(pass_rates)})", loc="left", fontsize=10)
-    # Above the axes, so it never hides a bar.
+    # The title on a line of its own, the legend above the axes under it: the legend never
+    # hides a bar, and a long title (k, n) never runs into it.
+    fig.suptitle(f"{title} (n={len(pass_rates)})", x=0.02, ha="left", fontsize=10)
     ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False, fontsize=8)
     fig.tight_layout()
     return fig

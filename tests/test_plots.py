@@ -7,7 +7,7 @@ import math
 
 from PIL import Image
 
-from tasks.plots import figure, panels, passrate_histogram, training_curves
+from tasks.plots import figure, panels, passrate_figure, passrate_histogram, training_curves
 
 LEAD = ["reward (mean +- std)", "reward per function", "accuracy", "completion length (tokens)",
         "truncated at max length (completions/clipped_ratio)",
@@ -133,3 +133,13 @@ def test_passrate_histogram_writes_a_png(tmp_path):
     path = passrate_histogram([0.0, 0.25, 0.5, 0.5, 1.0], (0.3, 0.7), tmp_path / "sub" / "h.png",
                               bins=4)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_passrate_histogram_title_and_legend_do_not_overlap():
+    """The filter's title carries k and n; it once ran into the legend above the axes."""
+    fig = passrate_figure([0.0] * 300 + [0.125] * 50, (0.125, 0.875),
+                          title="Estimated pass rate per prompt (k=8)")
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)  # noqa: SLF001 - matplotlib's own handle
+    legend = fig.axes[0].get_legend().get_window_extent(renderer)
+    assert "n=350" in fig._suptitle.get_text() and not title.overlaps(legend)
