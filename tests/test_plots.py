@@ -143,3 +143,4 @@ def test_passrate_histogram_title_and_legend_do_not_overlap():
     title = fig._suptitle.get_window_extent(renderer)  # noqa: SLF001 - matplotlib's own handle
     legend = fig.axes[0].get_legend().get_window_extent(renderer)
     assert "n=350" in fig._suptitle.get_text() and not title.overlaps(legend)
+
