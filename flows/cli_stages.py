@@ -130,7 +130,7 @@ def filter_cmd(
     from grpo_core.data.store import StoreLockedError
     from grpo_core.eval.difficulty import run_filter
     from grpo_core.workspace import Workspace
-    from tasks.plots import passrate_histogram
+    from tasks.plots import passrate_figure, save_png
 
     cfg = _config(config, overrides, **{
         "model.name_or_path": model, "filter.k": k, "filter.band": _parse_band(band),
@@ -173,8 +173,8 @@ def filter_cmd(
         _fail(f"cannot load model {cfg.model.name_or_path}: "
               f"{str(exc).strip().splitlines()[0]}", 1)
     if plot:
-        passrate_histogram([r["pass_rate"] for r in report.estimates], report.band, plot,
-                           bins=report.k)
+        save_png(passrate_figure([r["pass_rate"] for r in report.estimates], report.band,
+                                 bins=report.k), plot)
     if as_json:
         typer.echo(json.dumps(report.summary(), indent=2))
         return

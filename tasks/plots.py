@@ -148,25 +148,15 @@ def _band(ax, history: Sequence[dict], mean_key: str, std_key: str) -> None:
                         alpha=0.2, label=std_key)
 
 
-def training_curves(history: Sequence[dict], path: str | Path, kind: str = "grpo",
-                    keys: Sequence[str] | None = None, title: str | None = None) -> Path:
-    """Draw `figure(...)` to a PNG at path; returns the path."""
+def save_png(fig, path: str | Path) -> Path:
+    """Write a Figure (figure, passrate_figure) as a PNG at path, folders made; the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure(history, kind, keys, title).savefig(path, format="png")
+    fig.savefig(path, format="png")
     return path
 
 
 # ----------------------------------------------------------------------------- pass rates
-
-
-def passrate_histogram(pass_rates: Sequence[float], band: tuple[float, float], path: str | Path,
-                       bins: int = 8, title: str = "Estimated pass rate per prompt") -> Path:
-    """Write `passrate_figure(...)` as a PNG at path; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    passrate_figure(pass_rates, band, bins, title).savefig(path, format="png")
-    return path
 
 
 def passrate_figure(pass_rates: Sequence[float], band: tuple[float, float], bins: int = 8,

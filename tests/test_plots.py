@@ -7,7 +7,7 @@ import math
 
 from PIL import Image
 
-from tasks.plots import figure, panels, passrate_figure, passrate_histogram, training_curves
+from tasks.plots import figure, panels, passrate_figure, save_png
 
 LEAD = ["reward (mean +- std)", "reward per function", "accuracy", "completion length (tokens)",
         "truncated at max length (completions/clipped_ratio)",
@@ -96,7 +96,7 @@ def test_empty_history_writes_a_valid_png_saying_so(tmp_path):
         assert panels(hist) == []
         fig = figure(hist)
         assert _titles(fig) == ["nothing logged"]
-        png = training_curves(hist, tmp_path / "sub" / "empty.png")
+        png = save_png(figure(hist), tmp_path / "sub" / "empty.png")
         with Image.open(png) as im:
             im.verify()
             assert im.format == "PNG"
@@ -104,11 +104,11 @@ def test_empty_history_writes_a_valid_png_saying_so(tmp_path):
 
 def test_grpo_png_is_a_valid_image_sized_to_the_grid(tmp_path):
     hist = [_grpo_row(s, in_round=True) for s in range(1, 6)]
-    png = training_curves(hist, tmp_path / "grpo_curves.png", kind="grpo")
+    png = save_png(figure(hist, kind="grpo"), tmp_path / "grpo_curves.png")
     with Image.open(png) as im:
         assert im.format == "PNG"
         assert im.size == (3 * 420, 5 * 280)  # 14 panels, 3 columns, 100 dpi
-    few = training_curves([{"step": 1, "reward": 0.1, "kl": 0.0}], tmp_path / "few.png")
+    few = save_png(figure([{"step": 1, "reward": 0.1, "kl": 0.0}]), tmp_path / "few.png")
     with Image.open(few) as im:
         assert im.size == (2 * 420, 280)
 
@@ -120,7 +120,7 @@ def test_sft_curves_keep_their_panels_and_leave_out_missing(tmp_path):
                                                       "learning_rate"]
     no_acc = [{k: v for k, v in row.items() if k != "mean_token_accuracy"} for row in hist]
     assert _titles(figure(no_acc, "sft")) == ["loss", "grad_norm", "learning_rate"]
-    with Image.open(training_curves(hist, tmp_path / "sft_curves.png", kind="sft")) as im:
+    with Image.open(save_png(figure(hist, kind="sft"), tmp_path / "sft_curves.png")) as im:
         assert im.format == "PNG"
 
 
@@ -130,8 +130,8 @@ def test_explicit_keys_draw_those_panels_only():
 
 
 def test_passrate_histogram_writes_a_png(tmp_path):
-    path = passrate_histogram([0.0, 0.25, 0.5, 0.5, 1.0], (0.3, 0.7), tmp_path / "sub" / "h.png",
-                              bins=4)
+    path = save_png(passrate_figure([0.0, 0.25, 0.5, 0.5, 1.0], (0.3, 0.7), bins=4),
+                    tmp_path / "sub" / "h.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -144,3 +144,19 @@ def test_passrate_histogram_title_and_legend_do_not_overlap():
     legend = fig.axes[0].get_legend().get_window_extent(renderer)
     assert "n=350" in fig._suptitle.get_text() and not title.overlaps(legend)
 
+
+
+def test_grpo_filter_plot_writes_the_histogram_png(tmp_path):
+    """`grpo filter --plot`: the built-in model's pass rates drawn as a PNG, folders made."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    png = tmp_path / "sub" / "h.png"
+    res = CliRunner().invoke(app, ["filter", "--source", "synthetic:arith", "--limit", "6",
+                                   "--k", "2", "--workdir", str(tmp_path / "ws"),
+                                   "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    assert f"histogram plot: {png}" in res.output.replace("\n", "")
+    with Image.open(png) as im:
+        assert im.format == "PNG"

@@ -68,9 +68,10 @@ def log_passrate_histogram(run_id: str, pass_rates: Sequence[float], band: Seque
     from tasks.plots import passrate_figure
 
     title = f"Estimated pass rate per prompt (k={k})" if k else "Estimated pass rate per prompt"
+    path = "plots/passrate_histogram.png"
     fig = passrate_figure(list(pass_rates), (float(band[0]), float(band[1])), title=title)
-    get_client(client).log_figure(run_id, fig, "plots/passrate_histogram.png")
-    return "plots/passrate_histogram.png"
+    get_client(client).log_figure(run_id, fig, path)
+    return path
 
 
 def log_eval_table(run_id: str, per_problem: Sequence[Mapping[str, Any]], name: str,
