@@ -186,3 +186,50 @@ def decontaminate(
         counts = store.decontaminate(ngram=ngram, min_coverage=min_coverage)
     console.print(f"contaminated training problems: {sum(counts.values())}"
                   + "".join(f"\n  {k}: {v}" for k, v in sorted(counts.items())))
+
+
+@app.command()
+def lineage(
+    model: Annotated[str | None, typer.Option(
+        "--model", help="A model folder or fingerprint [default: each recipe's newest model].")] = None,
+    db: DB = None,
+    workdir: WORKDIR = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, not a table.")] = False,
+) -> None:
+    """Which problems each stage behind a model consumed (SFT examples and epochs, each
+    round's filter candidates and kept set, GRPO prompts and their uses, the memorisation
+    probe's sets), and which training stages shared problems (none, unless
+    data.stage_overlap or filter.reuse_prompts asked for it)."""
+    from grpo_core.data.lineage import latest_models, lineage_of, overlaps
+
+    path = _db_path(db, workdir)
+    if not path.exists():
+        _fail(f"no store at {path} (run a pipeline first)", 2)
+    with _open(db, workdir, read_only=True) as store:
+        if model is None:
+            models = latest_models(store)
+        else:
+            fp = model
+            if Path(model).exists():
+                from grpo_core.modeling.loading import model_fingerprint
+
+                fp = model_fingerprint(model)
+            models = [("", fp)]
+        out = [{"recipe": recipe, "model": fp, "stages": lineage_of(store, fp),
+                "overlaps": overlaps(store, fp)} for recipe, fp in models]
+    if not any(o["stages"] for o in out):
+        _fail(f"no lineage recorded in {path}" + (f" for model {model}" if model else ""), 1)
+    if as_json:
+        typer.echo(json.dumps(out, indent=2, default=str))
+        return
+    for o in out:
+        table = Table(title=f"{o['recipe'] or 'model'} {o['model']}")
+        for col in ("stage", "round", "role", "problems", "uses"):
+            table.add_column(col, justify="right" if col in ("problems", "uses") else "left")
+        for r in o["stages"]:
+            table.add_row(r["stage"], "" if r["round"] is None else str(r["round"]), r["role"],
+                          str(r["problems"]), f"{r['uses']:g}")
+        console.print(table)
+        shared = [f"{s['stage_a']}{s['round_a'] or ''} & {s['stage_b']}{s['round_b'] or ''}: "
+                  f"{s['shared']}" for s in o["overlaps"]]
+        console.print("training stages sharing problems: " + ("; ".join(shared) or "none"))

@@ -74,6 +74,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
     from flows import configure_prefect
 
     configure_prefect(ws.root)
+    from grpo_core.data.stage_split import PoolExhausted
     from grpo_core.data.store import StoreLockedError
 
     t0 = time.time()
@@ -121,6 +122,8 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
         fail("interrupted; run the same command again to resume", 130)
     except StoreLockedError as exc:
         fail(str(exc), 1)
+    except PoolExhausted as exc:  # the data cannot feed the rounds: before any training
+        fail(str(exc), exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - any stage failure: say which, exit 1
         fail(f"pipeline failed: {type(exc).__name__}: {exc}", 1)
     typer.echo(f"done in {time.time() - t0:.0f} s.")

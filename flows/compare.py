@@ -157,6 +157,26 @@ def to_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def memorisation_markdown(results: dict[str, dict]) -> str:
+    """The memorisation probe of every training stage (tasks/probes.py): accuracy on the
+    problems it trained on and on unseen RL-part problems, each with its gain over the
+    stage's start model, the gap between the gains, the held-out figure; "" without probes."""
+    lines = []
+    for recipe, res in results.items():
+        for p in (m["gap"] for m in res.get("memorisation") or []):
+            t_gain, u_gain = p["trained"] - p["trained_before"], p["unseen"] - p["unseen_before"]
+            held = "-" if p.get("heldout") is None else f"{p['heldout']:.3f}"
+            lines.append(f"| {recipe} | {p['stage']} | {p['trained']:.3f} ({t_gain:+.3f}) | "
+                         f"{p['unseen']:.3f} ({u_gain:+.3f}) | {t_gain - u_gain:+.3f} "
+                         f"+/- {1.96 * p.get('gap_se', 0.0):.3f} | {held} |")
+    if not lines:
+        return ""
+    return "\n".join(["", "Memorisation probe (gain over the stage's start model in brackets; "
+                      "gap: trained gain minus unseen gain, 95% half-width):", "",
+                      "| recipe | stage | trained | unseen | gap | held-out |",
+                      "|---|---|---|---|---|---|", *lines])
+
+
 def to_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS)
@@ -220,7 +240,7 @@ def comparison_report(configs: list[PipelineConfig], results: dict[str, dict]) -
     ws = Workspace.at(configs[0].project.workdir).ensure()
     report_dir = ws.root / "reports"
     report_dir.mkdir(parents=True, exist_ok=True)
-    md, table_csv = to_markdown(rows), to_csv(rows)
+    md, table_csv = to_markdown(rows) + memorisation_markdown(results), to_csv(rows)
     (report_dir / "comparison.md").write_text((f"**{said}**\n\n" if said else "") + md + "\n")
     (report_dir / "comparison.csv").write_text(table_csv)
     chart = comparison_chart(rows, report_dir / "comparison.png")

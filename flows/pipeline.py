@@ -13,6 +13,7 @@ import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from flows import configure_prefect
 from flows.prefill import prefill_sharded
@@ -24,7 +25,8 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
-from grpo_core.data.pool import PoolRef
+from grpo_core.data.pool import PoolSlice
+from grpo_core.data.stage_split import check_rounds
 from grpo_core.eval.round_gate import Evaluated, gate_round
 from grpo_core.generation.warm_engine import keep_warm, release_warm
 from grpo_core.modeling.loading import use_hub_token
@@ -42,6 +44,7 @@ from grpo_core.workspace import Workspace, experiment_name
 from tasks import stage_data, stages, tracking
 from tasks.finish import finish_pipeline
 from tasks.preflight import RunPlan, planned
+from tasks.probes import memorisation_probe
 from tasks.stage_results import EvalResult, FilterResult
 from tasks.tracking import verdict_freshness
 
@@ -67,14 +70,15 @@ def scorer_error_findings(label: str, evaluated: EvalResult) -> list[str]:
             "input's hash)" for bench, n in evaluated.scorer_errors().items()]
 
 
-def training_prompts(kept: FilterResult, pool: PoolRef | list[str], need: int
-                     ) -> tuple[PoolRef | list[str], str | None]:
+def training_prompts(kept: FilterResult, pool: PoolSlice, need: int
+                     ) -> tuple[PoolSlice | list[str], str | None]:
     """The in-band problems when there are enough for one optimizer step (`need` prompts:
     grpo_core.train.grpo.prompts_per_update); else every problem the policy sometimes solves
-    (each still has reward variance); else the whole pool. A band that keeps too few
-    would otherwise train on nothing. A pool too small for one step is refused."""
+    (each still has reward variance); else the round's whole window of candidates. A band
+    that keeps too few would otherwise train on nothing. A window too small for one step is
+    refused."""
     if len(pool) < need:
-        raise ValueError(f"the training pool has {len(pool)} problems; one GRPO optimizer step "
+        raise ValueError(f"the round's candidates are {len(pool)} problems; one GRPO optimizer step "
                          f"needs {need} (one generation batch: grpo.per_device_train_batch_size x "
                          "train.num_processes x grpo.steps_per_generation / grpo.num_generations)")
     if len(kept.kept_ids) >= need:
@@ -84,7 +88,8 @@ def training_prompts(kept: FilterResult, pool: PoolRef | list[str], need: int
         return signal, (f"only {len(kept.kept_ids)} problems in band; training on the "
                         f"{len(signal)} with pass rate in (0, 1)")
     return pool, (f"only {len(kept.kept_ids)} problems in band and {len(signal)} with any "
-                  "success; training on the whole pool (re-filter difficulty or change the band)")
+                  "success; training on all the round's candidates (re-filter difficulty or "
+                  "change the band)")
 
 
 @flow(name="grpo-pipeline", validate_parameters=True, flow_run_name=pipeline_run_name)
@@ -149,9 +154,10 @@ def eval_scorer_for(cfg: PipelineConfig, ws: Workspace):
     return eval_scorer(ws.root)
 
 
-def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolRef | list[str], round_no: int,
-                 log, evidence_run: str | None = None) -> tuple[list[str], str | None]:
-    """Round `round_no`'s difficulty filter of `problem_ids` under `model` (estimates
+def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: int,
+                 log, evidence_run: str | None = None) -> tuple[PoolSlice | list[str], str | None]:
+    """Round `round_no`'s difficulty filter of its candidates `problem_ids` (a fresh window
+    of the RL part: tasks.stage_data.round_candidates) under `model` (estimates
     prefilled by shards when filter.shards > 1), then its training prompts: the
     `training_prompts` choice, and the finding it notes (None when the band was enough).
     `evidence_run`: the previous round's GRPO run, whose rollouts count as weighted
@@ -170,76 +176,131 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolRef | list[str], 
     return prompts, (f"round {round_no}: {note}" if note else None)
 
 
+@dataclass
+class _Run:
+    """What the stages of one pipeline run share: the context, the log, the findings so
+    far, the memorisation probes, and the data parts every stage reads (set by data())."""
+
+    ctx: stages.Ctx
+    log: object
+    findings: list[str] = field(default_factory=list)
+    probes: list = field(default_factory=list)
+    pool: object = None
+    rl_size: int = 0
+
+    def eval_stage(self, model: str, label: str, benchmarks: list[str]) -> EvalResult:
+        """The eval stage `label` of `model` (stages.evaluate_model), its start/end lines."""
+        cfg = self.ctx.cfg
+        return run_stage(self.log, label, "eval", stages.evaluate_model, self.ctx, model, label,
+                         benchmarks, eval_scorer_for(cfg, self.ctx.ws),
+                         primary=cfg.eval.primary_metric)
+
+    def data(self):
+        """Ingest, then check that every round has a fresh window of the RL part before any
+        work (grpo_core.data.stage_split: PoolExhausted names the numbers and the fix)."""
+        cfg = self.ctx.cfg
+        data = run_stage(self.log, "data", "data", stages.ingest, self.ctx)
+        self.findings += contamination_findings(data.contamination)
+        for f in self.findings:
+            self.log.warning(f)
+        self.pool = stage_data.pool_of(data)
+        self.rl_size = stage_data.rl_size(self.ctx, self.pool)
+        self.findings += [f"data: {note}" for note in check_rounds(cfg, self.rl_size)]
+        if cfg.data.stage_overlap:
+            self.findings.append("data: data.stage_overlap is set: SFT and GRPO read the whole "
+                                 "pool, so GRPO trains on problems SFT trained on (an ablation)")
+        return data
+
+    def probe(self, start_model: str, model_dir: str, stage: str, trained: list[str],
+              evaluated: EvalResult, readiness: bool = False) -> None:
+        """The memorisation probe of the model `stage` made from `start_model` (tasks.probes)."""
+        cfg = self.ctx.cfg
+        if not cfg.probe.problems:
+            return
+        bench = evaluated.benchmarks[cfg.eval.benchmarks[0]]
+        heldout = (bench["metrics"].get(cfg.eval.primary_metric) or {}).get("mean")
+        unseen = stage_data.unseen_part(cfg, self.pool, self.rl_size)
+        self.probes.append(run_stage(self.log, f"probe/{stage.split('/')[-1]}", "probe",
+                                     memorisation_probe, self.ctx, start_model, model_dir,
+                                     stage, trained,
+                                     unseen, heldout, readiness))
+        self.findings.extend(self.probes[-1].findings)
+
+    def sft(self, model: str) -> Evaluated:
+        release_warm()  # eval/base's engine: SFT needs the memory
+        cfg = self.ctx.cfg
+        sft = run_stage(self.log, "sft", "sft", stages.sft, self.ctx, model,
+                        stage_data.sft_part(cfg, self.pool))
+        self.findings += [f"sft: {f}" for f in sft.findings]
+        sft_eval = self.eval_stage(sft.model_dir, "eval/sft", cfg.eval.benchmarks[:1])
+        self.probe(model, sft.model_dir, "sft", sft.trained_sample, sft_eval, readiness=True)
+        return Evaluated("eval/sft", sft_eval.benchmarks, sft.model_dir)
+
+    def rounds(self, start: Evaluated, evaluated: list) -> tuple[Evaluated, list[float]]:
+        """The GRPO rounds, each on a fresh window of the RL part, re-filtered under the
+        model it starts from; returns the model the rounds hand on and this process's RSS
+        after each round's training."""
+        ctx, cfg, log, parent = self.ctx, self.ctx.cfg, self.log, self.ctx.parent_run
+        best = start  # the best model evaluated so far: where a regressed round rolls back to
+        prompts: PoolSlice | list[str] = []  # what each round trains on
+        pipeline_rss = []
+        evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
+        for r in range(1, cfg.rounds.count + 1):
+            candidates, _ = stage_data.round_candidates(cfg, self.pool, self.rl_size, r)
+            if not cfg.filter.enabled:
+                prompts = candidates
+            elif r == 1 or cfg.filter.refilter_each_round:
+                try:
+                    prompts, note = filter_round(ctx, start.model, candidates, r, log,
+                                                 evidence_run)
+                except CollapsedStart as stop:
+                    if r == 1:
+                        raise  # nothing trained: the run stops, naming what to change
+                    self.findings.append(str(stop))  # the rounds so far made the model: keep it
+                    log.warning("%s", stop)
+                    break
+                self.findings += [note] if note else []
+            release_warm()  # the filter's engine: the trainer (or TRL's own) needs the memory
+            train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx,
+                              start.model, prompts, r)
+            # measured here, where no filter/eval engine is parked: what the stages so far left
+            pipeline_rss.append(rss_now_gb())
+            tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1],
+                                          PIPELINE_CHILDREN_METRIC: child_processes()}, step=r)
+            evidence_run = train.mlflow_run
+            label = f"eval/round-{r}"
+            after = self.eval_stage(train.model_dir, label, cfg.eval.benchmarks[:1])
+            self.findings += scorer_error_findings(label, after) + train.findings
+            self.probe(start.model, train.model_dir, f"grpo/round-{r}", train.trained_sample,
+                       after)
+            gate = gate_round(r, start, best, Evaluated(label, after.benchmarks, train.model_dir),
+                              cfg.eval.primary_metric, cfg.rounds.rollback_on_regression)
+            self.findings += gate.findings
+            if gate.rolled_back:
+                evidence_run = None  # its rollouts are the regressed model's, not the next start's
+            else:
+                evaluated.append(gate.start)
+            start, best = gate.start, gate.best
+        return start, pipeline_rss
+
+
 def _stages(ctx: stages.Ctx, log) -> dict:
     cfg, ws, parent = ctx.cfg, ctx.ws, ctx.parent_run
     started = time.monotonic()
-    primary_bench = cfg.eval.benchmarks[:1]  # per-round evals: the first benchmark only
-
-    scorer = eval_scorer_for(cfg, ws)
-    primary = cfg.eval.primary_metric
-
-    def eval_stage(model: str, label: str, benchmarks: list[str]) -> EvalResult:
-        """The eval stage `label` of `model` (stages.evaluate_model), its start/end lines."""
-        return run_stage(log, label, "eval", stages.evaluate_model, ctx, model, label,
-                         benchmarks, scorer, primary=primary)
-
+    run = _Run(ctx, log)
+    eval_stage, findings = run.eval_stage, run.findings
     # what this process runs beside the stages (e.g. Prefect's temporary server): step 0
     tracking.log_metrics(parent, {PIPELINE_CHILDREN_METRIC: child_processes()}, step=0)
-    data = run_stage(log, "data", "data", stages.ingest, ctx)
-    findings: list[str] = contamination_findings(data.contamination)
-    for f in findings:
-        log.warning(f)
+    run.data()
     model = run_stage(log, "model", "model", stages.base_model, ctx)
     base = eval_stage(model, "eval/base", cfg.eval.benchmarks)
     findings += scorer_error_findings("eval/base", base)
     start = Evaluated("eval/base", base.benchmarks, model)  # what the next round trains
     evaluated = [start]  # the trained model's lineage, for the stage attribution
-
     if cfg.sft_stage.enabled:
-        release_warm()  # eval/base's engine: SFT needs the memory
-        sft = run_stage(log, "sft", "sft", stages.sft, ctx, model, stage_data.pool_of(data))
-        findings += [f"sft: {f}" for f in sft.findings]
-        sft_eval = eval_stage(sft.model_dir, "eval/sft", primary_bench)
-        start = Evaluated("eval/sft", sft_eval.benchmarks, sft.model_dir)
+        start = run.sft(model)
         evaluated.append(start)
-
-    best = start  # the best model evaluated so far: where a regressed round rolls back to
-    pool = stage_data.pool_of(data)  # the stored pool: stages read what they need of it
-    pipeline_rss = []  # this process's RSS after each round's training
-    evidence_run = None  # the last GRPO round's run: its rollouts inform the next filter
-    for r in range(1, cfg.rounds.count + 1):
-        if cfg.filter.enabled and (r == 1 or cfg.filter.refilter_each_round):
-            try:
-                pool, note = filter_round(ctx, start.model, stage_data.pool_of(data), r, log,
-                                          evidence_run)
-            except CollapsedStart as stop:
-                if r == 1:
-                    raise  # nothing trained: the run stops, naming what to change
-                findings.append(str(stop))  # the rounds so far made the model: keep it
-                log.warning("%s", stop)
-                break
-            if note:
-                findings.append(note)
-        release_warm()  # the filter's engine: the trainer (or TRL's own engine) needs the memory
-        train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx, start.model,
-                          pool, r)
-        # measured here, where no filter/eval engine is parked: what the stages so far left
-        pipeline_rss.append(rss_now_gb())
-        tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1],
-                                      PIPELINE_CHILDREN_METRIC: child_processes()}, step=r)
-        evidence_run = train.mlflow_run
-        label = f"eval/round-{r}"
-        after = eval_stage(train.model_dir, label, primary_bench)
-        findings += scorer_error_findings(label, after)
-        findings += train.findings
-        gate = gate_round(r, start, best, Evaluated(label, after.benchmarks, train.model_dir),
-                          primary, cfg.rounds.rollback_on_regression)
-        findings += gate.findings
-        if gate.rolled_back:
-            evidence_run = None  # its rollouts are the regressed model's, not the next start's
-        else:
-            evaluated.append(gate.start)
-        start, best = gate.start, gate.best
+    start, pipeline_rss = run.rounds(start, evaluated)
 
     model = start.model
     final = eval_stage(model, "eval/final", cfg.eval.benchmarks)
@@ -251,4 +312,5 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     log.info("final: %s", report.get("summary"))
     return {"parent_run": parent, "model_dir": model, "final": final.benchmarks,
             "base": base.benchmarks, "pipeline_rss_gb": pipeline_rss,
-            "findings": findings, "registered": report}
+            "findings": findings, "registered": report,
+            "memorisation": [p.model_dump(mode="json") for p in run.probes]}

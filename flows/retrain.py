@@ -78,10 +78,15 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     data = run_stage(log, "data", "data", stages.ingest, ctx)
     findings = contamination_findings(data.contamination)
     pool = stage_data.pool_of(data)
+    # The window after the pipeline's rounds: candidates the champion's rounds did not read
+    # (tasks.stage_data.round_candidates; none left stops with the numbers and the fix).
+    prompts, note = stage_data.round_candidates(cfg, pool, stage_data.rl_size(ctx, pool),
+                                                cfg.rounds.count + 1)
+    findings += [note] if note else []
     if cfg.filter.enabled:
-        pool, note = filter_round(ctx, champion_dir, pool, 1, log)
+        prompts, note = filter_round(ctx, champion_dir, prompts, 1, log)
         findings += [note] if note else []
-    train = run_stage(log, "grpo/round-1", "grpo", stages.grpo_round, ctx, champion_dir, pool, 1)
+    train = run_stage(log, "grpo/round-1", "grpo", stages.grpo_round, ctx, champion_dir, prompts, 1)
 
     def eval_stage(model: str, label: str) -> EvalResult:
         return run_stage(log, label, "eval", stages.evaluate_model, ctx, model, label,

@@ -166,3 +166,21 @@ def eval_key(cfg: PipelineConfig, model_fp: str, benchmarks: list[str],
                      rollout=cfg.rollout.model_dump(mode="json",
                                                    exclude={"max_new_tokens", "reuse_engine"}),
                      seed=cfg.project.seed)
+
+
+def probe_key(cfg: PipelineConfig, model_fp: str, trained_fp: str, unseen_fp: str,
+              readiness: bool) -> str:
+    """The memorisation probe (tasks/probes.py): the eval protocol's samples on both sets;
+    with `readiness`, also GRPO's sampling (G, temperature, length) on the unseen one."""
+    how = cfg.eval.model_dump(mode="json", exclude={"shards", "benchmarks", "primary_metric",
+                                                    "limit", "greedy"})
+    extra = {}
+    if readiness:
+        extra["readiness"] = {"G": cfg.grpo.num_generations,
+                              "temperature": getattr(cfg.grpo, "temperature", 1.0),
+                              "max_completion_length": cfg.grpo.max_completion_length}
+    return stage_key("probe", model=model_fp, trained=trained_fp, unseen=unseen_fp, eval=how,
+                     sampling=_sampling_model(cfg), extraction=cfg.rewards.extraction,
+                     rollout=cfg.rollout.model_dump(mode="json",
+                                                   exclude={"max_new_tokens", "reuse_engine"}),
+                     seed=cfg.project.seed, **extra)

@@ -20,6 +20,7 @@ from grpo_core.eval.comparison import ci_text
 from grpo_core.eval.metric_names import eval_metrics
 from grpo_core.modeling.gpu import GPU_PEAK_METRIC
 from grpo_core.train.findings import count_findings
+from grpo_core.train.memorisation import GapResult
 from grpo_core.train.throughput import (
     PREFIX,
     RSS_PEAK_METRIC,
@@ -159,6 +160,7 @@ class TrainResult(StageResult):
     stopped_early: bool = False
     diagnosis: str = "none"  # the rules' codes, info ones too
     throughput: dict[str, float] = {}  # the round's figures (grpo_core.train.throughput)
+    trained_sample: list[str] = []  # up to probe.problems ids it trained on, most used first
 
     def key(self, primary: str = "") -> str:
         return f"{self.steps} steps" + (" (stopped early)" if self.stopped_early else "")
@@ -207,3 +209,22 @@ class EvalResult(StageResult):
         """{bench: scorer exceptions} of the benchmarks that had any."""
         return {b: n for b, v in self.benchmarks.items()
                 if (n := (v.get("metrics") or {}).get("scorer_errors"))}
+
+
+class ProbeResult(StageResult):
+    """The memorisation probe of a training stage (grpo_core.train.memorisation) and, after
+    SFT, the model's RL-readiness on unseen RL-part prompts (grpo_core.train.readiness)."""
+
+    kind: ClassVar[str] = "probe"
+    gap: GapResult
+    readiness: dict[str, float] = {}  # readiness/* metrics; empty after a GRPO round
+    readiness_line: str = ""
+    findings: list[str] = []
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.gap.metrics(), **self.readiness}
+
+    def key(self, primary: str = "") -> str:
+        said = f"; {count_findings(self.findings)}" if self.findings else ""
+        ready = f"; readiness: {self.readiness_line}" if self.readiness_line else ""
+        return f"memorisation: {self.gap.line()}{ready}{said}"

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
-from grpo_core.data.pool import PoolRef
 from grpo_core.data.store import Store
 from grpo_core.modeling.fetch import provenance_tags
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
@@ -86,6 +85,16 @@ class Ctx:
     def ckpt_dir(self, name: str) -> Path:
         return self.ws.checkpoints / f"{self.cfg.project.name}-{self.cfg.hash()}" / name
 
+    def record_lineage(self, key: str, stage: str, round_no: int | None, model_in: str,
+                       model_out: str | None, uses: dict[str, dict[str, float]]) -> None:
+        """What stage `key` consumed, in the store's lineage table (grpo_core.data.lineage)."""
+        from grpo_core.data.lineage import record_lineage
+
+        with self.store() as store:
+            record_lineage(store, stage_key=key, stage=stage, round_no=round_no,
+                           config_hash=self.cfg.hash(), recipe=self.cfg.project.recipe,
+                           model_in=model_in, model_out=model_out, uses=uses)
+
 
 def ingest(ctx: Ctx) -> DataResult:
     """The evaluation sets, then the training sources (flagged against them), then the
@@ -139,7 +148,7 @@ def base_model(ctx: Ctx) -> str:
     return path
 
 
-def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str], round_no: int,
+def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection, round_no: int,
                       fresh: list[str] | None = None, evidence_run: str | None = None
                       ) -> FilterResult:
     """`fresh`: ids whose estimates sharded workers stored just now (flows/shards.py);
@@ -171,6 +180,9 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str
         # Problems the policy sometimes solves: any group of them has reward variance.
         signal = [r["problem_id"] for r in report.estimates if 0.0 < r["pass_rate"] < 1.0]
         by_key = {problem_key(p): p.id for p in problems}
+        ctx.record_lineage(key, "filter", round_no, model_fingerprint(model_path), None, {
+            "filter_candidate": {r["problem_id"]: 1 for r in report.estimates},
+            "filter_kept": {problem_key(p): 1 for p in report.kept}})
         return FilterResult.from_summary(
             summary, kept_ids=[p.id for p in report.kept],
             signal_ids=[by_key[k] for k in signal if k in by_key],
@@ -179,8 +191,8 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str
     return cached_stage(ctx, key, f"filter/round-{round_no}", FilterResult, compute)
 
 
-def sft(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str]) -> SftStageResult:
-    from grpo_core.train.sft import run_sft
+def sft(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection) -> SftStageResult:
+    from grpo_core.train.sft import examples_per_step, has_trace, run_sft
 
     problems_fp, read = stage_data.stage_input(ctx, "sft", problem_ids)
     key = sft_key(ctx.cfg, model_fingerprint(model_path), problems_fp)
@@ -199,18 +211,26 @@ def sft(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str]) -> SftStage
                                  extra_callbacks=[logger])
             findings = [f for f in [logger.finding()] if f]
         tracking.log_training_curves(run, result.history, "sft")
+        trained = [p for p in problems if has_trace(p)]
+        epochs = result.steps * examples_per_step(ctx.cfg) / max(len(trained), 1)
+        ctx.record_lineage(key, "sft", None, model_fingerprint(model_path),
+                           model_fingerprint(result.output_dir),
+                           {"sft_example": {p.id or p.fingerprint: epochs for p in trained}})
         if findings:
             tracking.set_tags(run, {"findings": " | ".join(findings)})
         return SftStageResult(model_dir=result.output_dir, steps=result.steps,
-                              findings=findings, paths=[result.output_dir])
+                              findings=findings, paths=[result.output_dir],
+                              trained_sample=[p.id or p.fingerprint
+                                              for p in trained[:ctx.cfg.probe.problems]])
 
     return cached_stage(ctx, key, "sft", SftStageResult, compute)
 
 
-def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
+def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
                round_no: int) -> GrpoStageResult:
     from grpo_core.data.records import drop_rollouts_after, rollout_sink
     from grpo_core.train.grpo import last_checkpoint, run_grpo_round
+    from grpo_core.train.memorisation import repeat_findings
     from grpo_core.train.throughput import round_summary
 
     problems_fp, read = stage_data.stage_input(ctx, "grpo", problem_ids)
@@ -239,6 +259,14 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
                                             resume=True, rollout_sink=sink,
                                             extra_callbacks=[logger], round_no=round_no)
                 result.findings += [f for f in [logger.finding()] if f]
+        with ctx.store() as store:  # the prompts it trained on, in groups of G completions
+            uses = {pid: n / ctx.cfg.grpo.num_generations for pid, n in store.con.execute(
+                "SELECT problem_id, count(*) FROM rollouts WHERE run_id = ? GROUP BY ALL",
+                [run]).fetchall()}
+        ctx.record_lineage(key, "grpo", round_no, model_fingerprint(model_path),
+                           model_fingerprint(result.output_dir), {"grpo_prompt": uses})
+        result.findings += [f.line() for f in repeat_findings(
+            f"grpo/round-{round_no}", uses, ctx.cfg.probe.max_prompt_repeats)]
         findings, codes = diagnose_round(run, result.history, ctx.cfg, result.findings)
         tracking.log_training_curves(run, result.history, "grpo")
         throughput = round_summary(result.history)  # the stage line's figures
@@ -251,7 +279,8 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: PoolRef | list[str],
             model_dir=result.output_dir, steps=result.steps, findings=findings, diagnosis=codes,
             stopped_early=result.stopped_early, train_seconds=result.train_seconds,
             best_step=result.best_step, in_round_evals=result.in_round_evals,
-            throughput=throughput, paths=[result.output_dir])
+            throughput=throughput, paths=[result.output_dir],
+            trained_sample=sorted(uses, key=lambda i: (-uses[i], i))[:ctx.cfg.probe.problems])
 
     return cached_stage(ctx, key, f"grpo/round-{round_no}", GrpoStageResult, compute)
 

@@ -14,14 +14,17 @@ GRPO = str(Path(sys.executable).with_name("grpo"))
 
 
 def write_config(tmp_path: Path, model_path: str, max_steps: int = 3, **sections) -> Path:
-    """r1_zero on quickstart, shrunk: 2 rounds, 2 prompts x G=2, 8 tokens, 8 eval problems.
+    """r1_zero on quickstart, shrunk: 2 rounds, 2 prompts x G=2, 8 tokens, 8 eval problems,
+    8 problems in each memorisation probe set.
     `sections` replace whole sections (e.g. filter={...})."""
     cfg = yaml.safe_load((ROOT / "configs/recipes/r1_zero.yaml").read_text())
     cfg["extends"] = str(ROOT / "configs/quickstart.yaml")
     cfg.update({
         "project": {"name": "itest", "recipe": "r1_zero"},
         "model": {"name_or_path": model_path, "template": "r1_zero"},
-        "data": {"train": [{"source": "synthetic:arith", "limit": 40, "levels": [1, 2]}]},
+        # ~40 rows in the RL part: two rounds' fresh windows of 8, 8 held back for the probe
+        "data": {"train": [{"source": "synthetic:arith", "limit": 80, "levels": [1, 2]}]},
+        "probe": {"problems": 8},
         "filter": {"k": 2, "max_problems": 8},
         "grpo": {"max_steps": max_steps, "save_steps": 1, "per_device_train_batch_size": 4,
                  "num_generations": 2, "max_completion_length": 8, "learning_rate": 1e-3},

@@ -73,9 +73,17 @@ def _stage_reads(ctx, stage: str, pool: PoolRef) -> list:
             problems = benchmark_problems("gsm8k", ctx.cfg, store, ctx.cfg.eval.limit)
         fingerprint(problems)
         return problems
-    problems = stage_data.stage_problems(ctx, stage, pool)
+    problems = stage_data.stage_problems(ctx, stage, _selection(ctx, stage, pool))
     problems_fingerprint(problems)
     return problems
+
+
+def _selection(ctx, stage: str, pool: PoolRef):
+    """What the pipeline hands `stage` of the pool (flows/pipeline.py): SFT its part, the
+    filter (and a GRPO round without one) round 1's window of the RL part."""
+    if stage == "sft":
+        return stage_data.sft_part(ctx.cfg, pool)
+    return stage_data.round_candidates(ctx.cfg, pool, stage_data.rl_size(ctx, pool), 1)[0]
 
 
 def test_no_stage_reads_more_of_the_pool_as_it_grows(tmp_path):
@@ -116,6 +124,12 @@ def test_no_stage_reads_more_of_the_pool_as_it_grows(tmp_path):
         assert whole > 20 * peaks[stage, 50_000], stage
 
 
+def _slice(cfg, stage: str, pool: PoolRef, rl_size: int):
+    if stage == "sft":
+        return stage_data.sft_part(cfg, pool)
+    return stage_data.round_candidates(cfg, pool, rl_size, 1)[0]
+
+
 def test_a_pool_stages_cache_key_reads_nothing_of_the_pool(tmp_path):
     """A stage handed the stored pool keys on the pool's fingerprint (from ingest) and its
     bounds: a cache hit opens no store (1M rows: ~0.3 s a read saved per stage); the rows
@@ -135,14 +149,20 @@ def test_a_pool_stages_cache_key_reads_nothing_of_the_pool(tmp_path):
             raise AssertionError("a cache key read the store")
 
     blind = NoStore(cfg, ctx.ws, parent_run="")
-    keys = {stage: stage_data.stage_input(blind, stage, ref)[0] for stage in ("filter", "grpo", "sft")}
+    size = stage_data.rl_size(ctx, ref)  # the flow reads it once, after ingest
+    sel = {stage: _slice(cfg, stage, ref, size) for stage in ("filter", "grpo", "sft")}
+    keys = {stage: stage_data.stage_input(blind, stage, sel[stage])[0]
+            for stage in ("filter", "grpo", "sft")}
     assert len(set(keys.values())) == 3
-    assert stage_data.stage_input(blind, "filter", other)[0] != keys["filter"]
-    assert stage_data.stage_input(blind, "filter", ref)[0] == keys["filter"]
+    assert stage_data.stage_input(blind, "filter", _slice(cfg, "filter", other, size))[0] != keys["filter"]
+    assert stage_data.stage_input(blind, "filter", sel["filter"])[0] == keys["filter"]
     bigger = PipelineConfig.model_validate({**cfg.model_dump(mode="json"), "filter": {"max_problems": 65}})
-    assert stage_data.stage_input(NoStore(bigger, ctx.ws, ""), "filter", ref)[0] != keys["filter"]
-    fp, read = stage_data.stage_input(ctx, "sft", ref)
-    assert [p.id for p in read()] == [p.id for p in stage_data.stage_problems(ctx, "sft", ref)]
+    assert stage_data.stage_input(NoStore(bigger, ctx.ws, ""), "filter",
+                                  _slice(bigger, "filter", ref, size))[0] != keys["filter"]
+    round2 = stage_data.round_candidates(cfg, ref, size, 2)[0]
+    assert stage_data.stage_input(blind, "filter", round2)[0] != keys["filter"]
+    fp, read = stage_data.stage_input(ctx, "sft", sel["sft"])
+    assert [p.id for p in read()] == [p.id for p in stage_data.stage_problems(ctx, "sft", sel["sft"])]
     ids = [p.id for p in read()[:5]]
     fp_ids, read_ids = stage_data.stage_input(ctx, "grpo", ids)
     assert fp_ids == problems_fingerprint(read_ids()) and [p.id for p in read_ids()] == ids

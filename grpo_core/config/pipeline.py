@@ -18,6 +18,7 @@ from grpo_core.config.pipeline_only import (
     DiagnosisConfig,
     DynamicSamplingConfig,
     InRoundEvalConfig,
+    ProbeConfig,
     RoundsConfig,
     SFTStageConfig,
 )
@@ -49,6 +50,7 @@ class PipelineConfig(Section):
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     in_round_eval: InRoundEvalConfig = Field(default_factory=InRoundEvalConfig)
     diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
+    probe: ProbeConfig = Field(default_factory=ProbeConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -93,6 +93,26 @@ class SFTStageConfig(Section):
     """Train on at most this many traces."""
 
 
+class ProbeConfig(Section):
+    """The memorisation probe after SFT and each GRPO round: accuracy (eval.samples at
+    eval.temperature) on problems the stage trained on, on RL-part problems no stage sees
+    (the RL part's last `problems` rows, held back from every round), and the held-out
+    benchmark beside them; after SFT, the RL-readiness of the model on those unseen ones."""
+
+    problems: int = Field(default=64, ge=0)
+    """Problems in each probe set (0: no probe, nothing held back)."""
+    gap_threshold: float = Field(default=0.05, ge=0, le=1)
+    """memorisation_gap fires when the stage's gain on its trained problems exceeds its gain
+    on unseen ones by more than this (and by more than the noise)."""
+    min_entropy: float = Field(default=0.18, ge=0)
+    """sft_entropy_collapsed fires below this policy entropy (nats/token at grpo.temperature)."""
+    max_zero_variance_share: float = Field(default=0.8, ge=0, le=1)
+    """sft_zero_variance fires when more unseen prompts than this share would give a GRPO
+    group with equal rewards (all G right or all wrong)."""
+    max_prompt_repeats: int = Field(default=4, ge=1)
+    """prompt_repeats fires when a GRPO round trains any prompt more times than this."""
+
+
 class DiagnosisConfig(Section):
     """Thresholds of the rules run over each GRPO round's per-step metrics
     (grpo_core/train/diagnosis.py). They do not change training, so not the round's cache key."""

@@ -98,6 +98,13 @@ class DataConfig(Section):
     """Rows with longer problem text are quarantined as absurd."""
     store_lock_timeout: float = Field(default=60.0, ge=0)
     """Seconds to wait for the DuckDB store when another pipeline holds it."""
+    sft_share: float = Field(default=0.5, ge=0, le=1)
+    """Share of the pool in the SFT part, by a stable hash of each problem: SFT reads only
+    that part, the filter and GRPO only the rest (the RL part), so GRPO never trains on a
+    problem SFT fitted. Both recipes read the same RL part."""
+    stage_overlap: bool = False
+    """Ablation only: SFT and GRPO both read the whole pool (the stages share problems);
+    the run says so in a finding."""
     allow_eval_split_training: bool = False
     """Allow a training source that is a benchmark's evaluation split (gsm8k test,
     math500, aime, amc). Off: such a config is refused; its numbers would be contaminated."""
@@ -157,7 +164,12 @@ class FilterConfig(Section):
     band: tuple[float, float] = (0.3, 0.7)
     """Keep prompts whose pass rate lies in [lo, hi]."""
     max_problems: int | None = Field(default=None, ge=1)
-    """Estimate at most this many problems per round (sampled with the seed)."""
+    """Candidates per round: round N's filter considers the N-th window of this many
+    RL-part problems in the pool's seeded order, fresh every round (None: the RL part
+    shared equally between the rounds)."""
+    reuse_prompts: bool = False
+    """When the RL part has no fresh window left for a round, start over from its first
+    rows instead of stopping with the numbers and the fix."""
     refilter_each_round: bool = True
     """Re-estimate pass rates under the current policy before every round."""
     shards: int = Field(default=1, ge=1)

@@ -5,6 +5,7 @@ One file holds two groups of tables:
     problem store (grpo_core.data.store)   problems, quarantine, ingest_log
     training pools (grpo_core.data.pool)   pools, pool_rows
     stage results (grpo_core.data.records) pass_rates, rollouts, eval_results, eval_runs
+    lineage (grpo_core.data.lineage)       which problems each stage consumed
 
 `STORE_SQL` / `RESULTS_SQL` create them (idempotent); the Arrow schemas type the bulk
 inserts. Every write is one `transaction`: all or nothing, with the Arrow tables it
@@ -99,8 +100,16 @@ CREATE TABLE IF NOT EXISTS eval_runs (
     run_id VARCHAR PRIMARY KEY, protocol_hash VARCHAR NOT NULL, benchmark VARCHAR,
     model VARCHAR, model_fingerprint VARCHAR, n_problems INTEGER, seed BIGINT,
     protocol VARCHAR, metrics VARCHAR, seconds DOUBLE, created_at TIMESTAMP);
+-- Which problems each stage consumed (grpo_core.data.lineage): role sft_example (uses:
+-- epochs), filter_candidate / filter_kept, grpo_prompt (uses: groups trained), and the
+-- memorisation probe's probe_trained / probe_unseen; model_in -> model_out by fingerprint.
+CREATE TABLE IF NOT EXISTS lineage (
+    stage_key VARCHAR NOT NULL, stage VARCHAR NOT NULL, round INTEGER, config_hash VARCHAR,
+    recipe VARCHAR, model_in VARCHAR, model_out VARCHAR, role VARCHAR NOT NULL,
+    problem_id VARCHAR NOT NULL, uses DOUBLE, created_at TIMESTAMP,
+    PRIMARY KEY (stage_key, role, problem_id));
 """
-RESULT_TABLES = ("pass_rates", "rollouts", "eval_results", "eval_runs")
+RESULT_TABLES = ("pass_rates", "rollouts", "eval_results", "eval_runs", "lineage")
 PASS_RATE_SCHEMA = pa.schema([
     ("model_fingerprint", pa.string()), ("problem_id", pa.string()),
     ("sampling_key", pa.string()), ("input_hash", pa.string()), ("source", pa.string()),

@@ -39,6 +39,59 @@ class PoolRef:
         return self.size
 
 
+# A problem's part of every pool (SFT or RL), by a stable hash of its content fingerprint:
+# the same problem is in the same part whatever the pool, seed or recipe, so no later run
+# (a retrain, another seed) can hand GRPO a problem an SFT stage trained on. In [0, 1).
+PART_UNIT_SQL = ("(CAST(('0x' || substr(md5('part/' || fingerprint), 1, 12)) AS BIGINT) "
+                 "/ 281474976710656.0)")
+PARTS = ("sft", "rl", "all")
+
+
+def part_unit(fingerprint: str) -> float:
+    """PART_UNIT_SQL in Python: a problem is in the SFT part when this is < data.sft_share."""
+    import hashlib
+
+    return int(hashlib.md5(f"part/{fingerprint}".encode()).hexdigest()[:12], 16) / 2 ** 48
+
+
+@dataclass(frozen=True)
+class PoolSlice:
+    """Positions [start, stop) of one part of a stored pool, in the pool's seeded order:
+    `part` "sft" (part_unit < share), "rl" (the rest) or "all" (data.stage_overlap).
+    What the pipeline hands the SFT stage, each round's filter and the memorisation probe."""
+
+    pool: str
+    part: str
+    share: float
+    start: int = 0
+    stop: int | None = None
+
+    def describe(self) -> str:
+        """The slice in words, for cache keys and logs: it names the rows exactly."""
+        return (f"pool {self.pool} {self.part} part (sft_share {self.share:g}) "
+                f"[{self.start}:{'' if self.stop is None else self.stop}]")
+
+    def __len__(self) -> int:
+        if self.stop is None:
+            raise TypeError("an open-ended slice has no length until read")
+        return self.stop - self.start
+
+
+def _part_where(part: str, share: float) -> tuple[str, list]:
+    if part == "all":
+        return "TRUE", []
+    if part not in PARTS:
+        raise ValueError(f"no pool part {part!r}; one of {PARTS}")
+    return f"{PART_UNIT_SQL} {'<' if part == 'sft' else '>='} ?", [share]
+
+
+def part_size(store: Store, pool: str, part: str, share: float) -> int:
+    """How many rows of stored pool `pool` are in `part`."""
+    where, args = _part_where(part, share)
+    return store.con.execute(f"SELECT count(*) FROM pool_rows WHERE pool = ? AND {where}",
+                             [pool, *args]).fetchone()[0]
+
+
 def _adapter(cfg: PipelineConfig, src: DataSource):
     # A synthetic source's limit is how many to generate; a dataset's limit applies after
     # shuffling the whole ingested set, so every run of a config trains on the same rows.
@@ -147,36 +200,50 @@ _PROBLEM_FIELDS = ("id", "source", "split", "problem", "answer", "solution", "le
                    "subject", "fingerprint")
 
 
-def query_problems(store: Store, selection: PoolRef | list[str], limit: int | None = None,
-                  keep: Callable[[Problem], bool] | None = None) -> list[Problem]:
-    """The problems of `selection`, read from the store: a pool's first `limit` rows in its
-    stratified order (a seeded sample, all of them when limit is None), or the problems
-    with the given ids, in that order (unknown ids dropped; an id re-ingested with edited
-    content means its latest row). `keep` (pools only): the first `limit` rows it accepts,
-    read `limit` positions at a time (the SFT stage: rows with a reference solution).
-    Reads only the rows asked for: the cost is the selection's, not the pool's."""
-    if not isinstance(selection, PoolRef):
+def query_problems(store: Store, selection: PoolRef | PoolSlice | list[str],
+                   limit: int | None = None,
+                   keep: Callable[[Problem], bool] | None = None) -> list[Problem]:
+    """The problems of `selection`, read from the store: a pool's (or a pool slice's) first
+    `limit` rows in its stratified order (a seeded sample, all of them when limit is None),
+    or the problems with the given ids, in that order (unknown ids dropped; an id
+    re-ingested with edited content means its latest row). `keep` (pools only): the first
+    `limit` rows it accepts, read `limit` positions at a time (the SFT stage: rows with a
+    reference solution). Reads only the rows asked for: the cost is the selection's."""
+    if isinstance(selection, PoolRef):
+        selection = PoolSlice(selection.pool, "all", 0.0, 0, selection.size)
+    if not isinstance(selection, PoolSlice):
         return _problems_by_id(store, selection, limit)
-    n = selection.size if limit is None else min(limit, selection.size)
+    end = selection.stop if selection.stop is not None else 1 << 62
+    n = end - selection.start if limit is None else min(limit, end - selection.start)
     if keep is None:
-        return _pool_rows(store, selection.pool, 0, n)
+        return _pool_rows(store, selection, selection.start, selection.start + n)
     out: list[Problem] = []
-    start, block = 0, max(n, _MIN_BLOCK)  # one block when `keep` takes every row
-    while len(out) < n and start < selection.size:
-        out += [p for p in _pool_rows(store, selection.pool, start, start + block) if keep(p)]
+    start, block = selection.start, max(n, _MIN_BLOCK)  # one block when `keep` takes every row
+    while len(out) < n and start < end:
+        got = _pool_rows(store, selection, start, min(start + block, end))
+        out += [p for p in got if keep(p)]
         start += block
+        if not got:
+            break
     return out[:n]
 
 
 _MIN_BLOCK = 256  # positions read at a time when rows are filtered (keep), at least
 
 
-def _pool_rows(store: Store, pool: str, start: int, stop: int) -> list[Problem]:
-    """The rows at positions [start, stop) of a stored pool, in order."""
+def _pool_rows(store: Store, part: PoolSlice, start: int, stop: int) -> list[Problem]:
+    """The rows at positions [start, stop) of a part of a stored pool, in order."""
     cols = ", ".join(f"p.{c}" for c in _PROBLEM_FIELDS)
-    keys = store.con.execute(
-        "SELECT source, split, fingerprint FROM pool_rows WHERE pool = ? AND pos >= ? "
-        "AND pos < ? ORDER BY pos", [pool, start, stop]).fetchall()
+    if part.part == "all":  # positions are the pool's own: a range, no scan
+        keys = store.con.execute(
+            "SELECT source, split, fingerprint FROM pool_rows WHERE pool = ? AND pos >= ? "
+            "AND pos < ? ORDER BY pos", [part.pool, start, stop]).fetchall()
+    else:
+        where, args = _part_where(part.part, part.share)
+        keys = store.con.execute(
+            f"SELECT source, split, fingerprint FROM pool_rows WHERE pool = ? AND {where} "
+            "ORDER BY pos LIMIT ? OFFSET ?", [part.pool, *args, max(stop - start, 0), start]
+        ).fetchall()
     # The fingerprints as an IN filter: DuckDB scans one column of `problems` for them
     # (half the time of a join on three at a million rows), then reads the few rows.
     found = {tuple(r[1:3]) + (r[-1],): r for r in store.con.execute(
@@ -199,11 +266,3 @@ def _problems_by_id(store: Store, ids: list[str], limit: int | None) -> list[Pro
     finally:
         store.con.unregister("_want_ids")
     return [Problem(**dict(zip(_PROBLEM_FIELDS, r))) for r in rows]
-
-
-def training_pool(cfg: PipelineConfig, store: Store, reports: list[IngestReport],
-                  limit: int | None = None,
-                  keep: Callable[[Problem], bool] | None = None) -> list[Problem]:
-    """The pool of the ingested `reports`, its first `limit` rows that `keep` accepts
-    (`grpo train`/`grpo sft`: what the stage's steps can draw; query_problems)."""
-    return query_problems(store, build_pool(cfg, store, training_sets(cfg, reports)), limit, keep)

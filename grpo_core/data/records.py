@@ -194,6 +194,13 @@ def read_eval_results(con_or_store: Any, run_id: str | None = None,
         [run_id, run_id, protocol_hash, protocol_hash]))
 
 
+def model_records(con_or_store: Any, model_fp: str, benchmark: str) -> list[dict]:
+    """The per-problem rows of the newest evaluation of model `model_fp` on `benchmark`."""
+    runs = [r for r in read_eval_runs(con_or_store, benchmark=benchmark)
+            if r["model_fingerprint"] == model_fp]
+    return read_eval_results(con_or_store, run_id=runs[-1]["run_id"]) if runs else []
+
+
 # ----------------------------------------------------------------------------- problems
 
 

@@ -41,6 +41,18 @@ ACTIONS = {
                  "grpo.max_grad_norm, check the reward functions",
     "kl_ceiling": "the round stopped at the last good checkpoint: lower grpo.learning_rate or "
                   "raise grpo.beta",
+    "sft_entropy_collapsed": "SFT left the policy too sure for GRPO to explore: fewer SFT steps "
+                             "(sft.max_steps) or early stop, a higher grpo.temperature, or TRL's "
+                             "adaptive entropy (grpo.use_adaptive_entropy: true, "
+                             "grpo.entropy_target)",
+    "sft_zero_variance": "most groups would teach nothing: raise grpo.temperature or "
+                         "grpo.num_generations, or widen filter.band",
+    "memorisation_gap": "the stage fits its own problems more than it learns the task: fewer "
+                        "steps (sft.max_steps, grpo.max_steps), more distinct problems "
+                        "(data.train limit, filter.max_problems), or a lower learning rate",
+    "prompt_repeats": "the round trains the same prompts over and over: more fresh candidates "
+                      "(filter.max_problems, data.train limit), a wider filter.band, or fewer "
+                      "grpo.max_steps",
 }
 """code -> the fix, one per rule (docs/troubleshooting.md lists the codes)."""
 
@@ -62,7 +74,8 @@ class Finding:
                 "evidence": dict(self.evidence), "action": self.action}
 
     def line(self) -> str:
-        return f"{self.code} [{self.severity}] steps {step_ranges(self.steps)}: {self.summary} -> {self.action}"
+        steps = f" steps {step_ranges(self.steps)}" if self.steps else ""  # a stage's, not a step's
+        return f"{self.code} [{self.severity}]{steps}: {self.summary} -> {self.action}"
 
 
 def step_ranges(steps: Sequence[int]) -> str:

@@ -39,6 +39,13 @@ def has_trace(p: Problem) -> bool:
     return bool(p.solution) or p.source.startswith("synthetic")
 
 
+def examples_per_step(cfg: PipelineConfig) -> int:
+    """Traces one optimizer step trains on (without packing)."""
+    extra = cfg.sft.model_extra or {}
+    return (cfg.sft.per_device_train_batch_size * cfg.train.num_processes
+            * int(extra.get("gradient_accumulation_steps") or 1))
+
+
 def sft_problem_budget(cfg: PipelineConfig) -> int | None:
     """The most traces the SFT stage can use: sft_stage.max_examples, and at most what its
     steps draw (sft.max_steps x examples per step) unless packing makes a step's count
@@ -46,8 +53,7 @@ def sft_problem_budget(cfg: PipelineConfig) -> int | None:
     extra = cfg.sft.model_extra or {}
     budget = cfg.sft_stage.max_examples
     if not extra.get("packing"):
-        per_step = (cfg.sft.per_device_train_batch_size * cfg.train.num_processes
-                    * int(extra.get("gradient_accumulation_steps") or 1))
+        per_step = examples_per_step(cfg)
         budget = min(budget or per_step * cfg.sft.max_steps, per_step * cfg.sft.max_steps)
     return budget
 
