@@ -28,3 +28,14 @@ def test_the_tracking_adapter_stays_thin():
 
 def test_the_readme_is_a_front_door():
     assert _lines(ROOT / "README.md") <= README_LINES
+
+
+CONFIG_COMMENT_LINES = 10  # what a config does and why; measurements live in docs/
+
+
+def test_configs_say_what_they_do_in_a_few_lines():
+    counts = {str(p.relative_to(ROOT)): sum(line.lstrip().startswith("#")
+                                            for line in p.read_text().splitlines())
+              for p in (ROOT / "configs").rglob("*.yaml")}
+    assert len(counts) >= 8  # the shipped configs were found
+    assert {p: n for p, n in counts.items() if n > CONFIG_COMMENT_LINES} == {}
