@@ -173,7 +173,20 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: 
     if collapsed is not None and collapsed.severity == "stop":  # diagnosis.stop_on_collapsed_start
         raise CollapsedStart(collapsed.line())
     prompts, note = training_prompts(kept, problem_ids, prompts_per_update(ctx.cfg))
+    note = note or window_note(ctx.cfg, kept, len(problem_ids))
     return prompts, (f"round {round_no}: {note}" if note else None)
+
+
+def window_note(cfg: PipelineConfig, kept: FilterResult, window: int) -> str | None:
+    """Before training: a round whose draws (grpo.max_steps x prompts per step) would train
+    each kept prompt more than probe.max_prompt_repeats times, and the window that would not."""
+    draws, limit = cfg.grpo.max_steps * prompts_per_update(cfg), cfg.probe.max_prompt_repeats
+    if not kept.kept_ids or draws <= limit * len(kept.kept_ids):
+        return None
+    need = -(-draws * window // (limit * len(kept.kept_ids)))  # ceil, at this keep rate
+    return (f"{draws} prompt draws over the {len(kept.kept_ids)} kept of {window} candidates: "
+            f"each ~{draws / len(kept.kept_ids):.1f} times (probe.max_prompt_repeats {limit}); "
+            f"~{need} candidates (filter.max_problems) would keep it within")
 
 
 @dataclass

@@ -33,9 +33,11 @@ def pool_of(data) -> PoolRef:
 
 
 def sft_part(cfg, pool: PoolRef) -> PoolSlice:
-    """What the SFT stage may read: the SFT part of the pool (the whole pool under
-    data.stage_overlap)."""
-    return PoolSlice(pool.pool, parts(cfg)[0], cfg.data.sft_share)
+    """What the SFT stage may read: the SFT part of the pool (under data.stage_overlap the
+    whole pool but the probe's held-back tail, which stays unseen)."""
+    part = parts(cfg)[0]
+    stop = pool.size - held_out(cfg, pool.size) if part == "all" else None
+    return PoolSlice(pool.pool, part, cfg.data.sft_share, 0, stop)
 
 
 def rl_size(ctx, pool: PoolRef) -> int:

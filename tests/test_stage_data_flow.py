@@ -176,3 +176,15 @@ def test_sft_and_each_round_train_on_problems_no_earlier_stage_saw(tmp_path, tin
     roles = {(s["stage"], s["round"], s["role"]) for s in entry["stages"]}
     assert {("sft", None, "sft_example"), ("grpo", 1, "grpo_prompt"),
             ("grpo", 2, "grpo_prompt"), ("filter", 2, "filter_candidate")} <= roles
+
+
+def test_a_window_too_small_for_the_round_says_how_many_candidates_would_do():
+    from flows.pipeline import window_note
+    from tasks.stage_results import FilterResult
+
+    cfg = _cfg(grpo={"max_steps": 80, "per_device_train_batch_size": 128, "num_generations": 8})
+    kept = FilterResult(kept=300, considered=2000, kept_ids=[str(i) for i in range(300)])
+    note = window_note(cfg, kept, 2000)  # 1280 draws over 300: 4.3 each, above 4
+    assert note and "1280 prompt draws" in note and "~2134 candidates" in note
+    enough = FilterResult(kept=320, considered=2000, kept_ids=[str(i) for i in range(320)])
+    assert window_note(cfg, enough, 2000) is None
