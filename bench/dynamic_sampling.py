@@ -32,9 +32,9 @@ RECIPE = ROOT / "configs/recipes/r1_zero.yaml"
 def training_pool(cfg, model: str, filtered: bool) -> tuple[list, str]:
     """The recipe's pool (its data.train source) through its difficulty filter under the
     base model, as the pipeline's round 1 gets it (the whole pool if the band keeps too few)."""
+    from grpo_core.data.stage_split import prompts_per_update
     from grpo_core.data.synthetic import generate_problems
     from grpo_core.eval.difficulty import run_filter
-    from grpo_core.train.grpo import prompts_per_update
 
     src = cfg.data.train[0]
     pool = generate_problems("train", src.limit, levels=src.levels)

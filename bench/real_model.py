@@ -221,8 +221,9 @@ class Experiment:
                    run: str, arm: str) -> str:
         """Round `n` of run `run` (recipe, seed and arm) from `path`: the filter (band arm),
         the GRPO stage, its evaluation. Reused when its folder holds the same inputs' model."""
+        from grpo_core.data.stage_split import prompts_per_update
         from grpo_core.modeling.loading import model_fingerprint
-        from grpo_core.train.grpo import prompts_per_update, run_grpo_round
+        from grpo_core.train.grpo import run_grpo_round
 
         folder = self.out / run / f"grpo-{n}"
         key = content_key(model_fingerprint(path), fingerprint(self.pool), self.template, arm,

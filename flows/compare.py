@@ -171,7 +171,7 @@ def memorisation_markdown(results: dict[str, dict]) -> str:
                          f"+/- {1.96 * p.get('gap_se', 0.0):.3f} | {held} |")
     if not lines:
         return ""
-    return "\n".join(["", "Memorisation probe (gain over the stage's start model in brackets; "
+    return "\n".join(["", "", "Memorisation probe (gain over the stage's start model in brackets; "
                       "gap: trained gain minus unseen gain, 95% half-width):", "",
                       "| recipe | stage | trained | unseen | gap | held-out |",
                       "|---|---|---|---|---|---|", *lines])

@@ -26,12 +26,11 @@ from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.pool import PoolSlice
-from grpo_core.data.stage_split import check_rounds
+from grpo_core.data.stage_split import check_rounds, prompts_per_update
 from grpo_core.eval.round_gate import Evaluated, gate_round
 from grpo_core.generation.warm_engine import keep_warm, release_warm
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.diagnosis import CollapsedStart, start_collapse
-from grpo_core.train.grpo import prompts_per_update
 from grpo_core.train.throughput import (
     ENGINE_REUSES_METRIC,
     ENGINE_STARTS_METRIC,
@@ -73,7 +72,7 @@ def scorer_error_findings(label: str, evaluated: EvalResult) -> list[str]:
 def training_prompts(kept: FilterResult, pool: PoolSlice, need: int
                      ) -> tuple[PoolSlice | list[str], str | None]:
     """The in-band problems when there are enough for one optimizer step (`need` prompts:
-    grpo_core.train.grpo.prompts_per_update); else every problem the policy sometimes solves
+    grpo_core.data.stage_split.prompts_per_update); else every problem the policy sometimes solves
     (each still has reward variance); else the round's whole window of candidates. A band
     that keeps too few would otherwise train on nothing. A window too small for one step is
     refused."""

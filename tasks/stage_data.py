@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from grpo_core.data.pool import PoolRef, PoolSlice
 from grpo_core.data.problems import Problem
-from grpo_core.data.stage_split import held_out, parts, round_window
+from grpo_core.data.stage_split import held_out, parts, round_problem_budget, round_window
 from tasks.stage_keys import problems_fingerprint
 
 Selection = PoolRef | PoolSlice | list[str]
@@ -80,8 +80,6 @@ def stage_reads(cfg, stage: str) -> tuple[int | None, object]:
     if stage in ("filter", "probe"):
         return None, None  # the window (the probe's tail) is the bound
     if stage == "grpo":
-        from grpo_core.train.grpo import round_problem_budget
-
         return round_problem_budget(cfg), None
     if stage == "sft":
         from grpo_core.train.sft import has_trace, sft_problem_budget

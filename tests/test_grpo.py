@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from grpo_core.config import config_from_dict, generation_batch, load_config
+from grpo_core.data.stage_split import prompts_per_update
 from grpo_core.data.synthetic import generate_problems
-from grpo_core.train.grpo import last_checkpoint, prompts_per_update, run_grpo_round
+from grpo_core.train.grpo import last_checkpoint, run_grpo_round
 from grpo_core.train.trl_args import checkpointing_field, kl_beta, trl_grpo_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,8 +220,8 @@ def test_training_prompts_fall_back_when_the_band_keeps_too_few():
     ids, note = training_prompts(_kept(pool[:1], pool[:5]), pool, 4)
     assert ids == pool[:5] and "pass rate in (0, 1)" in note
     ids, note = training_prompts(_kept([], pool[:2]), pool, 4)
-    assert ids == pool and "whole pool" in note
-    with pytest.raises(ValueError, match="has 10 problems; one GRPO optimizer step needs 12"):
+    assert ids == pool and "all the round's candidates" in note
+    with pytest.raises(ValueError, match="are 10 problems; one GRPO optimizer step needs 12"):
         training_prompts(_kept(pool, pool), pool, 12)
 
 

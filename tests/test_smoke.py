@@ -9,8 +9,8 @@ import pytest
 from pipeline_runs import GRPO, ROOT, run_env
 
 from grpo_core.config import load_config
+from grpo_core.data.stage_split import prompts_per_update
 from grpo_core.modeling.memory_plan import gradient_checkpointing
-from grpo_core.train.grpo import prompts_per_update
 
 SHIPPED = sorted(str(p.relative_to(ROOT)) for p in [
     *ROOT.glob("configs/*.yaml"), *ROOT.glob("configs/recipes/*.yaml"),

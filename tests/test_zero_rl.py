@@ -142,7 +142,7 @@ def test_a_round_that_starts_collapsed_stops_before_training_on_the_builtin_mode
         tmp_path, monkeypatch):
     """The built-in model's base under strict rewards on level-5 problems solves nothing:
     with diagnosis.stop_on_collapsed_start the round stops with reward_collapse_zero naming
-    the fix; without it, the old fallback (the whole pool, a note)."""
+    the fix; without it, the old fallback (all the round's candidates, a note)."""
     from grpo_core.eval.difficulty import run_filter
     from grpo_core.modeling.loading import resolve_model_path
 
@@ -164,7 +164,7 @@ def test_a_round_that_starts_collapsed_stops_before_training_on_the_builtin_mode
 
     cfg.diagnosis.stop_on_collapsed_start = False
     prompts, note = _filter_round(cfg, monkeypatch, kept)
-    assert len(prompts) == 40 and "whole pool" in note
+    assert len(prompts) == 40 and "all the round's candidates" in note
 
 
 @pytest.mark.integration

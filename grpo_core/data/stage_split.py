@@ -12,9 +12,7 @@ data.stage_overlap (an ablation) gives every stage the whole pool. Pure arithmet
 sizes come from the store (tasks/stage_data.py)."""
 from __future__ import annotations
 
-import math
-
-from grpo_core.config import PipelineConfig
+from grpo_core.config import PipelineConfig, generation_batch
 
 
 class PoolExhausted(ValueError):
@@ -34,10 +32,28 @@ def held_out(cfg: PipelineConfig, rl_size: int) -> int:
     return min(cfg.probe.problems, rl_size // 2)
 
 
+def prompts_per_update(cfg: PipelineConfig) -> int:
+    """Prompts one generation consumes: TRL's generation batch (config.generation_batch,
+    one optimizer step's completions by default) / num_generations. TRL drops an
+    incomplete last batch."""
+    return generation_batch(cfg) // cfg.grpo.num_generations
+
+
+def round_problem_budget(cfg: PipelineConfig) -> int:
+    """The most distinct prompts a round can draw: one generation batch per optimizer step
+    (an upper bound), times the regenerations dynamic sampling may ask for, plus the
+    in-round eval's held-out problems. A round handed a whole pool reads this many of it."""
+    draws = 1 + (cfg.dynamic_sampling.max_regenerations if cfg.dynamic_sampling.enabled else 0)
+    held = cfg.in_round_eval.problems if cfg.in_round_eval.every else 0
+    return cfg.grpo.max_steps * prompts_per_update(cfg) * draws + held
+
+
 def window_size(cfg: PipelineConfig, available: int) -> int:
-    """Candidates each round's filter considers: filter.max_problems, else an equal share
-    of the RL part per round, one share left for a retrain's round (flows/retrain.py)."""
-    return cfg.filter.max_problems or max(1, available // (cfg.rounds.count + 1))
+    """Rows of each round's window: filter.max_problems candidates (without a filter, what
+    the round can draw: round_problem_budget), else an equal share of the RL part per
+    round, one share left for a retrain's round (flows/retrain.py)."""
+    per_round = cfg.filter.max_problems if cfg.filter.enabled else round_problem_budget(cfg)
+    return per_round or max(1, available // (cfg.rounds.count + 1))
 
 
 def round_window(cfg: PipelineConfig, rl_size: int, round_no: int) -> tuple[int, int, str | None]:
@@ -68,7 +84,3 @@ def check_rounds(cfg: PipelineConfig, rl_size: int) -> list[str]:
     notes = [round_window(cfg, rl_size, r)[2] for r in range(1, cfg.rounds.count + 1)]
     return [n for n in notes if n]
 
-
-def repeats_needed(cfg: PipelineConfig, prompts: int, draws: int) -> float:
-    """How many times a round of `draws` prompt draws trains each of `prompts` prompts."""
-    return math.inf if prompts == 0 else draws / prompts

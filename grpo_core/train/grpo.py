@@ -13,6 +13,7 @@ from pathlib import Path
 
 from grpo_core.config import PipelineConfig, generation_batch
 from grpo_core.data.problems import Problem
+from grpo_core.data.stage_split import prompts_per_update
 from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt, resolve_template, stop_strings
 from grpo_core.train import lora
@@ -41,22 +42,6 @@ class RoundResult:
     best_step: int | None = None  # in_round_eval.every: the step whose model output_dir holds
     in_round_evals: list = field(default_factory=list)  # (step, held-out greedy accuracy)
     in_round_protocol: str | None = None  # the protocol hash of those numbers
-
-
-def prompts_per_update(cfg: PipelineConfig) -> int:
-    """Prompts one generation consumes: TRL's generation batch (config.generation_batch,
-    one optimizer step's completions by default) / num_generations. TRL drops an
-    incomplete last batch."""
-    return generation_batch(cfg) // cfg.grpo.num_generations
-
-
-def round_problem_budget(cfg: PipelineConfig) -> int:
-    """The most distinct prompts a round can draw: one generation batch per optimizer step
-    (an upper bound), times the regenerations dynamic sampling may ask for, plus the
-    in-round eval's held-out problems. A round handed a whole pool reads this many of it."""
-    draws = 1 + (cfg.dynamic_sampling.max_regenerations if cfg.dynamic_sampling.enabled else 0)
-    held = cfg.in_round_eval.problems if cfg.in_round_eval.every else 0
-    return cfg.grpo.max_steps * prompts_per_update(cfg) * draws + held
 
 
 def check_round_size(n_problems: int, cfg: PipelineConfig) -> None:
