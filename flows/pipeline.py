@@ -234,8 +234,8 @@ class _Run:
         unseen = stage_data.unseen_part(cfg, self.pool, self.rl_size)
         self.probes.append(run_stage(self.log, f"probe/{stage.split('/')[-1]}", "probe",
                                      memorisation_probe, self.ctx, start_model, model_dir,
-                                     stage, trained,
-                                     unseen, heldout, readiness))
+                                     stage, trained, unseen, heldout, readiness,
+                                     eval_scorer_for(cfg, self.ctx.ws)))
         self.findings.extend(self.probes[-1].findings)
 
     def sft(self, model: str) -> Evaluated:

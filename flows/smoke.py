@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import math
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ EVAL_SAMPLES = 2
 TOKENS = 16  # completion budget everywhere
 FILTER_PROBLEMS = 8
 SOURCE_LIMIT = 32  # training rows kept per source (the whole source is still ingested)
+PROBE_PROBLEMS = 4  # each memorisation probe set
 
 
 def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
@@ -58,6 +60,12 @@ def smoke_overrides(cfg: PipelineConfig, model: str | None = None,
              if g.generation_batch_size else g.steps_per_generation)
     # Enough rows per source for one generation batch, few beyond.
     keep = max(SOURCE_LIMIT, per_pass * (steps or g.gradient_accumulation_steps) // group)
+    # ... and for the RL part (data.sft_share) to hold every round's window and the probe's
+    # held-back set (grpo_core/data/stage_split.py), with room for the split's variance.
+    tree["probe"]["problems"] = min(cfg.probe.problems, PROBE_PROBLEMS)
+    window = max(min(cfg.filter.max_problems or FILTER_PROBLEMS, FILTER_PROBLEMS), keep)
+    rl_need = cfg.rounds.count * window + PROBE_PROBLEMS
+    keep = max(keep, math.ceil(1.5 * rl_need / max(1.0 - cfg.data.sft_share, 0.1)))
     for src in tree["data"]["train"]:
         src["limit"] = min(src.get("limit") or keep, keep)
     tree["rollout"].update(backend="hf", max_new_tokens=TOKENS, batch_size=16,

@@ -84,7 +84,7 @@ MAIN_JOB_SHRINK = [
     "grpo.per_device_train_batch_size=4", "grpo.num_generations=2", "grpo.max_completion_length=8",
     "eval.limit=8", "eval.samples=2", "eval.primary_metric=avg@2", "eval.max_new_tokens=8",
     "eval.bootstrap=20", "sft.max_steps=2", "sft.per_device_train_batch_size=4",
-    'data.train=[{source: "synthetic:arith", limit: 40, levels: [1]}]']
+    'data.train=[{source: "synthetic:arith", limit: 64, levels: [1]}]', "probe.problems=4"]
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,8 @@ def write_config(tmp_path: Path, model_path: str, max_steps: int = 3, **sections
     cfg.update({
         "project": {"name": "itest", "recipe": "r1_zero"},
         "model": {"name_or_path": model_path, "template": "r1_zero"},
-        # ~40 rows in the RL part: two rounds' fresh windows of 8, 8 held back for the probe
-        "data": {"train": [{"source": "synthetic:arith", "limit": 80, "levels": [1, 2]}],
+        # ~80 rows in the RL part: two rounds' fresh windows (up to 32), 8 held back for the probe
+        "data": {"train": [{"source": "synthetic:arith", "limit": 160, "levels": [1, 2]}],
                  "sft_share": 0.5},
         "probe": {"problems": 8},
         "filter": {"k": 2, "max_problems": 8},

@@ -7,16 +7,25 @@ from __future__ import annotations
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.synthetic import generate_problems
+from grpo_core.eval.evaluation import score_problems
 from grpo_core.generation.sampling import build_backend
 from grpo_core.modeling.loading import resolve_model_path
 from grpo_core.prompts import resolve_template
-from grpo_core.train.memorisation import gap_findings, gap_of, repeat_findings, score_sets
+from grpo_core.train.memorisation import (
+    gap_findings,
+    gap_of,
+    repeat_findings,
+    sampled_only,
+    score_sets,
+)
 from grpo_core.train.sft import run_sft
 
 
 def _scores(path: str, sets: dict, cfg) -> dict[str, list[float]]:
     backend, tokenizer = build_backend(path, cfg)
-    return score_sets(backend, tokenizer, sets, cfg, resolve_template(cfg.model.template, tokenizer))
+    template = resolve_template(cfg.model.template, tokenizer)
+    return score_sets(lambda ps: score_problems(backend, tokenizer, ps, sampled_only(cfg), template),
+                      sets, cfg.rewards.extraction)
 
 
 def test_a_memorising_stage_fires_memorisation_gap(tmp_path):

@@ -96,7 +96,7 @@ def _run(tmp_path, workdir, cfg_path, timeout=900):
 
 
 def test_a_pool_too_small_for_the_rounds_exits_2_before_training(tmp_path, tiny_model_path):
-    cfg = write_config(tmp_path, tiny_model_path, rounds={"count": 6})
+    cfg = write_config(tmp_path, tiny_model_path, rounds={"count": 12})
     out = _run(tmp_path, tmp_path / "ws", cfg)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     # the CLI's last word is the one line with the numbers and the fix (Prefect's own flow

@@ -70,9 +70,12 @@ def test_two_rounds_with_a_process_per_stage_leave_nothing_behind(tiny_model_pat
 
     log = workdir / "logs" / "stage-processes.jsonl"
     procs = [json.loads(line) for line in log.read_text().splitlines()]
-    # eval/base, filter/round-1, grpo/round-1, eval/round-1, grpo/round-2, eval/round-2
-    # (eval/final is eval/round-2's, cached: same model, same protocol)
-    assert [p["stage"] for p in procs] == ["eval", "filter", "grpo", "eval", "grpo", "eval"]
+    # eval/base, filter/round-1, grpo/round-1, eval/round-1, probe/round-1 (the start model
+    # and the round's, each scored in an eval process), grpo/round-2, eval/round-2,
+    # probe/round-2 (eval/final is eval/round-2's, cached: same model, same protocol)
+    probe = ["eval", "eval"]
+    assert [p["stage"] for p in procs] == ["eval", "filter", "grpo", "eval", *probe,
+                                           "grpo", "eval", *probe]
     for p in procs:
         assert p["exit_code"] == 0, p
         assert p["rank0_pid"] == p["launcher_pid"], p  # one plain process, no launcher

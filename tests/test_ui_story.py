@@ -54,7 +54,7 @@ def test_parents_carry_the_headline_metrics(mlflow_side):
         assert m["synthetic/delta"] == pytest.approx(m["synthetic/final"] - m["synthetic/base"])
         kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id]
         grpo_steps = sum(r.data.metrics.get("grpo/steps", 0) for r in kids)
-        assert m["grpo_steps"] == grpo_steps == 2  # one round of grpo.max_steps
+        assert m["grpo_steps"] == grpo_steps == 4  # two rounds of grpo.max_steps 2
         assert m["sft_steps"] == (2 if recipe == "sft_grpo" else 0)
         assert m["findings"] == len([f for f in p.data.tags["findings"].split(" | ") if f != "none"])
         # one count of findings (issue 27): the parent's tag and description, its rounds'

@@ -51,9 +51,10 @@ def round_problem_budget(cfg: PipelineConfig) -> int:
 def window_size(cfg: PipelineConfig, available: int) -> int:
     """Rows of each round's window: filter.max_problems candidates (without a filter, what
     the round can draw: round_problem_budget), else an equal share of the RL part per
-    round, one share left for a retrain's round (flows/retrain.py)."""
+    round, one share left for a retrain's round (flows/retrain.py); at least one optimizer
+    step's prompts (a band that keeps too few trains on the whole window)."""
     per_round = cfg.filter.max_problems if cfg.filter.enabled else round_problem_budget(cfg)
-    return per_round or max(1, available // (cfg.rounds.count + 1))
+    return max(per_round or available // (cfg.rounds.count + 1), prompts_per_update(cfg), 1)
 
 
 def round_window(cfg: PipelineConfig, rl_size: int, round_no: int) -> tuple[int, int, str | None]:

@@ -13,6 +13,7 @@ avg@k of docs/evaluation.md), read the way the rewards read answers (rewards.ext
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo_core.data.problems import Problem
@@ -84,16 +85,23 @@ def per_problem_accuracy(records: list[dict], extraction: str = "strict") -> lis
     return [sum(r[key]) / len(r[key]) if r.get(key) else 0.0 for r in records]
 
 
-def score_sets(backend, tokenizer, sets: dict[str, list[Problem]], cfg, template: str
-               ) -> dict[str, list[float]]:
-    """{name: per-problem accuracy} of each problem set under the eval protocol's samples
-    (no greedy pass: the probe reads the sampled accuracy only)."""
-    from grpo_core.eval.evaluation import score_problems
+def sampled_only(cfg):
+    """The eval protocol without its greedy pass: the probe reads the sampled accuracy only."""
+    return cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"greedy": False})})
 
-    sampled = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"greedy": False})})
-    return {name: per_problem_accuracy(score_problems(backend, tokenizer, problems, sampled,
-                                                      template), cfg.rewards.extraction)
-            for name, problems in sets.items()}
+
+def score_sets(records_of: Callable[[list[Problem]], list[dict]],
+               sets: dict[str, list[Problem]], extraction: str = "strict"
+               ) -> dict[str, list[float]]:
+    """{name: per-problem accuracy} of each problem set; `records_of(problems)` scores them
+    (evaluation.score_problems under sampled_only(cfg), here or in the eval's workers),
+    all sets in one call: one model load, one worker process."""
+    flat = [p for problems in sets.values() for p in problems]
+    scores = per_problem_accuracy(records_of(flat), extraction) if flat else []
+    out, start = {}, 0
+    for name, problems in sets.items():
+        out[name], start = scores[start:start + len(problems)], start + len(problems)
+    return out
 
 
 def gap_findings(result: GapResult, threshold: float) -> list[Finding]:
