@@ -21,18 +21,17 @@ def _setup(config, overrides, workdir, model, stage: str):
     """`stage` ("sft" or "grpo"): the pool's rows it reads are what that stage can use
     (tasks/stage_data.py: the same bounds as in the pipeline)."""
     from grpo_core.data.pool import (
-        PoolSlice,
         build_pool,
         ingest_sources,
         part_size,
         query_problems,
         training_sets,
     )
-    from grpo_core.data.stage_split import held_out, parts
+    from grpo_core.data.stage_split import parts
     from grpo_core.data.store import Store, StoreError
     from grpo_core.modeling.loading import resolve_model_path
     from grpo_core.workspace import Workspace
-    from tasks.stage_data import sft_part, stage_reads
+    from tasks.stage_data import rl_trainable, sft_part, stage_reads
 
     cfg = load_or_exit(config, overrides, workdir)
     cli_common.require_fetched_or_exit(model or cfg.model.name_or_path, cfg.project.workdir)
@@ -44,9 +43,8 @@ def _setup(config, overrides, workdir, model, stage: str):
             if stage == "sft":  # the pipeline's parts: SFT's, or the RL part's rows
                 part = sft_part(cfg, ref)  # (but the probe's held-back tail)
             else:
-                size = part_size(store, ref.pool, parts(cfg)[1], cfg.data.sft_share)
-                part = PoolSlice(ref.pool, parts(cfg)[1], cfg.data.sft_share, 0,
-                                 size - held_out(cfg, size))
+                part = rl_trainable(cfg, ref, part_size(store, ref.pool, parts(cfg)[1],
+                                                        cfg.data.sft_share))
             pool = query_problems(store, part, *stage_reads(cfg, stage))
     except StoreError as exc:
         fail(str(exc), 1)

@@ -10,6 +10,7 @@ from the best model evaluated so far.
 from __future__ import annotations
 
 import contextlib
+import functools
 import subprocess
 import time
 from collections.abc import Iterator
@@ -200,12 +201,15 @@ class _Run:
     pool: object = None
     rl_size: int = 0
 
+    @functools.cached_property
+    def scorer(self):
+        """Where eval records are scored (eval_scorer_for), decided once for the run."""
+        return eval_scorer_for(self.ctx.cfg, self.ctx.ws)
+
     def eval_stage(self, model: str, label: str, benchmarks: list[str]) -> EvalResult:
         """The eval stage `label` of `model` (stages.evaluate_model), its start/end lines."""
-        cfg = self.ctx.cfg
         return run_stage(self.log, label, "eval", stages.evaluate_model, self.ctx, model, label,
-                         benchmarks, eval_scorer_for(cfg, self.ctx.ws),
-                         primary=cfg.eval.primary_metric)
+                         benchmarks, self.scorer, primary=self.ctx.cfg.eval.primary_metric)
 
     def data(self):
         """Ingest, then check that every round has a fresh window of the RL part before any
@@ -235,7 +239,7 @@ class _Run:
         self.probes.append(run_stage(self.log, f"probe/{stage.split('/')[-1]}", "probe",
                                      memorisation_probe, self.ctx, start_model, model_dir,
                                      stage, trained, unseen, heldout, readiness,
-                                     eval_scorer_for(cfg, self.ctx.ws)))
+                                     self.scorer))
         self.findings.extend(self.probes[-1].findings)
 
     def sft(self, model: str) -> Evaluated:

@@ -24,7 +24,7 @@ from grpo_core.data.problems import Problem
 from grpo_core.data.stage_split import held_out, parts, round_problem_budget, round_window
 from tasks.stage_keys import problems_fingerprint
 
-Selection = PoolRef | PoolSlice | list[str]
+Selection = PoolSlice | list[str]
 
 
 def pool_of(data) -> PoolRef:
@@ -48,18 +48,26 @@ def rl_size(ctx, pool: PoolRef) -> int:
         return part_size(store, pool.pool, parts(ctx.cfg)[1], ctx.cfg.data.sft_share)
 
 
+def _rl_rows(cfg, pool: PoolRef, start: int, stop: int) -> PoolSlice:
+    return PoolSlice(pool.pool, parts(cfg)[1], cfg.data.sft_share, start, stop)
+
+
 def round_candidates(cfg, pool: PoolRef, size: int, round_no: int) -> tuple[PoolSlice, str | None]:
     """Round `round_no`'s fresh window of the RL part (`size` rows: rl_size), and the note
     of a re-used window (filter.reuse_prompts); raises PoolExhausted when none is left."""
     start, stop, note = round_window(cfg, size, round_no)
-    return PoolSlice(pool.pool, parts(cfg)[1], cfg.data.sft_share, start, stop), note
+    return _rl_rows(cfg, pool, start, stop), note
+
+
+def rl_trainable(cfg, pool: PoolRef, size: int) -> PoolSlice:
+    """Every RL-part row a round may read: all but the probe's held-back tail (`grpo train`)."""
+    return _rl_rows(cfg, pool, 0, size - held_out(cfg, size))
 
 
 def unseen_part(cfg, pool: PoolRef, size: int) -> PoolSlice:
     """The RL part's held-back tail: problems no stage of this pool trains on (the
     memorisation probe's unseen set)."""
-    return PoolSlice(pool.pool, parts(cfg)[1], cfg.data.sft_share,
-                     size - held_out(cfg, size), size)
+    return _rl_rows(cfg, pool, size - held_out(cfg, size), size)
 
 
 def open_and_query(ctx, selection: Selection, limit: int | None = None,
@@ -108,10 +116,9 @@ def stage_input(ctx, stage: str, selection: Selection
     bounds it names the rows exactly: the key reads nothing, and problems() reads the rows
     once, when the stage computes. A list of ids: the content of those problems (an id
     names a row of a source, not its content)."""
-    if isinstance(selection, PoolRef | PoolSlice):
+    if isinstance(selection, PoolSlice):
         limit, keep = stage_reads(ctx.cfg, stage)
         read = functools.cache(lambda: stage_problems(ctx, stage, selection))
-        where = selection.describe() if isinstance(selection, PoolSlice) else f"pool {selection.pool}"
-        return f"{where}: first {limit} {getattr(keep, '__name__', 'rows')}", read
+        return f"{selection.describe()}: first {limit} {getattr(keep, '__name__', 'rows')}", read
     problems = open_and_query(ctx, selection)
     return problems_fingerprint(problems), lambda: problems
