@@ -9,6 +9,12 @@ screenshot of each page and checks that the headline metric names and values (re
 through MLflow's API) are on the pages. Prints one line per page and check; exit 1 if a
 check failed.
 
+With `--prefect-ui URL` (a Prefect server's UI, e.g. http://127.0.0.1:4200, for runs a
+deployment made: README path 2): each parent run's link to its Prefect flow run, that
+page named as the MLflow run, and each flow run's artifact page holding the result (the
+retrain's decision) and a link back to its MLflow run. `--experiment quickstart` checks the
+quickstart's experiment; the comparison checks are skipped where it has no comparison.
+
 Needs the optional `ui` extra (Playwright, `pip install -e '.[ui]'`) and a Chromium:
 the Debian package (`apt-get install chromium`) is used when present, so nothing is
 downloaded from Playwright's CDN.
@@ -233,11 +239,47 @@ def check_issue27(c: Checker, browser, base: str, exp, client, parents: dict, co
                     first in ("reward", "rewards/accuracy/mean", "accuracy"))
 
 
+def check_prefect(c: Checker, prefect_ui: str, parents: dict, link) -> None:
+    """The deployed runs, both ways: MLflow parent -> its Prefect flow run (tag and the
+    description's link), and the flow run's artifact -> the MLflow run."""
+    import json
+
+    api = prefect_ui.rstrip("/") + "/api"
+    for recipe, p in parents.items():
+        url = p.data.tags.get("prefect_flow_run_url", "")
+        c.check(f"{recipe}: the MLflow parent carries its Prefect flow run's URL ({url})",
+                url.startswith(prefect_ui.rstrip("/")))
+        if not url:
+            continue
+        text = c.visit(f"mlflow-{recipe}-prefect-link", link(p.info.run_id)["run"],
+                       wait_for="Prefect flow run")
+        c.check(f"{recipe}: its MLflow page links the Prefect flow run", url in text)
+        text = c.visit(f"prefect-{recipe}-run", url, wait_for=p.info.run_name)
+        c.check(f"{recipe}: the Prefect flow run is named as the MLflow run "
+                f"({p.info.run_name})", p.info.run_name in text)
+        req = urllib.request.Request(f"{api}/artifacts/filter", method="POST", data=json.dumps(
+            {"artifacts": {"flow_run_id": {"any_": [p.data.tags["prefect_flow_run_id"]]}}}
+        ).encode(), headers={"Content-Type": "application/json"})
+        found = json.load(urllib.request.urlopen(req, timeout=30))
+        c.check(f"{recipe}: its flow run published an artifact ({[a['key'] for a in found]})",
+                bool(found))
+        for art in found[:1]:
+            text = c.visit(f"prefect-{recipe}-artifact", f"{prefect_ui.rstrip('/')}/artifacts/"
+                           f"artifact/{art['id']}", wait_for="MLflow")
+            first = (art.get("data") or "").splitlines()[0].strip("*").split("**")[0][:40]
+            c.check(f"{recipe}: the artifact page shows the result ({first!r})", first in text)
+            hrefs = c.page.eval_on_selector_all("a", "els => els.map(e => e.href)")
+            c.check(f"{recipe}: the artifact links the MLflow run {p.info.run_id[:8]}",
+                    any(p.info.run_id in h for h in hrefs))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=ROOT / ".grpo")
     ap.add_argument("--experiment", default="recipes")
     ap.add_argument("--out", type=Path, default=None, help="screenshots (default <workdir>/reports/ui)")
+    ap.add_argument("--prefect-ui", default=None,
+                    help="a Prefect server's UI (deployed runs): check the cross-links and artifacts")
     args = ap.parse_args()
     from mlflow import MlflowClient
     from playwright.sync_api import sync_playwright
@@ -318,7 +360,12 @@ def main() -> int:
                     "delta [paired 95% CI]" in text)
 
         said = next((r.data.tags.get("grpo.verdict") for r in comps), None)
-        check_issue27(c, browser, base, exp, client, parents, comps, said, link)
+        if comps:
+            check_issue27(c, browser, base, exp, client, parents, comps, said, link)
+        else:
+            print("  [info] no comparison run in this experiment: its checks skipped")
+        if args.prefect_ui:
+            check_prefect(c, args.prefect_ui, parents, link)
 
         for recipe in parents:
             name = f"{exp.name}-{recipe}"

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
 
 from flows.pipeline import grpo_pipeline  # first: it configures prefect before import
 from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-exported
-from flows.stage_log import compare_run_name
+from flows.stage_log import compare_run_name, prefect_run_link
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.attribution import verdict
 from grpo_core.eval.comparison import (
@@ -255,13 +253,7 @@ def publish_comparison(cfg: PipelineConfig, report: dict, parent_runs: list[str]
     run = tracking.log_comparison(cfg, Workspace.at(cfg.project.workdir), report["markdown"],
                                   report["csv"], report["chart"], parent_runs)
     tracking.describe_comparison(run, report["verdict"], report["markdown"], parent_runs,
-                                 _prefect_run(), rows=report["rows"])
+                                 prefect_run_link(), rows=report["rows"])
     return run
 
 
-def _prefect_run() -> dict:
-    """This flow run's id and UI address: None under the temporary local server (no
-    PREFECT_API_URL), whose address dies with the run (serve the workspace's history on
-    its own address instead: docs/prefect.md, "The workspace's own Prefect history")."""
-    url = flow_run.ui_url if os.environ.get("PREFECT_API_URL") else None
-    return {"id": str(flow_run.id), "url": url}

@@ -6,7 +6,12 @@ retrain's) body in its own flow run rather than under a wrapper run, so the run 
 started is named as `grpo run` names it (`r1_zero-7ee43f68`, `compare-r1_zero-vs-sft_grpo`,
 `retrain-r1_zero-7ee43f68`, not Prefect's "frisky-bat") and holds the stage task runs and
 lines itself; and library warnings and third-party progress bars are off, as `grpo run`
-has them (GRPO_VERBOSE=1 on the worker keeps them, as `grpo run --verbose` does)."""
+has them (GRPO_VERBOSE=1 on the worker keeps them, as `grpo run --verbose` does).
+
+A run that cannot start its work (no champion to retrain, a pool too small, an unreachable
+MLflow: flows/refusals.py) ends Failed with that one line as its state message and log
+line, no traceback; a finished run's state message is its result line, verdict or
+retrain decision."""
 from __future__ import annotations
 
 import os
@@ -25,6 +30,7 @@ from prefect.runtime import flow_run
 
 from flows.compare import compare_recipes, default_recipes
 from flows.pipeline import grpo_pipeline
+from flows.refusals import state_or_refusal
 from flows.stage_log import config_run_name
 from grpo_core.config import load_config
 
@@ -70,12 +76,16 @@ def _compare_name() -> str:
 def run_config(config_path: str = QUICKSTART, overrides: list[str] | None = None,
                workdir: str | None = None) -> dict:
     """One config through the pipeline (quickstart and each recipe deploy this flow)."""
-    return grpo_pipeline.fn(_config(config_path, overrides, workdir), progress=False)
+    return state_or_refusal(
+        lambda: grpo_pipeline.fn(_config(config_path, overrides, workdir), progress=False),
+        lambda out: out["registered"].get("summary") or "finished")
 
 
 @flow(name="grpo-compare-recipes", flow_run_name=_compare_name)
 def compare_default(overrides: list[str] | None = None, workdir: str | None = None) -> dict:
-    return compare_recipes.fn(_compare_configs(overrides, workdir), progress=False)
+    return state_or_refusal(
+        lambda: compare_recipes.fn(_compare_configs(overrides, workdir), progress=False),
+        lambda out: out.get("verdict") or "compared")
 
 
 @flow(name="grpo-retrain", flow_run_name=_config_name(R1_ZERO, "retrain-"))
@@ -83,4 +93,6 @@ def retrain_config(config_path: str = R1_ZERO, overrides: list[str] | None = Non
                    workdir: str | None = None) -> dict:
     from flows.retrain import retrain
 
-    return retrain.fn(_config(config_path, overrides, workdir), progress=False)
+    return state_or_refusal(
+        lambda: retrain.fn(_config(config_path, overrides, workdir), progress=False),
+        lambda out: out["decision"].get("summary") or "retrained")

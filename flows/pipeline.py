@@ -18,12 +18,18 @@ from dataclasses import dataclass, field
 
 from flows import configure_prefect
 from flows.prefill import prefill_sharded
-from flows.stage_log import log_findings, pipeline_run_name, run_stage
+from flows.stage_log import (
+    artifact_key,
+    links_markdown,
+    log_findings,
+    pipeline_run_name,
+    prefect_run_link,
+    run_stage,
+)
 
 configure_prefect()  # before prefect is imported
 
 from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.pool import PoolSlice
@@ -70,26 +76,25 @@ def scorer_error_findings(label: str, evaluated: EvalResult) -> list[str]:
             "input's hash)" for bench, n in evaluated.scorer_errors().items()]
 
 
-def training_prompts(kept: FilterResult, pool: PoolSlice, need: int
-                     ) -> tuple[PoolSlice | list[str], str | None]:
-    """The in-band problems when there are enough for one optimizer step (`need` prompts:
-    grpo_core.data.stage_split.prompts_per_update); else every problem the policy sometimes solves
-    (each still has reward variance); else the round's whole window of candidates. A band
-    that keeps too few would otherwise train on nothing. A window too small for one step is
-    refused."""
-    if len(pool) < need:
+def training_prompts(kept: FilterResult, pool: PoolSlice) -> tuple[PoolSlice | list[str], str | None]:
+    """The round's training prompts, as the filter decided (FilterResult.trains_on): the
+    in-band problems when they fill one optimizer step; else every problem the policy
+    sometimes solves (each still has reward variance); else the round's whole window of
+    candidates. A band that keeps too few would otherwise train on nothing. A window too
+    small for one step is refused."""
+    if len(pool) < kept.need:
         raise ValueError(f"the round's candidates are {len(pool)} problems; one GRPO optimizer step "
-                         f"needs {need} (one generation batch: grpo.per_device_train_batch_size x "
-                         "train.num_processes x grpo.steps_per_generation / grpo.num_generations)")
-    if len(kept.kept_ids) >= need:
+                         f"needs {kept.need} (one generation batch: grpo.per_device_train_batch_size"
+                         " x train.num_processes x grpo.steps_per_generation / grpo.num_generations)")
+    choice = kept.trains_on()
+    if choice == "band":
         return kept.kept_ids, None
-    signal = kept.signal_ids
-    if len(signal) >= need:
-        return signal, (f"only {len(kept.kept_ids)} problems in band; training on the "
-                        f"{len(signal)} with pass rate in (0, 1)")
-    return pool, (f"only {len(kept.kept_ids)} problems in band and {len(signal)} with any "
-                  "success; training on all the round's candidates (re-filter difficulty or "
-                  "change the band)")
+    if choice == "signal":
+        return kept.signal_ids, (f"only {len(kept.kept_ids)} problems in band; training on the "
+                                 f"{len(kept.signal_ids)} with pass rate in (0, 1)")
+    return pool, (f"only {len(kept.kept_ids)} problems in band and {len(kept.signal_ids)} with "
+                  "any success; training on all the round's candidates (re-filter difficulty "
+                  "or change the band)")
 
 
 @flow(name="grpo-pipeline", validate_parameters=True, flow_run_name=pipeline_run_name)
@@ -116,7 +121,25 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True,
                                                   ENGINE_REUSES_METRIC: warm.reuses})
         verdict_freshness.mark_if_stale(experiment_name(cfg))  # a newer champion?
     log_findings(log, out["findings"])
+    publish_pipeline(cfg, out)
     return out
+
+
+def publish_pipeline(cfg: PipelineConfig, out: dict) -> None:
+    """The run's Prefect artifact (`pipeline-<recipe>`), where a Prefect user looks: the
+    result line with the paired delta and the registry's decision, the headline table
+    (base, final, paired delta per benchmark), the findings, the MLflow links."""
+    from prefect.artifacts import create_markdown_artifact
+
+    reg = out["registered"]
+    findings = [f"- {f}" for f in out["findings"]]
+    markdown = "\n".join([f"**{cfg.project.recipe}**: {reg.get('summary')}", "",
+                           reg.get("table") or "", "", *(findings + [""] if findings else []),
+                           links_markdown(reg.get("links") or {})])
+    create_markdown_artifact(key=artifact_key("pipeline", cfg.project.recipe), markdown=markdown,
+                             description=f"{cfg.project.recipe}: held-out result, paired delta")
+    if (reg.get("links") or {}).get("run"):  # `--watch` prints the log, not the artifact
+        get_run_logger().info("MLflow run: %s", reg["links"]["run"])
 
 
 @contextlib.contextmanager
@@ -126,9 +149,11 @@ def parent_run(cfg: PipelineConfig, ws: Workspace, log, progress: bool, plan: Ru
     kept while MLflow was unreachable, and yield the stages' context. An exception in the
     block marks the runs FAILED (a SIGKILL leaves them to resume). `plan` holds the store
     (tasks.preflight.planned): everything from here on writes."""
+    prefect = prefect_run_link()  # one name per run: MLflow's parent is named as Prefect's run
     parent = tracking.start_parent_run(cfg, config_hash=config_hash, recipe=recipe,
-                                       git_commit=git_commit(), flow_run_id=str(flow_run.id),
-                                       workspace=ws)
+                                       git_commit=git_commit(), flow_run_id=prefect["id"],
+                                       workspace=ws, run_name=prefect["name"],
+                                       flow_run_url=prefect["url"])
     replayed = tracking.replay_unsent_metrics(ws)
     if replayed:
         log.info("sent %d metric points kept while MLflow was unreachable",
@@ -172,7 +197,7 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: 
     collapsed = start_collapse(kept.pass_rates, ctx.cfg, round_no)
     if collapsed is not None and collapsed.severity == "stop":  # diagnosis.stop_on_collapsed_start
         raise CollapsedStart(collapsed.line())
-    prompts, note = training_prompts(kept, problem_ids, prompts_per_update(ctx.cfg))
+    prompts, note = training_prompts(kept, problem_ids)
     note = note or window_note(ctx.cfg, kept, len(problem_ids))
     return prompts, (f"round {round_no}: {note}" if note else None)
 
@@ -206,10 +231,13 @@ class _Run:
         """Where eval records are scored (eval_scorer_for), decided once for the run."""
         return eval_scorer_for(self.ctx.cfg, self.ctx.ws)
 
-    def eval_stage(self, model: str, label: str, benchmarks: list[str]) -> EvalResult:
-        """The eval stage `label` of `model` (stages.evaluate_model), its start/end lines."""
+    def eval_stage(self, model: str, label: str, benchmarks: list[str],
+                   reuses: str | None = None) -> EvalResult:
+        """The eval stage `label` of `model` (stages.evaluate_model), its start/end lines;
+        `reuses`: the eval stage of the same model whose result the cache may serve."""
         return run_stage(self.log, label, "eval", stages.evaluate_model, self.ctx, model, label,
-                         benchmarks, self.scorer, primary=self.ctx.cfg.eval.primary_metric)
+                         benchmarks, self.scorer, primary=self.ctx.cfg.eval.primary_metric,
+                         reuses=reuses)
 
     def data(self):
         """Ingest, then check that every round has a fresh window of the RL part before any
@@ -319,7 +347,11 @@ def _stages(ctx: stages.Ctx, log) -> dict:
     start, pipeline_rss = run.rounds(start, evaluated)
 
     model = start.model
-    final = eval_stage(model, "eval/final", cfg.eval.benchmarks)
+    # the last round's eval (or the base's, eval/sft's) of this model, when it covered every
+    # benchmark: the cache serves it, and the line says so
+    final = eval_stage(model, "eval/final", cfg.eval.benchmarks,
+                       reuses=start.label if set(start.benchmarks) >= set(cfg.eval.benchmarks)
+                       else None)
     findings += scorer_error_findings("eval/final", final)
     evaluated.append(("eval/final", final.benchmarks, model))
     report = finish_pipeline(parent, cfg, model, final.benchmarks, findings, ws,

@@ -20,6 +20,7 @@ from flows.pipeline import (  # first: it configures prefect before import
     parent_run,
     scorer_error_findings,
 )
+from flows.refusals import NoChampion
 from flows.stage_log import log_findings, retrain_run_name, run_stage
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.round_gate import regressions
@@ -47,7 +48,8 @@ def retrain(config: PipelineConfig, progress: bool = True, plan: RunPlan | None 
         name = tracking.model_name(cfg)
         champion = tracking.champion_version(name)
         if champion is None:
-            raise LookupError(f"no champion for {name!r}: run the pipeline for this config first")
+            raise NoChampion(f"no champion for {name!r} yet: run this config's pipeline first "
+                             f"(`grpo run` or its deployment), which registers {name!r}")
         champion_dir = str(tracking.download_champion(name, ws.root / "champions" / name))
         # One retrain run per champion version: a killed retrain resumes under the same run.
         with parent_run(cfg, ws, log, progress, plan,
@@ -57,17 +59,53 @@ def retrain(config: PipelineConfig, progress: bool = True, plan: RunPlan | None 
             out = _stages(ctx, champion_dir, log)
         # the champion it was retrained from may be newer than the experiment's verdict
         verdict_freshness.mark_if_stale(experiment_name(cfg))
-        report, bench = out["decision"], cfg.eval.benchmarks[0]
-        tracking.log_json(ctx.parent_run, {
-            "champion_version": str(champion.version), "champion": out["champion"][bench]["metrics"],
-            "challenger": out["challenger"][bench]["metrics"],
-            "promoted": report.get("promoted"), "reason": report.get("reason"),
-            "rule": report.get("rule"), "paired": report.get("paired")},
-            "report/retrain_decision.json")
+        report = out["decision"]
+        decision, detail = decision_files(cfg, champion.version, report, out)
+        tracking.log_json(ctx.parent_run, decision, "report/retrain_decision.json")
+        tracking.log_json(ctx.parent_run, detail, "report/retrain_metrics.json")
+        publish_retrain(cfg, decision, report)
     log_findings(log, out["findings"])  # as grpo_pipeline does: the count, then each one
     log.info("retrain: %s", report.get("summary"))
     return {"parent_run": ctx.parent_run, "model_dir": out["model_dir"], "decision": report,
             "findings": out["findings"]}
+
+
+def decision_files(cfg: PipelineConfig, champion_version, report: dict, out: dict
+                   ) -> tuple[dict, dict]:
+    """(report/retrain_decision.json: the decision first - promoted or not, why, by which
+    rule, the paired delta, champion and challenger on the primary metric -, and
+    report/retrain_metrics.json beside it: every metric of both)."""
+    bench, primary = cfg.eval.benchmarks[0], cfg.eval.primary_metric
+    champ, chall = out["champion"][bench]["metrics"], out["challenger"][bench]["metrics"]
+    decision = {
+        "decision": (f"promoted v{report.get('version')}" if report.get("promoted")
+                     else f"kept champion v{champion_version}"),
+        "promoted": report.get("promoted"), "reason": report.get("reason"),
+        "rule": report.get("rule"), "paired": report.get("paired"),
+        "benchmark": bench, "metric": primary, "champion_version": str(champion_version),
+        "challenger_version": str(report.get("version")),
+        "champion": {primary: champ.get(primary)}, "challenger": {primary: chall.get(primary)},
+        "detail": "report/retrain_metrics.json"}
+    return decision, {"benchmark": bench, "champion": champ, "challenger": chall}
+
+
+def publish_retrain(cfg: PipelineConfig, decision: dict, report: dict) -> None:
+    """The retrain's Prefect artifact (`retrain-<recipe>`): the decision and its rule, the
+    champion-vs-challenger table with the paired delta, the MLflow links."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from flows.stage_log import artifact_key, links_markdown
+
+    markdown = "\n".join([
+        f"**{decision['decision']}**: {decision['reason']}", "",
+        f"Rule: {decision['rule'] or 'none'}", "",
+        "Columns: base = the champion, final = the challenger, delta = challenger minus "
+        "champion, paired per problem.", "", report.get("table") or "", "",
+        links_markdown(report.get("links") or {})])
+    create_markdown_artifact(key=artifact_key("retrain", cfg.project.recipe), markdown=markdown,
+                             description="The retrain's decision: champion vs challenger")
+    if (report.get("links") or {}).get("run"):  # `--watch` prints the log, not the artifact
+        get_run_logger().info("MLflow run: %s", report["links"]["run"])
 
 
 def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
@@ -99,11 +137,14 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
         findings += scorer_error_findings(label, evaluated)
     findings += regressions(1, before.benchmarks, after.benchmarks, primary)
     # The champion's per-problem rows, scored under today's protocol, to pair with the
-    # challenger's; a retrain has no base eval, so no final-vs-base deltas (base={}).
+    # challenger's.
     bench = cfg.eval.benchmarks[0]
     with records_store(ws, cfg.data.store_lock_timeout) as store:
         champion_records = stage_records(store, before.benchmarks[bench], champion_dir) or None
+    # The champion's eval as the base: the headline's base, final and delta columns (and the
+    # result line) read champion, challenger and the paired difference.
     report = finish_pipeline(ctx.parent_run, cfg, train.model_dir, after.benchmarks, findings, ws,
-                             champion_records=champion_records, base={})
+                             champion_records=champion_records, base=before.benchmarks,
+                             base_model=champion_dir, over="the champion")
     return {"model_dir": train.model_dir, "champion": before.benchmarks,
             "challenger": after.benchmarks, "findings": findings, "decision": report}

@@ -23,18 +23,21 @@ def summary(kind: str, result: Any, primary: str = "") -> str:
     return result.summary(primary) if isinstance(result, StageResult) else str(result)
 
 
-def run_stage(log, name: str, kind: str, fn: Callable, *args, primary: str = "", **kwargs):
+def run_stage(log, name: str, kind: str, fn: Callable, *args, primary: str = "",
+              reuses: str | None = None, **kwargs):
     """fn(*args, **kwargs) between a start line and an end line. In a flow run the stage is
     its one Prefect task (tasks/stage_task.py), a task run named `name` whose state says
     Cached when the stage cache served it, and the end line is in its log too (the UI's
-    task-run page)."""
+    task-run page). `reuses`: the stage whose result the cache holds for this one (eval/final
+    of the model eval/round-2 evaluated): the end line says "reused from" it."""
     from tasks.stage_task import run_stage_fn
 
     log.info("%s: started", name)
     t0 = time.perf_counter()
     result, cached, task_run = run_stage_fn(kind, name, fn, *args, **kwargs)
     key = summary(kind, result, primary)
-    log.info("%s: %s in %.1f s%s", name, "cached" if cached else "computed",
+    said = (f"reused from {reuses}" if reuses else "cached") if cached else "computed"
+    log.info("%s: %s in %.1f s%s", name, said,
              time.perf_counter() - t0, f": {key}" if key else "",
              **({"extra": {"task_run_id": task_run}} if task_run else {}))
     return result
@@ -94,3 +97,33 @@ def compare_run_name() -> str:
         return "compare-" + "-vs-".join(recipes)
 
     return _named_from_parameters(make)
+
+
+def prefect_run_link() -> dict:
+    """This flow run's id and UI address: url None under the temporary local server (no
+    PREFECT_API_URL), whose address dies with the run (serve the workspace's history on
+    its own address instead: docs/prefect.md, "The workspace's own Prefect history")."""
+    import os
+
+    from prefect.runtime import flow_run
+
+    url = flow_run.ui_url if os.environ.get("PREFECT_API_URL") else None
+    return {"id": str(flow_run.id), "url": url, "name": flow_run.name}
+
+
+# --------------------------------------------------------------------------- artifacts
+
+def artifact_key(kind: str, recipe: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes): `pipeline-r1-zero`."""
+    import re
+
+    return re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{recipe}".lower()).strip("-")
+
+
+def links_markdown(links: dict) -> str:
+    """The MLflow links of an artifact, in the UI's "Model training" view: the run, the
+    headline runs table, the model version; "" without any."""
+    names = (("run", "MLflow run"), ("runs_table", "headline runs table"),
+             ("model_version", "model version"))
+    said = [f"[{label}]({links[k]})" for k, label in names if links.get(k)]
+    return "MLflow: " + ", ".join(said) if said else ""

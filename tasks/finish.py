@@ -20,7 +20,8 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
                     *, champion_records: Sequence[Mapping] | None = None,
                     base: Mapping[str, Any] | None = None, base_model: str | None = None,
                     wall_s: float | None = None,
-                    stages: Sequence[tuple[str, Mapping, str | None]] = ()) -> dict:
+                    stages: Sequence[tuple[str, Mapping, str | None]] = (),
+                    over: str = "the base") -> dict:
     """Close a pipeline run (tasks.tracking.parent_run.close_pipeline): final metrics and
     findings on the parent, the paired deltas of final vs base on the eval/final run, the
     model registered and promoted by the paired rule on the primary metric of the first
@@ -30,7 +31,8 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
     order).
 
     `base`: the base model's stage results (None: found under the final eval's protocol;
-    {}: no base, as in a retrain); `champion_records`: the champion's rows as a retrain
+    {}: none), or what the deltas are over, called `over` in the result line (a retrain:
+    the champion's eval, `base_model` its folder); `champion_records`: the champion's rows as a retrain
     re-scored them, else those of the champion version's eval run."""
     benchmarks = final.get("benchmarks", final)
     workdir = workspace if workspace is not None else workdir_of(None, cfg)
@@ -47,4 +49,4 @@ def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Ma
         parent_id, cfg, model_dir, benchmarks, findings, workdir, deltas=deltas,
         attribution=attribution, base=base, wall_s=wall_s, model=name,
         records=recs.final, champion_records=(list(champion_records) if champion_records
-                                              is not None else recs.champion))
+                                              is not None else recs.champion), over=over)

@@ -135,6 +135,16 @@ class FilterResult(StageResult):
     kept_ids: list[str] = []  # the in-band problems
     signal_ids: list[str] = []  # problems with pass rate in (0, 1): reward variance
     pass_rates: list[float] = []
+    need: int = 0  # prompts one GRPO optimizer step needs (stage_split.prompts_per_update)
+
+    def trains_on(self) -> str:
+        """What the round trains on, decided here once (flows.pipeline.training_prompts
+        acts on it, the stage line says it): "band" when the in-band problems fill one
+        optimizer step, else "signal" (every problem with pass rate in (0, 1)) when those
+        do, else "window" (all the round's candidates)."""
+        if self.kept >= self.need:
+            return "band"
+        return "signal" if len(self.signal_ids) >= self.need else "window"
 
     @classmethod
     def from_summary(cls, summary: dict, **fields) -> FilterResult:
@@ -148,7 +158,12 @@ class FilterResult(StageResult):
 
     def key(self, primary: str = "") -> str:
         share = f" ({self.kept / self.considered:.0%})" if self.considered else ""
-        return f"kept {self.kept} of {self.considered}{share}"
+        said = f"kept {self.kept} of {self.considered}{share}"
+        fallback = {"signal": f"the {len(self.signal_ids)} with pass rate in (0, 1)",
+                    "window": f"all {self.considered} candidates"}.get(self.trains_on())
+        if fallback:  # the line says what the round trains on, as the finding will
+            said += f"; too few for one step of {self.need}: the round trains on {fallback}"
+        return said
 
 
 class TrainResult(StageResult):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_core.config import PipelineConfig
+from grpo_core.data.stage_split import prompts_per_update
 from grpo_core.data.store import Store
 from grpo_core.modeling.fetch import provenance_tags
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
@@ -188,7 +189,8 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: stage_data.Selecti
             signal_ids=[by_key[k] for k in signal if k in by_key],
             pass_rates=[r["pass_rate"] for r in report.estimates])
 
-    return cached_stage(ctx, key, f"filter/round-{round_no}", FilterResult, compute)
+    kept = cached_stage(ctx, key, f"filter/round-{round_no}", FilterResult, compute)
+    return kept.model_copy(update={"need": prompts_per_update(ctx.cfg)})
 
 
 def sft(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection) -> SftStageResult:

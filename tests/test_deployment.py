@@ -18,12 +18,9 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -32,6 +29,14 @@ import yaml
 from fixtures_models import MAIN_JOB_SHRINK
 from mlflow_server import MlflowServer
 from pipeline_runs import basic_auth_token, scan_for_secrets
+from prefect_services import (
+    Services,
+    free_port,
+    prefect_status,
+    prefect_story,
+    run_state,
+    wait_http,
+)
 
 from grpo_core.config import load_config
 from tasks.tracking.mlflow_client import stage_of
@@ -44,105 +49,6 @@ BIN = Path(sys.executable).parent
 PREFECT_AUTH = "grpo:prefauth_3a9d71c0e5b2"
 MLFLOW_ADMIN = ("admin", "mlfadmin_d80f2b6e1c97")
 MLFLOW_PIPELINE = ("grpo-pipeline", "mlfpipe_47c1a9e3f0b6")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, seconds: float, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited: {log.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"{url} not healthy after {seconds} s: {log.read_text()[-2000:]}")
-
-
-def _prefect_status(api: str, auth: str | None) -> int:
-    """HTTP status of one Prefect API call (list flows), with `auth` as the auth string."""
-    req = urllib.request.Request(f"{api}/flows/filter", data=b"{}", method="POST",
-                                 headers={"Content-Type": "application/json"})
-    if auth is not None:
-        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
-def _prefect_post(api: str, path: str, body: dict, auth: str) -> list[dict]:
-    req = urllib.request.Request(f"{api}/{path}", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization":
-                                          "Basic " + base64.b64encode(auth.encode()).decode()})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.load(resp)
-
-
-def _prefect_story(api: str, auth: str) -> dict:
-    """Flow run name -> its task run names, log lines, state and whether it is a subflow,
-    read from the server's API (scheduled runs of the weekly cron left out)."""
-    story = {}
-    for run in _prefect_post(api, "flow_runs/filter", {}, auth):
-        if run["state_type"] == "SCHEDULED":
-            continue
-        ids = {"any_": [run["id"]]}
-        story[run["name"]] = {
-            "id": run["id"], "state": run["state_type"], "sub": bool(run["parent_task_run_id"]),
-            "tasks": {t["name"] for t in _prefect_post(api, "task_runs/filter",
-                                                        {"flow_runs": {"id": ids}}, auth)},
-            "logs": _logs(api, auth, ids)}
-    return story
-
-
-def _logs(api: str, auth: str, ids: dict) -> list[str]:
-    """Every log line of the flow runs `ids`, in pages of 200 (the server's most per call)."""
-    lines: list[str] = []
-    while True:
-        page = _prefect_post(api, "logs/filter", {"logs": {"flow_run_id": ids}, "limit": 200,
-                                                  "offset": len(lines), "sort": "TIMESTAMP_ASC"},
-                             auth)
-        lines += [x["message"] for x in page]
-        if len(page) < 200:
-            return lines
-
-
-def _run_state(api: str, auth: str, run_id: str) -> tuple[str, list[str]]:
-    """(state type, log lines) of flow run `run_id`."""
-    ids = {"any_": [run_id]}
-    run = _prefect_post(api, "flow_runs/filter", {"flow_runs": {"id": ids}}, auth)[0]
-    return run["state_type"], _logs(api, auth, ids)
-
-
-class Services:
-    def __init__(self, tmp: Path):
-        self.tmp, self.procs = tmp, []
-
-    def start(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
-        log = self.tmp / f"{name}.log"
-        proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)  # the servers' (and a worker's) clean stop
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
 
 
 RUN_NAME = re.compile(r"^((r1_zero|sft_grpo|retrain-r1_zero)-[0-9a-f]{8}|compare-r1_zero-vs-sft_grpo)$")
@@ -158,7 +64,7 @@ def _config_hash(config: Path, workdir: Path) -> str:
 
 
 def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_path):
-    prefect_port, mlflow_port = _free_port(), _free_port()
+    prefect_port, mlflow_port = free_port(), free_port()
     api = f"http://127.0.0.1:{prefect_port}/api"
     mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
     base = {k: v for k, v in os.environ.items()
@@ -196,11 +102,11 @@ def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_pa
         server = services.start("prefect-server", [str(BIN / "prefect"), "server", "start", "--host",
                                                    "127.0.0.1", "--port", str(prefect_port)], server_env)
         mlflow.start()
-        _wait_http(f"{api}/health", 120, server, tmp_path / "prefect-server.log")
+        wait_http(f"{api}/health", 120, server, tmp_path / "prefect-server.log")
         # Every API call but the health check needs the auth string, and only the right one.
-        assert _prefect_status(api, None) == 401
-        assert _prefect_status(api, "grpo:not-the-string") == 401
-        assert _prefect_status(api, PREFECT_AUTH) == 200
+        assert prefect_status(api, None) == 401
+        assert prefect_status(api, "grpo:not-the-string") == 401
+        assert prefect_status(api, PREFECT_AUTH) == 200
         mlflow.wait_healthy(120)
         user = mlflow.ensure_user(*MLFLOW_PIPELINE)
         outputs.append(user.stdout + user.stderr)
@@ -237,15 +143,15 @@ def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_pa
                                        "version": "2"})
         assert status == 200, said
         deployment_run("grpo-retrain/weekly-retrain", params)
-        story = _prefect_story(api, PREFECT_AUTH)  # checked below, with MLflow's config hashes
+        story = prefect_story(api, PREFECT_AUTH)  # checked below, with MLflow's config hashes
 
         # SIGTERM mid-run: the worker and its flow run (and all under it) stop within seconds.
         started = cli("deployment", "run", "grpo-run-config/quickstart", "--params",
                       json.dumps({**params, "workdir": str(tmp_path / "ws-killed")}))
         run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
         deadline = time.monotonic() + 300
-        while "data: started" not in _run_state(api, PREFECT_AUTH, run_id)[1]:
-            assert time.monotonic() < deadline, _run_state(api, PREFECT_AUTH, run_id)
+        while "data: started" not in run_state(api, PREFECT_AUTH, run_id)[1]:
+            assert time.monotonic() < deadline, run_state(api, PREFECT_AUTH, run_id)
             time.sleep(1)
         family = psutil.Process(worker.pid).children(recursive=True)
         assert any("prefect.engine" in " ".join(p.cmdline()) for p in family), family
@@ -257,7 +163,7 @@ def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_pa
         assert not alive, alive
         assert stopped_s < 30, stopped_s
         time.sleep(2)
-        killed_state = _run_state(api, PREFECT_AUTH, run_id)[0]
+        killed_state = run_state(api, PREFECT_AUTH, run_id)[0]
     finally:
         services.stop()
         mlflow.stop()
@@ -293,6 +199,10 @@ def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_pa
     quick = parents[quick_hash]
     assert quick.info.status == "FINISHED"
     assert quick.data.tags.get("prefect_flow_run_id") not in (None, "", "None")
+    # the cross-link: the MLflow parent names its Prefect flow run's page (issue 47)
+    assert quick.data.tags["prefect_flow_run_url"] == (
+        f"http://127.0.0.1:{prefect_port}/runs/flow-run/{quick.data.tags['prefect_flow_run_id']}")
+    assert quick.data.tags["prefect_flow_run_url"] in quick.data.tags["mlflow.note.content"]
     names = {stage_of(r) for r in runs}
     assert {"data", "filter/round-1", "grpo/round-1", "eval/final", "eval/champion"} <= names
     assert not (ROOT / "mlruns").exists()
@@ -311,7 +221,7 @@ def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_pa
     pipeline = story[f"r1_zero-{quick_hash[:8]}"]
     assert {"data", "filter/round-1", "grpo/round-1", "eval/final"} <= pipeline["tasks"]
     assert "data: started" in pipeline["logs"], pipeline["logs"]
-    assert any(m.startswith(("eval/final: computed in", "eval/final: cached in"))
+    assert any(re.match(r"eval/final: (computed|reused from eval/(round-1|base)) in", m)
                for m in pipeline["logs"]), pipeline["logs"]
     assert any(m.startswith("final: ") for m in pipeline["logs"]), pipeline["logs"]
     assert client.get_model_version_by_alias("itest-deploy-r1_zero", "champion")

@@ -204,25 +204,32 @@ def test_too_few_problems_for_a_step_is_an_error(tiny_random_model, tmp_path):
                        _cfg(), tmp_path / "r", "r1_zero")
 
 
-def _kept(kept_ids: list[str], signal_ids: list[str]):
+def _kept(kept_ids: list[str], signal_ids: list[str], need: int, considered: int = 10):
     """A filter stage's result holding only what training_prompts reads."""
     from tasks.stage_results import FilterResult
 
-    return FilterResult(kept=len(kept_ids), considered=len(signal_ids), kept_ids=kept_ids,
-                        signal_ids=signal_ids)
+    return FilterResult(kept=len(kept_ids), considered=considered, kept_ids=kept_ids,
+                        signal_ids=signal_ids, need=need)
 
 
 def test_training_prompts_fall_back_when_the_band_keeps_too_few():
     from flows.pipeline import training_prompts
 
     pool = [f"p{i}" for i in range(10)]
-    assert training_prompts(_kept(pool[:4], pool[:6]), pool, 4) == (pool[:4], None)
-    ids, note = training_prompts(_kept(pool[:1], pool[:5]), pool, 4)
+    assert training_prompts(_kept(pool[:4], pool[:6], 4), pool) == (pool[:4], None)
+    assert _kept(pool[:4], pool[:6], 4).key() == "kept 4 of 10 (40%)"
+    few = _kept(pool[:1], pool[:5], 4)
+    ids, note = training_prompts(few, pool)
     assert ids == pool[:5] and "pass rate in (0, 1)" in note
-    ids, note = training_prompts(_kept([], pool[:2]), pool, 4)
+    # the filter's own line says what the round trains on, as the finding does
+    assert few.key() == ("kept 1 of 10 (10%); too few for one step of 4: the round trains on "
+                         "the 5 with pass rate in (0, 1)")
+    none = _kept([], pool[:2], 4)
+    ids, note = training_prompts(none, pool)
     assert ids == pool and "all the round's candidates" in note
+    assert none.key().endswith("the round trains on all 10 candidates")
     with pytest.raises(ValueError, match="are 10 problems; one GRPO optimizer step needs 12"):
-        training_prompts(_kept(pool, pool), pool, 12)
+        training_prompts(_kept(pool, pool, 12), pool)
 
 
 def test_qwen_preset_round_needs_one_optimizer_step_of_prompts(tiny_random_model, tmp_path):
@@ -241,7 +248,7 @@ def test_qwen_preset_round_needs_one_optimizer_step_of_prompts(tiny_random_model
     assert not (tmp_path / "short" / "final").exists()
     ids = [p.id for p in short]
     with pytest.raises(ValueError, match="needs 32"):  # the pipeline's filter fallback refuses too
-        training_prompts(_kept(ids[:4], ids), ids, prompts_per_update(cfg))
+        training_prompts(_kept(ids[:4], ids, prompts_per_update(cfg), len(ids)), ids)
 
     # 40 prompts: one full generation batch per epoch (8 dropped), exactly max_steps steps
     result = run_grpo_round(tiny_random_model, generate_problems("train", 40, levels=[1]), cfg,

@@ -164,5 +164,5 @@ def test_a_regressed_round_rolls_back_to_the_best_model(tmp_path):
                            r"\(([0-9.]+) < ([0-9.]+)\); rolled back: what follows starts from "
                            r"eval/base's model", log))
     assert {(r, lo) for r, _, lo in falls} == {("1", base_lo), ("2", base_lo)}, log[-3000:]
-    assert re.search(r"eval/final: cached in [0-9.]+ s", log), log[-3000:]
+    assert re.search(r"eval/final: reused from eval/base in [0-9.]+ s", log), log[-3000:]
     assert re.search(r"^model: .*grpo_core/builtin_models/tiny-arith$", run.stdout, re.M), run.stdout

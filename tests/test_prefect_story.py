@@ -74,7 +74,8 @@ def _read_history(api: str) -> dict:
     with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         runs = client.read_flow_runs()
         out = {"runs": {}, "artifacts": client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["recipe-comparison"])))}
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[
+                "recipe-comparison", "pipeline-r1-zero", "pipeline-sft-grpo"])))}
         for run in runs:
             tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(
                 id=FlowRunFilterId(any_=[run.id])))
@@ -112,6 +113,7 @@ def test_grpo_run_tells_the_same_story_in_prefect(main_job, tmp_path):
     # the comparison table, as a markdown artifact on the compare flow run
     artifacts = [a for a in history["artifacts"] if a.flow_run_id == compare["run"].id]
     assert len(artifacts) == 1 and "| recipe | benchmark |" in artifacts[0].data
+    assert artifacts[0].key == "recipe-comparison"
     # issue 27: the compare run says the verdict (the one on MLflow's comparison run) in its
     # log and its artifact, with the table and a link to that MLflow run; its own work
     # shows as task runs
@@ -142,9 +144,19 @@ def test_grpo_run_tells_the_same_story_in_prefect(main_job, tmp_path):
         text = "\n".join(messages)
         for stage in stages:
             assert f"{stage}: started" in messages, (stage, text)
-            assert re.search(rf"^{re.escape(stage)}: (computed|cached) in [0-9.]+ s", text, re.M), \
-                (stage, text)
-        assert re.search(r"^final: synthetic avg@2 ", text, re.M), text
+            assert re.search(rf"^{re.escape(stage)}: (computed|cached|reused from eval/[\w-]+) in "
+                             r"[0-9.]+ s", text, re.M), (stage, text)
+        # the final line carries the paired delta (issue 47), and eval/final says whose
+        # evaluation it reused
+        assert re.search(r"^final: synthetic avg@2 [0-9.]+ \[.*\], [+-][0-9.]+ .*over the base "
+                         r"\(paired\)", text, re.M), text
+        assert re.search(r"^eval/final: reused from eval/(round-\d|sft|base) in", text, re.M), text
+        # one name per run, and the run's artifact: the result, the table, the MLflow links
+        assert parent.info.run_name == name
+        (page,) = [a for a in history["artifacts"] if a.flow_run_id == pipeline["run"].id]
+        assert page.key == f"pipeline-{recipe.replace('_', '-')}"
+        assert page.data.startswith(f"**{recipe}**: synthetic avg@2 ") and "delta (paired)" in page.data
+        assert f"/runs/{parent.info.run_id}" in page.data, page.data
         findings = parent.data.tags.get("findings", "none")
         for finding in ([] if findings == "none" else findings.split(" | ")):
             assert f"finding: {finding}" in messages, (finding, text)

@@ -99,13 +99,17 @@ def _check_retrain_run(workdir: Path, tmp_path: Path) -> dict:
     assert float(version.tags["grpo.paired_delta.ci_lo"]) == pytest.approx(paired["lo"])
     assert run.data.tags["grpo.promotion"] == version.tags["grpo.decision"]
     # The pipeline (base eval -> final eval) logged its paired final-vs-base delta where
-    # `grpo compare` reads it; a retrain has no base eval, so none there.
+    # `grpo compare` reads it; the retrain its challenger-vs-champion one, the decision's.
     final_of = {r.data.tags.get("mlflow.parentRunId"): r.data.metrics for r in runs
                 if stage_of(r) == "eval/final"}
     key = f"synthetic/{PRIMARY}_delta"
     pipe = final_of[parents["r1_zero"].info.run_id]
     assert pipe[f"{key}_ci_lo"] <= pipe[key] <= pipe[f"{key}_ci_hi"]
-    assert key not in final_of[run.info.run_id]
+    assert final_of[run.info.run_id][key] == pytest.approx(paired["delta"])
+    # one name per run: MLflow's retrain parent is named as its Prefect flow run
+    assert run.info.run_name.startswith("retrain-r1_zero-"), run.info.run_name
+    assert list(decision)[:2] == ["decision", "promoted"], list(decision)  # it opens with it
+    assert decision["decision"] == ("promoted v2" if decision["promoted"] else "kept champion v1")
     assert _champion(client) == ("2" if decision["promoted"] else "1")
     print(f"champion {champ['mean']:.3f} [{champ['lo']}, {champ['hi']}], challenger "
           f"{chall['mean']:.3f}, paired delta {paired['delta']:+.3f} [{paired['lo']:.3f}, "
@@ -140,8 +144,12 @@ def test_retrain_waits_for_the_store_then_decides_by_the_paired_ci(tiny_model_pa
     assert pipeline.returncode == 0, log.read()[-4000:]
     assert contended, "the pipeline finished before the retrain reached the lock"
     assert locked.returncode != 0, locked.stdout[-3000:]
-    assert "StoreLockedError" in locked.stderr and "in use by another pipeline" in locked.stderr
-    assert f"pid {pipeline.pid}" in locked.stderr and "waited 2 s" in locked.stderr
+    # an expected refusal (flows/refusals.py): its one line, logged and as the run's state
+    # message, no traceback of the error itself
+    said = next(line for line in locked.stderr.splitlines() if "refused: " in line)
+    assert "in use by another pipeline" in said, locked.stderr[-3000:]
+    assert f"pid {pipeline.pid}" in said and "waited 2 s" in said, said
+    assert "StoreLockedError" not in locked.stderr, locked.stderr[-3000:]
     assert set(_parents(workdir)) == {"r1_zero"}  # no retrain run started
     assert not (workdir / "champions").exists()  # the champion was not even downloaded
     # one flow run: the deployment runs the retrain body in its own run (flows/deployments.py)

@@ -493,8 +493,8 @@ def test_step_logger(store):
                         "loss": 2e-8})
     logger.close()
     got = c.get_run(grpo).data.metrics
-    assert got["0 headline/reward"] == got["reward"] == 0.5
-    assert got["0 headline/accuracy"] == 0.25 and got["0 headline/mean_length"] == 20.0
+    assert got["At a glance/reward"] == got["reward"] == 0.5
+    assert got["At a glance/accuracy"] == 0.25 and got["At a glance/mean_length"] == 20.0
     # GRPO's ~1e-8 loss also on a scale the chart axis labels; the SFT trainer's is not scaled
     assert got["loss_x1e6"] == pytest.approx(0.02) and "loss_x1e6" not in run.data.metrics
     import mlflow

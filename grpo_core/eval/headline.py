@@ -93,13 +93,17 @@ def attribution_table(attribution: Mapping[str, Any] | None) -> str:
     return "\n".join(["| stage | over | gain |", "|---|---|---|", *rows])
 
 
-def parent_description(recipe: str, summary: str, attribution: Mapping | None, table: str) -> str:
+def parent_description(recipe: str, summary: str, attribution: Mapping | None, table: str,
+                       prefect_url: str | None = None) -> str:
     """A parent run's description: the result and what earned it in the first two lines
-    (above MLflow's fold), then the headline table and the stage table."""
+    (above MLflow's fold), then the headline table, the stage table and the Prefect flow
+    run that made it (`prefect_url`, a server's page; none under the temporary server)."""
     head = [f"**{recipe}**: {summary}."]
     if earned := earned_line(attribution):
         head.append(f"**{earned}**")
-    return "\n\n".join([*head, table, *filter(None, [attribution_table(attribution)])])
+    tail = [attribution_table(attribution), f"Prefect flow run: [{prefect_url}]({prefect_url})"
+            if prefect_url else ""]
+    return "\n\n".join([*head, table, *filter(None, tail)])
 
 
 def headline_tag(bench: str, metric: str, col: str) -> str:
@@ -173,12 +177,16 @@ def final_headline(benchmarks: Mapping[str, Any], primary: str) -> dict[str, flo
 
 
 def result_line(bench: str | None, metric: str, block: Mapping[str, Any],
-                registered: tuple[str, str, bool, str] | None = None) -> str:
-    """A pipeline's result in one line, "synthetic avg_at_8 0.121 [0.089, 0.153]; m v2
-    champion (reason)"; `block`: the primary metric's {"mean", "lo", "hi"} on the first
-    benchmark; `registered`: (model, version, promoted, reason)."""
+                registered: tuple[str, str, bool, str] | None = None,
+                delta: Mapping[str, Any] | None = None, over: str = "the base") -> str:
+    """A pipeline's result in one line, "synthetic avg_at_8 0.121 [0.089, 0.153], +0.067
+    [0.044, 0.094] over the base (paired); m v2 champion (reason)"; `block`: the primary
+    metric's {"mean", "lo", "hi"} on the first benchmark; `delta`: its paired delta
+    ({"delta", "lo", "hi"}) over `over`; `registered`: (model, version, promoted, reason)."""
     said = (f"{bench} {metric} {ci_text(block['mean'], block.get('lo'), block.get('hi'))}"
             if block.get("mean") is not None else f"{bench} {metric}: n/a")
+    if delta and delta.get("delta") is not None:
+        said += f", {ci_phrase(delta)} over {over} (paired)"
     if registered:
         name, version, promoted, reason = registered
         said += f"; {name} v{version} {'champion' if promoted else 'challenger'} ({reason})"

@@ -56,6 +56,8 @@ from tasks.tracking.mlflow_client import (
 )
 from tasks.tracking.registry import champion_uri, promote, register_model
 
+PREFECT_URL_TAG = "prefect_flow_run_url"  # the Prefect UI's page of the run, with a server
+
 
 def _state_path(workdir: Path, config_hash: str) -> Path:
     return workdir / "runs" / f"{config_hash}.json"
@@ -75,10 +77,12 @@ def _usable_run(client: MlflowClient, run_id: str | None, exp_id: str):
 
 def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_run_id: str | None,
                      workspace: Workspace | str | os.PathLike | None = None,
-                     extra_params: Mapping[str, Any] | None = None) -> str:
+                     extra_params: Mapping[str, Any] | None = None, *, run_name: str = "",
+                     flow_run_url: str | None = None) -> str:
     """The parent run of this config hash, created (params, config/resolved.yaml,
-    config/environment.json) or reused: set RUNNING again, its git_commit and
-    prefect_flow_run_id tags this run's, grpo.resumes counting the reuses."""
+    config/environment.json) or reused: set RUNNING again, its git_commit,
+    prefect_flow_run_id and prefect_flow_run_url tags this run's, grpo.resumes counting the
+    reuses. `run_name`: the Prefect flow run's, one name in both UIs (else `<recipe>-<hash8>`)."""
     import yaml
 
     workdir = workdir_of(workspace, cfg)
@@ -89,7 +93,8 @@ def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_r
     state_file = _state_path(workdir, config_hash)
     state = read_state(state_file)
     tags = {"recipe": recipe, "config_hash": config_hash, "git_commit": git_commit,
-            "prefect_flow_run_id": flow_run_id or "", "grpo.pipeline": "parent",
+            "prefect_flow_run_id": flow_run_id or "", PREFECT_URL_TAG: flow_run_url or "",
+            "grpo.pipeline": "parent",
             "project": cfg.project.name}
     headline.set_experiment_view(client, exp_id, cfg.eval.benchmarks, cfg.eval.primary_metric)
     run = _usable_run(client, state.get("run_id"), exp_id)
@@ -100,7 +105,7 @@ def start_parent_run(cfg, config_hash: str, recipe: str, git_commit: str, flow_r
         set_tags(run_id, {**tags, "grpo.resumes": str(resumes),
                           "grpo.resumed_from_status": run.info.status}, client)
     else:
-        run_id = client.create_run(exp_id, run_name=f"{recipe}-{config_hash[:8]}",
+        run_id = client.create_run(exp_id, run_name=run_name or f"{recipe}-{config_hash[:8]}",
                                    tags={k: str(v) for k, v in tags.items()}).info.run_id
         config = cfg.model_dump(mode="json")
         log_params(run_id, {**config, **(extra_params or {})}, client)  # flattened, redacted
@@ -139,7 +144,7 @@ def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks
                    findings: Sequence[str], workspace, *, deltas: Mapping[str, Any],
                    attribution: Mapping | None, base: Mapping[str, Any] | None,
                    wall_s: float | None, model: str | None, records: Mapping[str, list],
-                   champion_records: Sequence[Mapping] | None,
+                   champion_records: Sequence[Mapping] | None, over: str = "the base",
                    client: MlflowClient | None = None) -> dict:
     """Log what the end of a pipeline decided (tasks/finish.py): final metrics and findings
     on the parent, the paired `deltas` on the eval/final run, the model registered as a
@@ -164,11 +169,12 @@ def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks
         out.update(_register_and_promote(parent_id, cfg, model_dir, model, res, block,
                                          records.get(bench) or [], champion_records, c))
     summary = text.result_line(bench, primary, block, (model, out["version"], out["promoted"],
-                                                       out["reason"]) if model else None)
+                                                       out["reason"]) if model else None,
+                               delta=deltas.get(bench, {}).get(primary), over=over)
     out["summary"], out["attribution"] = summary, attribution
     out["links"] = headline.links_for_run(parent_id, (model, out["version"]) if model else None, c)
-    _log_headline(parent_id, cfg, benchmarks, base, deltas, findings, wall_s, summary, c,
-                  attribution)
+    out["table"] = _log_headline(parent_id, cfg, benchmarks, base, deltas, findings, wall_s,
+                                 summary, c, attribution)
     close_children(parent_id, "FINISHED", c)
     c.set_terminated(parent_id, "FINISHED")
     _set_state_status(workspace, parent_id, "FINISHED", c)
@@ -203,8 +209,9 @@ def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mappin
 
 def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[str, Any] | None,
                   deltas: Mapping[str, Any], findings: Sequence[str], wall_s: float | None,
-                  summary: str, c: MlflowClient, attribution: Mapping | None = None) -> None:
-    """The headline metrics and tags on the parent, and its description. The steps are the
+                  summary: str, c: MlflowClient, attribution: Mapping | None = None) -> str:
+    """The headline metrics and tags on the parent, its description (and the Prefect run's
+    address, tag prefect_flow_run_url); returns the headline table. The steps are the
     children's (`grpo/steps`, `sft/steps`): a cached stage counts too."""
     steps = {"grpo": 0, "sft": 0}
     for run in child_runs(parent_id, c):
@@ -218,5 +225,8 @@ def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[s
                                     wall_s=wall_s, findings=len(findings))
     log_metrics(parent_id, numbers, client=c)
     table = text.headline_table(benches, metric, numbers, count_findings(findings))
+    prefect_url = c.get_run(parent_id).data.tags.get(PREFECT_URL_TAG)
     set_tags(parent_id, {**text.headline_tags(benches, metric, numbers), "mlflow.note.content":
-                         text.parent_description(cfg.project.recipe, summary, attribution, table)}, c)
+                         text.parent_description(cfg.project.recipe, summary, attribution, table,
+                                                 prefect_url)}, c)
+    return table
