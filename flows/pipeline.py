@@ -34,6 +34,7 @@ from prefect import flow, get_run_logger
 from grpo_core.config import PipelineConfig
 from grpo_core.data.pool import PoolSlice
 from grpo_core.data.stage_split import check_rounds, prompts_per_update
+from grpo_core.eval.budget import budget_findings
 from grpo_core.eval.round_gate import Evaluated, gate_round
 from grpo_core.generation.warm_engine import keep_warm, release_warm
 from grpo_core.modeling.loading import use_hub_token
@@ -74,6 +75,12 @@ def scorer_error_findings(label: str, evaluated: EvalResult) -> list[str]:
     """Scorer exceptions are reported, never silently read as wrong answers."""
     return [f"{label}: {bench}: {n} scorer errors (not scored as wrong; the log names each "
             "input's hash)" for bench, n in evaluated.scorer_errors().items()]
+
+
+def budget_lines(cfg: PipelineConfig, earlier: list[Evaluated], later: tuple[str, dict]) -> list[str]:
+    """`eval_budget_truncates` of each delta later - earlier (grpo_core.eval.budget)."""
+    return [f.line() for e in earlier for f in budget_findings(
+        (e.label, e.benchmarks), later, cfg.eval.max_new_tokens, cfg.eval.max_truncated)]
 
 
 def training_prompts(kept: FilterResult, pool: PoolSlice) -> tuple[PoolSlice | list[str], str | None]:
@@ -353,6 +360,8 @@ def _stages(ctx: stages.Ctx, log) -> dict:
                        reuses=start.label if set(start.benchmarks) >= set(cfg.eval.benchmarks)
                        else None)
     findings += scorer_error_findings("eval/final", final)
+    findings += budget_lines(cfg, [e for e in evaluated if e.label in ("eval/base", "eval/sft")],
+                             ("eval/final", final.benchmarks))
     evaluated.append(("eval/final", final.benchmarks, model))
     report = finish_pipeline(parent, cfg, model, final.benchmarks, findings, ws,
                              base=base.benchmarks, wall_s=time.monotonic() - started,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from flows.pipeline import (  # first: it configures prefect before import
+    budget_lines,
     contamination_findings,
     eval_scorer_for,
     filter_round,
@@ -23,7 +24,7 @@ from flows.pipeline import (  # first: it configures prefect before import
 from flows.refusals import NoChampion
 from flows.stage_log import log_findings, retrain_run_name, run_stage
 from grpo_core.config import PipelineConfig
-from grpo_core.eval.round_gate import regressions
+from grpo_core.eval.round_gate import Evaluated, regressions
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace, experiment_name
 from tasks import stage_data, stages, tracking
@@ -136,6 +137,8 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     for label, evaluated in (("eval/champion", before), ("eval/final", after)):
         findings += scorer_error_findings(label, evaluated)
     findings += regressions(1, before.benchmarks, after.benchmarks, primary)
+    findings += budget_lines(cfg, [Evaluated("eval/champion", before.benchmarks, champion_dir)],
+                             ("eval/final", after.benchmarks))
     # The champion's per-problem rows, scored under today's protocol, to pair with the
     # challenger's.
     bench = cfg.eval.benchmarks[0]

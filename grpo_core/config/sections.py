@@ -293,6 +293,9 @@ class EvalConfig(Section):
     """R1 convention for sampled eval."""
     top_p: float = Field(default=0.95, gt=0, le=1)
     max_new_tokens: int = Field(default=64, ge=1)
+    max_truncated: float = Field(default=0.05, ge=0, le=1)
+    """A delta whose earlier model was cut off at max_new_tokens in more than this share of
+    its completions is flagged (eval_budget_truncates): the budget may decide it."""
     greedy: bool = True
     """Also report greedy accuracy."""
     bootstrap: int = Field(default=1000, ge=10)

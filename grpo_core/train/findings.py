@@ -50,6 +50,9 @@ ACTIONS = {
     "memorisation_gap": "the stage fits its own problems more than it learns the task: fewer "
                         "steps (sft.max_steps, grpo.max_steps), more distinct problems "
                         "(data.train limit, filter.max_problems), or a lower learning rate",
+    "eval_budget_truncates": "the eval budget may decide this delta: re-evaluate at a larger "
+                             "eval.max_new_tokens (the line names one; `grpo eval --set "
+                             "eval.max_new_tokens=N`) and make it the config's",
     "prompt_repeats": "the round trains the same prompts over and over: more fresh candidates "
                       "(filter.max_problems, data.train limit), a wider filter.band, or fewer "
                       "grpo.max_steps",
