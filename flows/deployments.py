@@ -95,4 +95,4 @@ def retrain_config(config_path: str = R1_ZERO, overrides: list[str] | None = Non
 
     return state_or_refusal(
         lambda: retrain.fn(_config(config_path, overrides, workdir), progress=False),
-        lambda out: out["decision"].get("summary") or "retrained")
+        lambda out: f"{out['decided']}: {out['decision'].get('summary')}")

@@ -83,6 +83,4 @@ def state_or_refusal(body: Callable[[], Any], done: Callable[[Any], str] | None 
         return Failed(message=line, name="Refused")
     if done is None:
         return out
-    message = done(out)
-    get_run_logger().info("result: %s", message)
-    return Completed(message=message)
+    return Completed(message=done(out))  # the `final:` / `verdict:` / `retrain:` line said it

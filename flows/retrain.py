@@ -64,10 +64,11 @@ def retrain(config: PipelineConfig, progress: bool = True, plan: RunPlan | None 
         decision, detail = decision_files(cfg, champion.version, report, out)
         tracking.log_json(ctx.parent_run, decision, "report/retrain_decision.json")
         tracking.log_json(ctx.parent_run, detail, "report/retrain_metrics.json")
-        publish_retrain(cfg, decision, report)
+        publish_retrain(cfg, decision, report, out["findings"])
     log_findings(log, out["findings"])  # as grpo_pipeline does: the count, then each one
     log.info("retrain: %s", report.get("summary"))
     return {"parent_run": ctx.parent_run, "model_dir": out["model_dir"], "decision": report,
+            "decided": decision["decision"],
             "findings": out["findings"]}
 
 
@@ -90,9 +91,9 @@ def decision_files(cfg: PipelineConfig, champion_version, report: dict, out: dic
     return decision, {"benchmark": bench, "champion": champ, "challenger": chall}
 
 
-def publish_retrain(cfg: PipelineConfig, decision: dict, report: dict) -> None:
+def publish_retrain(cfg: PipelineConfig, decision: dict, report: dict, findings: list[str]) -> None:
     """The retrain's Prefect artifact (`retrain-<recipe>`): the decision and its rule, the
-    champion-vs-challenger table with the paired delta, the MLflow links."""
+    champion-vs-challenger table with the paired delta, the findings, the MLflow links."""
     from prefect.artifacts import create_markdown_artifact
 
     from flows.stage_log import artifact_key, links_markdown
@@ -102,7 +103,7 @@ def publish_retrain(cfg: PipelineConfig, decision: dict, report: dict) -> None:
         f"Rule: {decision['rule'] or 'none'}", "",
         "Columns: base = the champion, final = the challenger, delta = challenger minus "
         "champion, paired per problem.", "", report.get("table") or "", "",
-        links_markdown(report.get("links") or {})])
+        *[f"- {f}" for f in findings], "", links_markdown(report.get("links") or {})])
     create_markdown_artifact(key=artifact_key("retrain", cfg.project.recipe), markdown=markdown,
                              description="The retrain's decision: champion vs challenger")
     if (report.get("links") or {}).get("run"):  # `--watch` prints the log, not the artifact

@@ -105,8 +105,8 @@ def test_readme_path_2_then_a_retrain_without_champion(tmp_path):
         page = artifacts(api, quick["id"])["pipeline-r1-zero"]
         assert "delta (paired)" in page and "MLflow: [MLflow run](" in page, page
         decision = flow_run(api, retrain["id"])["state"]["message"]
-        assert re.search(r"over the champion \(paired\); quickstart-r1_zero v2 "
-                         r"(champion|challenger)", decision), decision
+        assert re.match(r"(promoted v2|kept champion v1): .* over the champion \(paired\); "
+                        r"quickstart-r1_zero v2 (champion|challenger)", decision), decision
         page = artifacts(api, retrain["id"])["retrain-r1-zero"]
         assert re.match(r"\*\*(promoted v2|kept champion v1)\*\*: ", page), page
         assert "Rule: paired" in page and "base = the champion" in page, page
