@@ -118,9 +118,10 @@ def run_config(folder: Path, files: list[Path], n: int) -> Path:
     return path
 
 
-def stage_seconds(log: str, how: str = "computed|cached") -> dict[str, float]:
+def stage_seconds(log: str, how: str = r"computed|cached|reused from \S+") -> dict[str, float]:
     """{stage: seconds} of the stage end lines of a `grpo run` log; `how`: "cached" keeps
-    the cache hits only ("model" only names the model's folder: never cached)."""
+    the cache hits only ("model" only names the model's folder: never cached; an eval
+    "reused from" another's is a cache hit too)."""
     return {s: float(t) for s, _, t in
             re.findall(rf" - (\S+): ({how}) in ([0-9.]+) s", log)}
 
@@ -141,7 +142,7 @@ def one_size(n: int, root: Path, run: bool, ingest: bool = True) -> dict:
         log, run_s, run_gb = measured(cmd, env)
         again, rerun_s, rerun_gb = measured(cmd, env)
         row.update(run_s=run_s, run_gb=run_gb, rerun_s=rerun_s, rerun_gb=rerun_gb,
-                   stages=stage_seconds(log), cached=stage_seconds(again, "cached"))
+                   stages=stage_seconds(log), cached=stage_seconds(again, r"cached|reused from \S+"))
     print(f"[{n} rows done at load {load()}] {json.dumps(row)}", flush=True)
     return row
 

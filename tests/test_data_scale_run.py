@@ -24,8 +24,10 @@ def _run(cfg, workdir, *extra):
 
 
 def _stage_lines(log: str) -> dict[str, str]:
-    """{stage: "computed" | "cached"} from the stage end lines of a `grpo run` log."""
-    return dict(re.findall(r" - (\S+): (computed|cached) in [0-9.]+ s", log))
+    """{stage: "computed" | "cached"} from the stage end lines of a `grpo run` log (an eval
+    "reused from" another stage's is served from the cache)."""
+    found = re.findall(r" - (\S+): (computed|cached|reused from \S+) in [0-9.]+ s", log)
+    return {stage: "computed" if how == "computed" else "cached" for stage, how in found}
 
 
 def test_source_deleted_after_ingest_run_completes_and_caches(tiny_model_path, tmp_path):

@@ -57,10 +57,18 @@ NOISE = ("FutureWarning", "UserWarning", "Loading weights", "Writing model shard
 RETRAIN_STAGES = ("data", "filter/round-1", "grpo/round-1", "eval/champion", "eval/final")
 
 
-def _config_hash(config: Path, workdir: Path) -> str:
-    cfg = load_config(config)
+def _config_hash(config: Path, workdir: Path, overrides: list[str] | None = None) -> str:
+    cfg = load_config(config, overrides or [])
     cfg.project.workdir = str(workdir)
     return cfg.hash()
+
+
+def _deployment_overrides(name: str) -> list[str]:
+    """The `overrides` parameter infra/prefect.yaml gives deployment `name` (a run's own
+    parameters are merged over it)."""
+    spec = yaml.safe_load((ROOT / "infra/prefect.yaml").read_text())
+    (dep,) = [d for d in spec["deployments"] if d["name"] == name]
+    return list(dep.get("parameters", {}).get("overrides") or [])
 
 
 def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_path):
@@ -214,7 +222,9 @@ def test_deployments_tell_the_grpo_run_story_on_a_worker(tiny_model_path, tmp_pa
     pipelines = {f"{r.data.tags['recipe']}-{h[:8]}" for h, r in parents.items()
                  if h and r.data.tags.get("recipe") in ("r1_zero", "sft_grpo")
                  and r.info.status == "FINISHED"}
-    retrain_name = f"retrain-r1_zero-{quick_hash[:8]}"
+    # the retrain's config: the quickstart's with the deployment's own overrides
+    retrain_hash = _config_hash(config, ws, _deployment_overrides("weekly-retrain"))
+    retrain_name = f"retrain-r1_zero-{retrain_hash[:8]}"
     assert pipelines | {"compare-r1_zero-vs-sft_grpo", retrain_name} <= set(story), sorted(story)
     top = {n for n, s in story.items() if not s["sub"]}
     assert {f"r1_zero-{quick_hash[:8]}", "compare-r1_zero-vs-sft_grpo", retrain_name} <= top

@@ -312,7 +312,8 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     # each one short paragraph, with three decimals; the tables after them
     head, earned, table = note.split("\n\n")[:3]
     assert head.startswith("**sft_grpo**: synthetic avg@20 0.") and len(head) < 250
-    assert re.search(r"avg@20 0\.\d{3} \[0\.\d{3}, 0\.\d{3}\];", head), head
+    assert re.search(r"avg@20 0\.\d{3} \[0\.\d{3}, 0\.\d{3}\], [+-]0\.\d+ .* over the base "
+                     r"\(paired\);", head), head
     assert earned.startswith("**What earned it") and "SFT alone gave +0.100" in earned
     assert table.startswith("| benchmark (avg@20, 95% CI) |")
 

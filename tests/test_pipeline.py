@@ -57,7 +57,8 @@ def _check_stage_lines(log: str) -> None:
     for stage in STAGES:
         starts = [i for i, line in enumerate(lines) if line.endswith(f" - {stage}: started")]
         ends = [i for i, line in enumerate(lines)
-                if re.search(rf" - {re.escape(stage)}: (computed|cached) in [0-9.]+ s", line)]
+                if re.search(rf" - {re.escape(stage)}: (computed|cached|reused from eval/[\w-]+) "
+                             r"in [0-9.]+ s", line)]
         assert len(starts) == 1 and len(ends) == 1, (stage, log[-3000:])
         assert starts[0] < ends[0]
         order.append(starts[0])

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_core.config import ConfigError, config_from_dict, load_config
+from grpo_core.data.stage_split import prompts_per_update
 from grpo_core.data.synthetic import generate_problems
 from grpo_core.eval.difficulty import filter_problems, problem_seed, sampling_key
 from grpo_core.generation.rollout import Completion, SamplingParams
@@ -155,7 +156,8 @@ def test_a_round_that_starts_collapsed_stops_before_training_on_the_builtin_mode
     assert len(rates) == 6 and set(rates) == {0.0}, rates
     from tasks.stage_results import FilterResult
 
-    kept = FilterResult(kept=0, considered=len(rates), pass_rates=rates)
+    kept = FilterResult(kept=0, considered=len(rates), pass_rates=rates,
+                        need=prompts_per_update(cfg))  # as the filter stage sets it
     with pytest.raises(CollapsedStart) as stop:
         _filter_round(cfg, monkeypatch, kept)
     line = str(stop.value)
