@@ -34,11 +34,11 @@ from prefect import flow, get_run_logger
 from grpo_core.config import PipelineConfig
 from grpo_core.data.pool import PoolSlice
 from grpo_core.data.stage_split import check_rounds, prompts_per_update
-from grpo_core.eval.budget import budget_findings
 from grpo_core.eval.round_gate import Evaluated, gate_round
 from grpo_core.generation.warm_engine import keep_warm, release_warm
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.diagnosis import CollapsedStart, start_collapse
+from grpo_core.train.eval_budget import budget_findings
 from grpo_core.train.throughput import (
     ENGINE_REUSES_METRIC,
     ENGINE_STARTS_METRIC,
@@ -78,7 +78,7 @@ def scorer_error_findings(label: str, evaluated: EvalResult) -> list[str]:
 
 
 def budget_lines(cfg: PipelineConfig, earlier: list[Evaluated], later: tuple[str, dict]) -> list[str]:
-    """`eval_budget_truncates` of each delta later - earlier (grpo_core.eval.budget)."""
+    """`eval_budget_truncates` of each delta later - earlier (grpo_core.train.eval_budget)."""
     return [f.line() for e in earlier for f in budget_findings(
         (e.label, e.benchmarks), later, cfg.eval.max_new_tokens, cfg.eval.max_truncated)]
 

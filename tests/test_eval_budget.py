@@ -4,8 +4,8 @@ eval.max_truncated of its completions and more often than the later one, and nam
 budget to re-evaluate at. The two models' results come from the real metrics code
 (grpo_core.eval.metrics.summarise) over constructed per-problem records: one model cut off
 in half of its completions, the other in none."""
-from grpo_core.eval.budget import budget_findings, truncated_share
 from grpo_core.eval.metrics import summarise
+from grpo_core.train.eval_budget import budget_findings, truncated_share
 from grpo_core.train.findings import ACTIONS, count_findings
 
 
