@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from flows import configure_prefect
 from flows.prefill import prefill_sharded
 from flows.stage_log import (
-    artifact_key,
-    links_markdown,
     log_findings,
     pipeline_run_name,
     prefect_run_link,
+    publish_result,
     run_stage,
 )
 
@@ -136,17 +135,9 @@ def publish_pipeline(cfg: PipelineConfig, out: dict) -> None:
     """The run's Prefect artifact (`pipeline-<recipe>`), where a Prefect user looks: the
     result line with the paired delta and the registry's decision, the headline table
     (base, final, paired delta per benchmark), the findings, the MLflow links."""
-    from prefect.artifacts import create_markdown_artifact
-
     reg = out["registered"]
-    findings = [f"- {f}" for f in out["findings"]]
-    markdown = "\n".join([f"**{cfg.project.recipe}**: {reg.get('summary')}", "",
-                           reg.get("table") or "", "", *(findings + [""] if findings else []),
-                           links_markdown(reg.get("links") or {})])
-    create_markdown_artifact(key=artifact_key("pipeline", cfg.project.recipe), markdown=markdown,
-                             description=f"{cfg.project.recipe}: held-out result, paired delta")
-    if (reg.get("links") or {}).get("run"):  # `--watch` prints the log, not the artifact
-        get_run_logger().info("MLflow run: %s", reg["links"]["run"])
+    publish_result("pipeline", cfg.project.recipe, [f"**{cfg.project.recipe}**: {reg.get('summary')}"],
+                   reg, out["findings"], f"{cfg.project.recipe}: held-out result, paired delta")
 
 
 @contextlib.contextmanager

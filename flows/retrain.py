@@ -22,7 +22,7 @@ from flows.pipeline import (  # first: it configures prefect before import
     scorer_error_findings,
 )
 from flows.refusals import NoChampion
-from flows.stage_log import log_findings, retrain_run_name, run_stage
+from flows.stage_log import log_findings, publish_result, retrain_run_name, run_stage
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.round_gate import Evaluated, regressions
 from grpo_core.modeling.loading import use_hub_token
@@ -94,20 +94,12 @@ def decision_files(cfg: PipelineConfig, champion_version, report: dict, out: dic
 def publish_retrain(cfg: PipelineConfig, decision: dict, report: dict, findings: list[str]) -> None:
     """The retrain's Prefect artifact (`retrain-<recipe>`): the decision and its rule, the
     champion-vs-challenger table with the paired delta, the findings, the MLflow links."""
-    from prefect.artifacts import create_markdown_artifact
-
-    from flows.stage_log import artifact_key, links_markdown
-
-    markdown = "\n".join([
+    publish_result("retrain", cfg.project.recipe, [
         f"**{decision['decision']}**: {decision['reason']}", "",
         f"Rule: {decision['rule'] or 'none'}", "",
         "Columns: base = the champion, final = the challenger, delta = challenger minus "
-        "champion, paired per problem.", "", report.get("table") or "", "",
-        *[f"- {f}" for f in findings], "", links_markdown(report.get("links") or {})])
-    create_markdown_artifact(key=artifact_key("retrain", cfg.project.recipe), markdown=markdown,
-                             description="The retrain's decision: champion vs challenger")
-    if (report.get("links") or {}).get("run"):  # `--watch` prints the log, not the artifact
-        get_run_logger().info("MLflow run: %s", report["links"]["run"])
+        "champion, paired per problem."], report, findings,
+        "The retrain's decision: champion vs challenger")
 
 
 def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:

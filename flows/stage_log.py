@@ -127,3 +127,21 @@ def links_markdown(links: dict) -> str:
              ("model_version", "model version"))
     said = [f"[{label}]({links[k]})" for k, label in names if links.get(k)]
     return "MLflow: " + ", ".join(said) if said else ""
+
+
+def publish_result(kind: str, recipe: str, head: list[str], report: dict, findings: list[str],
+                   description: str) -> None:
+    """A pipeline's or retrain's Prefect artifact (`<kind>-<recipe>`): `head` (the result or
+    decision), the headline table of `report` (finish_pipeline's), the findings, the MLflow
+    links; and the run link logged (`--watch` prints the log, not the artifact)."""
+    from prefect import get_run_logger
+    from prefect.artifacts import create_markdown_artifact
+
+    links = report.get("links") or {}
+    markdown = "\n".join([*head, "", report.get("table") or "", "",
+                           *([f"- {f}" for f in findings] + [""] if findings else []),
+                           links_markdown(links)])
+    create_markdown_artifact(key=artifact_key(kind, recipe), markdown=markdown,
+                             description=description)
+    if links.get("run"):
+        get_run_logger().info("MLflow run: %s", links["run"])
