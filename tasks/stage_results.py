@@ -160,7 +160,8 @@ class FilterResult(StageResult):
         share = f" ({self.kept / self.considered:.0%})" if self.considered else ""
         said = f"kept {self.kept} of {self.considered}{share}"
         fallback = {"signal": f"the {len(self.signal_ids)} with pass rate in (0, 1)",
-                    "window": f"all {self.considered} candidates"}.get(self.trains_on())
+                    # the window may hold more than the filter estimated: no count
+                    "window": "all the round's candidates"}.get(self.trains_on())
         if fallback:  # the line says what the round trains on, as the finding will
             said += f"; too few for one step of {self.need}: the round trains on {fallback}"
         return said

@@ -227,7 +227,7 @@ def test_training_prompts_fall_back_when_the_band_keeps_too_few():
     none = _kept([], pool[:2], 4)
     ids, note = training_prompts(none, pool)
     assert ids == pool and "all the round's candidates" in note
-    assert none.key().endswith("the round trains on all 10 candidates")
+    assert none.key().endswith("the round trains on all the round's candidates")
     with pytest.raises(ValueError, match="are 10 problems; one GRPO optimizer step needs 12"):
         training_prompts(_kept(pool, pool, 12), pool)
 
