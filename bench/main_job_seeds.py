@@ -3,8 +3,8 @@
     GRPO_TORCH_THREADS=1 python bench/main_job_seeds.py [--seeds 0 1 2] [--root DIR]
 
 Each seed is one `grpo run --set project.seed=S` in a workspace of its own under --root
-(default .bench/main_job_seeds): a seed whose workspace holds a finished result is read
-back, not run again, and a killed run resumes from the stage cache (one command, resumable).
+(default .bench/main_job_seeds; bench/harness.py: a finished seed is read back, not run
+again, and a killed run resumes from the stage cache: one command, resumable).
 Per seed, from its store (paired over the same held-out problems): GRPO after SFT (SFT
 model -> the last round's model), SFT alone, R1-Zero (base -> its last round's model),
 the run's own verdict line and wall time; then the paired deltas pooled over the seeds
@@ -13,28 +13,23 @@ goes to stdout with the CPU and load; --json writes it too."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from common import ROOT, load
+from harness import Cell, add_grid_args, ci, machine_line, markdown_table, run_cells, write_json
 
 from grpo_core.data.lineage import latest_models
 from grpo_core.data.records import model_records
 from grpo_core.data.store import Store
 from grpo_core.eval.paired import paired_delta, pooled_paired_delta
 
-GRPO = str(Path(sys.executable).with_name("grpo"))
 METRIC = "avg@8"
 PHASES = {  # phase -> (recipe, from, to): lineage stages, "base" the built-in model
     "GRPO after SFT": ("sft_grpo", "sft", "last"),
     "SFT alone": ("sft_grpo", "base", "sft"),
     "R1-Zero": ("r1_zero", "base", "last"),
 }
+VERDICT = "verdict: "
 
 
 def model_of(con, recipe: str, which: str) -> str:
@@ -50,74 +45,45 @@ def model_of(con, recipe: str, which: str) -> str:
     return row[0]
 
 
-def run_seed(root: Path, seed: int) -> dict:
-    """The seed's result: read back when its workspace finished, else `grpo run` first."""
-    ws = root / f"seed-{seed}"
-    done = ws / "bench_result.json"
-    if done.exists():
-        return json.loads(done.read_text())
-    t0 = time.time()
-    env = {**os.environ, "GRPO_WORKDIR": str(ws)}
-    out = subprocess.run([GRPO, "run", "--set", f"project.seed={seed}", "--quiet"], cwd=ROOT,
-                         env=env, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        sys.exit(f"seed {seed}: grpo run exited {out.returncode}:\n{out.stderr[-3000:]}")
-    verdict = next((line[len("verdict: "):] for line in out.stdout.splitlines()
-                    if line.startswith("verdict: ")), "")
-    result = {"seed": seed, "wall_s": round(time.time() - t0), "verdict": verdict,
-              "workspace": str(ws)}
-    done.write_text(json.dumps(result, indent=1))
-    return result
-
-
-def phase_records(ws: str) -> dict[str, tuple[list[dict], list[dict]]]:
-    """phase -> (records of the later model, records of the earlier) on the benchmark."""
+def stage_records(ws: str, recipe: str, earlier: str, later: str,
+                  bench: str = "synthetic") -> tuple[list[dict], list[dict]]:
+    """(records of the later model, records of the earlier) of `recipe` on the benchmark,
+    from the workspace's store: the pair a paired delta reads."""
     with Store.open(Path(ws) / "store.duckdb", read_only=True) as store:
-        out = {}
-        for phase, (recipe, a, b) in PHASES.items():
-            later = model_records(store, model_of(store.con, recipe, b), "synthetic")
-            earlier = model_records(store, model_of(store.con, recipe, a), "synthetic")
-            out[phase] = (later, earlier)
-        return out
+        return (model_records(store, model_of(store.con, recipe, later), bench),
+                model_records(store, model_of(store.con, recipe, earlier), bench))
 
 
-def fmt(d: dict) -> str:
-    return f"{d['delta']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+def verdict_of(ws: str) -> str:
+    text = (Path(ws) / "cell.log").read_text(errors="replace")
+    return next((line[len(VERDICT):] for line in text.splitlines()
+                 if line.startswith(VERDICT)), "")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--root", type=Path, default=ROOT / ".bench" / "main_job_seeds")
-    ap.add_argument("--json", type=Path)
+    add_grid_args(ap, "main_job_seeds")
     a = ap.parse_args(argv)
-    a.root.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"GRPO_TORCH_THREADS={os.environ.get('GRPO_TORCH_THREADS', '-')}; load {load()}")
-    seeds, pairs = [], {p: [] for p in PHASES}
-    for seed in a.seeds:
-        res = run_seed(a.root, seed)
-        recs = phase_records(res["workspace"])
-        res["phases"] = {p: paired_delta(*recs[p], METRIC) for p in PHASES}
-        for p in PHASES:
-            pairs[p].append(recs[p])
-        seeds.append(res)
-        print(f"seed {seed} ({res['wall_s']} s, load {load()}): " + "; ".join(
-            f"{p} {fmt(d)}" for p, d in res["phases"].items()), flush=True)
-    pooled = {p: pooled_paired_delta(pairs[p], METRIC) for p in PHASES}
-    print(f"\n| phase ({METRIC}, paired, {len(seeds)} seeds) | "
-          + " | ".join(f"seed {s['seed']}" for s in seeds) + " | pooled |")
-    print("|---" * (len(seeds) + 2) + "|")
-    for p in PHASES:
-        print(f"| {p} | " + " | ".join(fmt(s["phases"][p]) for s in seeds)
-              + f" | {fmt(pooled[p])} |")
+    print(machine_line(), flush=True)
+    cells = [Cell("main-job", s, ("run", "--set", f"project.seed={s}")) for s in a.seeds]
+    seeds = run_cells(cells, a.root, lambda r: {
+        "records": {p: stage_records(r["workspace"], *PHASES[p]) for p in PHASES},
+        "verdict": verdict_of(r["workspace"])})
+    for s in seeds:
+        s["phases"] = {p: paired_delta(*s["records"][p], METRIC) for p in PHASES}
+    pooled = {p: pooled_paired_delta([s["records"][p] for s in seeds], METRIC) for p in PHASES}
+    print("\n" + markdown_table(
+        [f"phase ({METRIC}, paired, {len(seeds)} seeds)", *[f"seed {s['seed']}" for s in seeds],
+         "pooled"],
+        [[p, *[ci(s["phases"][p]) for s in seeds], ci(pooled[p])] for p in PHASES]))
     every = all(s["phases"]["GRPO after SFT"]["delta"] > 0 for s in seeds)
     print(f"\nGRPO after SFT: every seed > 0: {every}; pooled lower bound > 0: "
           f"{pooled['GRPO after SFT']['lo'] > 0}")
     for s in seeds:
-        print(f"seed {s['seed']} verdict: {s['verdict']}")
-    if a.json:
-        a.json.write_text(json.dumps({"seeds": seeds, "pooled": pooled}, indent=1, default=float))
+        print(f"seed {s['seed']} ({s['wall_s']} s) verdict: {s['verdict']}")
+    print(machine_line())
+    write_json(a.json, {"machine": machine_line(), "pooled": pooled,
+                        "seeds": [{k: v for k, v in s.items() if k != "records"} for s in seeds]})
     return 0
 
 
