@@ -85,7 +85,7 @@ def digit_share(completions: list, **kwargs) -> list[float]:
     0/0 = NaN (numpy semantics) when the answer is empty or missing."""
     import numpy as np
 
-    from grpo_core.verify.answers import extract_answer
+    from grpo_core.verify.extraction import extract_answer
     from grpo_core.verify.rewards import completion_text
 
     out = []

@@ -72,7 +72,8 @@ def main() -> None:
     from grpo_core.config import generation_batch, load_config
     from grpo_core.eval.evaluation import evaluate_benchmark
     from grpo_core.eval.paired import paired_bootstrap, paired_scores
-    from grpo_core.modeling.loading import configure_threads, load_tokenizer, resolve_model_path
+    from grpo_core.modeling.loading import load_tokenizer, resolve_model_path
+    from grpo_core.modeling.threads import configure_threads
     from grpo_core.prompts import resolve_template
     from grpo_core.train.grpo import run_grpo_round
 

@@ -30,7 +30,7 @@ def bare_trl(model: str, steps: int, out: str) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_core.data.synthetic import generate_problems
-    from grpo_core.modeling.loading import configure_threads
+    from grpo_core.modeling.threads import configure_threads
     from grpo_core.prompts import render_prompt
     from grpo_core.train.trl_args import checkpointing_field
     from grpo_core.verify.rewards import registry_reward

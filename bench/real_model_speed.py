@@ -186,7 +186,7 @@ def main() -> None:
         return
     import torch
 
-    from grpo_core.modeling.loading import configure_threads
+    from grpo_core.modeling.threads import configure_threads
 
     configure_threads()
     print(f"load {load()} at start; torch threads {torch.get_num_threads()} (generation)")

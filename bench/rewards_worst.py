@@ -34,7 +34,8 @@ from hostile_corpus import (
     timed_call,
 )
 
-from grpo_core.verify.answers import clear_caches, warm_up
+from grpo_core.verify.answers import clear_caches
+from grpo_core.verify.math_verify_adapter import warm_up
 
 
 def run_pass(mode: str, jobs: list, canary: str, workers: int) -> list[float]:

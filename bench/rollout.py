@@ -28,7 +28,8 @@ from grpo_core.data.synthetic import generate_problems
 from grpo_core.eval.difficulty import run_filter
 from grpo_core.generation.rollout import HFBackend, SamplingParams
 from grpo_core.generation.sampling import sample_seeded
-from grpo_core.modeling.loading import configure_threads, load_policy, resolve_model_path
+from grpo_core.modeling.loading import load_policy, resolve_model_path
+from grpo_core.modeling.threads import configure_threads
 from grpo_core.prompts import render_prompt, resolve_template
 
 

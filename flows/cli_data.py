@@ -16,8 +16,11 @@ from rich.table import Table
 
 from flows.cli_common import LEVELS, command_group, parse_levels
 from grpo_core.data import decontam
-from grpo_core.data.adapters import PRESETS, SourceError, SourceUnreadable, resolve_source
-from grpo_core.data.store import MAX_PROBLEM_CHARS, IngestReport, Store, StoreError
+from grpo_core.data.adapters import PRESETS, resolve_source
+from grpo_core.data.readers import SourceUnreadable
+from grpo_core.data.source import SourceError
+from grpo_core.data.store import Store, StoreError
+from grpo_core.data.validation import MAX_PROBLEM_CHARS, IngestReport
 from grpo_core.workspace import Workspace
 
 app = command_group("Ingest and inspect problem sets.", pretty_exceptions_enable=False)

@@ -125,8 +125,9 @@ def filter_cmd(
 ) -> None:
     """Estimate each prompt's pass rate under the model and keep the in-band ones."""
     from flows.prefill import prefill_sharded
-    from grpo_core.data.adapters import SourceError, SourceUnreadable
+    from grpo_core.data.readers import SourceUnreadable
     from grpo_core.data.records import stage_problems
+    from grpo_core.data.source import SourceError
     from grpo_core.data.store import StoreLockedError
     from grpo_core.eval.difficulty import run_filter
     from grpo_core.workspace import Workspace
@@ -262,7 +263,8 @@ def eval_cmd(
     overrides: SET = None,
 ) -> None:
     """Evaluate a model: greedy accuracy, avg@k, maj@k, pass@k with bootstrap CIs."""
-    from grpo_core.data.adapters import SourceError, SourceUnreadable
+    from grpo_core.data.readers import SourceUnreadable
+    from grpo_core.data.source import SourceError
     from grpo_core.eval.evaluation import evaluate_benchmark
     from grpo_core.generation.sampling import build_backend
     from grpo_core.modeling.loading import resolve_model_path

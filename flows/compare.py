@@ -19,7 +19,6 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import grpo_pipeline  # first: it configures prefect before import
-from flows.recipes import RECIPES_DIR, default_recipes  # noqa: F401 - re-exported
 from flows.stage_log import compare_run_name, prefect_run_link
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.attribution import verdict

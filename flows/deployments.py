@@ -28,8 +28,9 @@ if os.environ.get("GRPO_VERBOSE", "") in ("", "0"):
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.compare import compare_recipes, default_recipes
+from flows.compare import compare_recipes
 from flows.pipeline import grpo_pipeline
+from flows.recipes import default_recipes
 from flows.refusals import state_or_refusal
 from flows.stage_log import config_run_name
 from grpo_core.config import load_config

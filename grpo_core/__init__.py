@@ -16,8 +16,6 @@ Modules are layered by concern; imports point one way, down the layers:
 
 Each layer may import the top modules and any earlier layer in LAYERS, never a later
 one, at module level or inside functions (tests/test_import_graph.py checks it).
-grpo_core/answers.py and grpo_core/rewards.py are compatibility re-exports of
-verify.answers and verify.rewards for scripts; project code imports the real modules.
 
 Importing this package is cheap: it imports nothing."""
 
@@ -32,6 +30,3 @@ CONFIG_LATE_IMPORTS = ("grpo_core.data.benchmarks", "grpo_core.verify.rewards",
                        "grpo_core.eval.metric_names")
 """The only layer modules a top module imports: config (any of its modules), inside its
 validators."""
-
-COMPAT_SHIMS = {"answers": "grpo_core.verify.answers", "rewards": "grpo_core.verify.rewards"}
-"""Top-level re-export modules kept for scripts: name -> the module they re-export."""

@@ -33,12 +33,8 @@ from grpo_core.train import saved
 from grpo_core.train.saved import RankInfo, ShardDone
 
 # Where the machines meet (tasks/rendezvous.py), named here too: the launch path's own parts.
-from tasks.rendezvous import (  # noqa: F401
-    DEFAULT_PORT,
-    RANK_VARS,
-    first_slurm_host,
+from tasks.rendezvous import (
     machine_args,
-    rendezvous,
 )
 
 if TYPE_CHECKING:

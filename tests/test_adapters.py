@@ -8,16 +8,10 @@ import sys
 import pytest
 
 import grpo_core.verify.answers  # noqa: F401 - the adapters extract golds: must import, not skip
-from grpo_core.data.adapters import (
-    PRESETS,
-    BadRow,
-    Rejection,
-    SourceError,
-    SourceUnreadable,
-    parse_columns,
-    resolve_source,
-)
+from grpo_core.data.adapters import PRESETS, resolve_source
 from grpo_core.data.problems import Problem
+from grpo_core.data.readers import BadRow, Rejection, SourceUnreadable
+from grpo_core.data.source import SourceError, parse_columns
 
 ROWS = [{"q": "What is 6*7?", "a": "42", "why": "6*7=42", "lvl": "Level 2", "topic": "arith"},
         {"q": "Half of one?", "a": "\\frac{1}{2}", "why": "", "lvl": 1, "topic": "fractions"}]

@@ -14,25 +14,20 @@ import pytest
 
 from grpo_core.verify import answers as A
 from grpo_core.verify import gold as G
-from grpo_core.verify.answers import (
+from grpo_core.verify.answers import check, is_correct, is_equivalent, verify
+from grpo_core.verify.extraction import (
     EXTRACTIONS,
-    SCORER_ERRORS,
-    ScorerError,
     as_number,
-    check,
-    count_scorer_errors,
     extract_answer,
     extract_boxed,
     gold_from_gsm8k,
     gold_from_math_solution,
-    is_correct,
-    is_equivalent,
     normalise_gold,
-    verify,
 )
 from grpo_core.verify.gold import parse_gold
 from grpo_core.verify.rewards import accuracy
 from grpo_core.verify.safe_eval import TIMED_OUT, DeadlineExceeded, call_with_deadline, risky_reason
+from grpo_core.verify.scorer_errors import SCORER_ERRORS, ScorerError, count_scorer_errors
 
 
 @pytest.fixture(scope="module", autouse=True)

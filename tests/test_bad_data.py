@@ -28,7 +28,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from grpo_core.data.adapters import SourceError, SourceUnreadable, resolve_source
+from grpo_core.data.adapters import resolve_source
+from grpo_core.data.readers import SourceUnreadable
+from grpo_core.data.source import SourceError
 from grpo_core.data.store import Store
 
 pa = pytest.importorskip("pyarrow")

@@ -18,8 +18,9 @@ import pytest
 
 from grpo_core.verify import answers as A
 from grpo_core.verify import gold as G
-from grpo_core.verify.answers import SCORER_ERRORS, is_equivalent, verify
+from grpo_core.verify.answers import is_equivalent, verify
 from grpo_core.verify.gold import parse_gold
+from grpo_core.verify.scorer_errors import SCORER_ERRORS
 
 TABLE = Path(__file__).parent / "data" / "equivalence_pairs.csv"
 CATEGORIES = {

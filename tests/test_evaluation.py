@@ -10,17 +10,13 @@ from typer.testing import CliRunner
 
 from flows.cli_stages import register
 from grpo_core.config import PipelineConfig
-from grpo_core.data.adapters import SourceError, resolve_source
+from grpo_core.data.adapters import resolve_source
+from grpo_core.data.benchmarks import benchmark_problems
 from grpo_core.data.records import read_eval_results, read_eval_runs
+from grpo_core.data.source import SourceError
 from grpo_core.data.store import Store
 from grpo_core.data.synthetic import generate_problems
-from grpo_core.eval.evaluation import (
-    benchmark_problems,
-    evaluate_benchmark,
-    protocol_for,
-    protocol_hash,
-    score,
-)
+from grpo_core.eval.evaluation import evaluate_benchmark, protocol_for, protocol_hash, score
 from grpo_core.generation.rollout import Completion
 from grpo_core.prompts import render_prompt
 

@@ -12,8 +12,7 @@
   import sits: what another module uses is public and named so.
 - grpo_core's subpackages are layered (grpo_core.LAYERS, read from grpo_core/__init__.py
   with `ast`): no import, wherever it sits, goes from a layer to a later one; the top
-  modules import no subpackage (bar config's declared late imports), and no project module
-  imports the compatibility re-exports (grpo_core/answers.py, grpo_core/rewards.py).
+  modules import no subpackage (bar config's declared late imports).
 - grpo_core imports neither prefect, mlflow nor matplotlib, wherever the import sits.
 
 Every .py file under the packages below is read, in subpackages too, so the test keeps
@@ -310,7 +309,6 @@ def _core_constant(name: str):
 LAYERS = _core_constant("LAYERS")
 TOP_MODULES = _core_constant("TOP_MODULES")
 CONFIG_LATE_IMPORTS = _core_constant("CONFIG_LATE_IMPORTS")
-COMPAT_SHIMS = {f"grpo_core.{k}": v for k, v in _core_constant("COMPAT_SHIMS").items()}
 TOP = -1  # the layer of grpo_core's top modules: below every subpackage
 
 
@@ -344,7 +342,7 @@ def test_every_grpo_core_module_has_a_layer():
                    if (p / "__init__.py").is_file()}
     assert subpackages - set(TOP_MODULES) == set(LAYERS), "grpo_core subpackages vs grpo_core.LAYERS"
     tops = {m.split(".")[1] for m in MODULES if _layer(m) == TOP}
-    assert tops == set(TOP_MODULES) | {s.split(".")[1] for s in COMPAT_SHIMS}
+    assert tops == set(TOP_MODULES)
 
 
 def test_layers_sees_upward_imports():
@@ -360,13 +358,9 @@ def test_grpo_core_imports_follow_the_layers():
     bad = []
     for module, line, target, at_import in _all_imports():
         src, dst = _layer(module), _layer(target)
-        if src is None or dst is None or dst == TOP and target not in COMPAT_SHIMS:
+        if src is None or dst is None or dst == TOP:
             continue
-        if module in COMPAT_SHIMS:
-            ok = target == COMPAT_SHIMS[module]
-        elif target in COMPAT_SHIMS:
-            ok = False  # project code imports the real module
-        elif src == TOP:
+        if src == TOP:
             ok = _in_package(module, "grpo_core.config") and target in CONFIG_LATE_IMPORTS and not at_import
         else:
             ok = dst <= src
@@ -374,24 +368,6 @@ def test_grpo_core_imports_follow_the_layers():
             bad.append(f"{_where(module, line)}: {module} ({LAYERS[src] if src >= 0 else 'top'})"
                        f" imports {target}")
     assert not bad, f"imports against grpo_core.LAYERS {LAYERS}:\n" + "\n".join(bad)
-
-
-def test_no_project_module_imports_the_compatibility_re_exports():
-    bad = [f"{_where(m, line)}: imports {t}" for m, line, t, _ in _all_imports()
-           if t in COMPAT_SHIMS and m not in COMPAT_SHIMS]
-    assert not bad, "import the real modules (grpo_core.verify.*):\n" + "\n".join(bad)
-
-
-def test_compatibility_re_exports_are_the_real_objects():
-    import grpo_core.answers
-    import grpo_core.rewards
-    import grpo_core.verify.answers
-    import grpo_core.verify.rewards
-
-    assert grpo_core.rewards.REWARDS is grpo_core.verify.rewards.REWARDS
-    assert grpo_core.rewards.build_reward_funcs is grpo_core.verify.rewards.build_reward_funcs
-    for name in grpo_core.verify.answers.__all__:
-        assert getattr(grpo_core.answers, name) is getattr(grpo_core.verify.answers, name)
 
 
 # The pure library runs from a plain script or a notebook: no orchestration, no tracking
@@ -454,3 +430,55 @@ def test_ruff_is_clean_with_the_projects_rules():
     res = subprocess.run([*ruff, "check", "."], cwd=Path(__file__).resolve().parents[1],
                          capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+# Packages whose __init__ is their public face (names gathered from their modules):
+# importing from the package is importing from where the package says the name lives.
+FACADES = ("grpo_core.config", "tasks.tracking")
+
+
+def _defined_at_top(tree: ast.Module) -> set[str]:
+    """Names a module binds itself at module level (def, class, assignment), not by import."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                node in tree.body:
+            names.add(node.name)
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AnnAssign) else [])
+        names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if isinstance(node, (ast.If, ast.Try)):  # optional definitions
+            names |= {n.name for n in ast.walk(node)
+                      if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    return names
+
+
+def _re_exported_imports(files: list[Path]) -> list[str]:
+    """`file:line module.name` of every `from <project module> import name` whose module
+    does not define `name` (it imports it from elsewhere), facades and submodules aside."""
+    defined = {m: _defined_at_top(t) for m, t in TREES.items()}
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0
+                    and node.module in MODULES and node.module not in FACADES):
+                continue
+            where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+            bad += [f"{where}:{node.lineno} {node.module}.{a.name}"
+                    for a in node.names if a.name not in defined[node.module]
+                    and f"{node.module}.{a.name}" not in MODULES]
+    return bad
+
+
+def test_every_import_names_the_module_that_defines_it():
+    """No re-exports: a reader following an import lands on the definition."""
+    files = [p for d in (*PACKAGES, "tests", "bench") for p in sorted((ROOT / d).rglob("*.py"))]
+    bad = _re_exported_imports(files)
+    assert not bad, "import these from the module that defines them:\n" + "\n".join(bad)
+
+
+def test_re_export_check_sees_a_re_export(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from tasks.stages import Store, Ctx\n")  # stages imports Store
+    assert _re_exported_imports([probe]) == ["probe.py:1 tasks.stages.Store"]

@@ -5,7 +5,8 @@ import tracemalloc
 
 import pytest
 
-from grpo_core.data.adapters import SourceError, resolve_source
+from grpo_core.data.adapters import resolve_source
+from grpo_core.data.source import SourceError
 from grpo_core.data.store import Store
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.launch import DEFAULT_PORT, rendezvous
+from tasks.rendezvous import DEFAULT_PORT, rendezvous
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "infra" / "k8s" / "grpo-multinode.yaml"

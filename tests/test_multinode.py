@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config import load_config
-from tasks.launch import DEFAULT_PORT, first_slurm_host, launch_command, rendezvous
+from tasks.launch import launch_command
+from tasks.rendezvous import DEFAULT_PORT, first_slurm_host, rendezvous
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["fixtures_models"]

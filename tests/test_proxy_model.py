@@ -65,7 +65,7 @@ def test_warm_started_samples_disagree_on_the_format(proxy_model_path):
 
     from grpo_core.data.synthetic import generate_problems
     from grpo_core.prompts import ANSWER_CLOSE, render_prompt
-    from grpo_core.verify.rewards import is_well_formatted
+    from grpo_core.verify.format_rules import is_well_formatted
 
     tok = AutoTokenizer.from_pretrained(proxy_model_path)
     model = AutoModelForCausalLM.from_pretrained(proxy_model_path, dtype=torch.float32)

@@ -6,13 +6,13 @@ import pytest
 
 from grpo_core.config import RewardsConfig, config_from_dict
 from grpo_core.verify import answers
+from grpo_core.verify.format_rules import is_well_formatted
 from grpo_core.verify.rewards import (
     REWARDS,
     accuracy,
     build_reward_funcs,
     completion_text,
     format_reward,
-    is_well_formatted,
     length,
     length_penalty,
     reasoning_keywords,

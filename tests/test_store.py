@@ -12,14 +12,8 @@ import pytest
 from grpo_core.data import store as store_module
 from grpo_core.data.adapters import resolve_source
 from grpo_core.data.problems import Problem
-from grpo_core.data.store import (
-    IngestReport,
-    Store,
-    StoreError,
-    StoreLockedError,
-    check_text,
-    undecodable,
-)
+from grpo_core.data.store import Store, StoreError, StoreLockedError
+from grpo_core.data.validation import IngestReport, check_text, undecodable
 from grpo_core.verify import answers  # noqa: F401 - the ingest parses golds
 
 SHARED = [("gsm8k", "train", "gsm8k/train.jsonl"), ("math", "train", "math/train4500.jsonl"),

@@ -22,7 +22,8 @@ from grpo_core.data.synthetic import generate_problems
 from grpo_core.eval.metrics import bootstrap_ci
 from grpo_core.eval.passrate import spearman
 from grpo_core.prompts import render_prompt
-from grpo_core.verify.answers import extract_answer, is_equivalent
+from grpo_core.verify.answers import is_equivalent
+from grpo_core.verify.extraction import extract_answer
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +108,7 @@ def _fmt(ci) -> str:
 
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory) -> str:
-    from grpo_core.modeling.loading import configure_threads
+    from grpo_core.modeling.threads import configure_threads
     from grpo_core.modeling.tiny import ensure_builtin
 
     configure_threads()

@@ -21,19 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from grpo_core.data.hub import hub_adapter
-from grpo_core.data.readers import (  # noqa: F401 - BadRow, SourceUnreadable: re-exported
+from grpo_core.data.readers import (
     FORMATS,
-    READERS,
-    BadRow,
-    Rejection,
-    SourceUnreadable,
     file_digest,
     read_shards,
     shard_files,
 )
-from grpo_core.data.source import (  # noqa: F401 - the source's types and errors: re-exported
+from grpo_core.data.source import (
     AUTO_COLUMNS,
-    FIELDS,
     Adapter,
     Preset,
     SourceError,

@@ -21,7 +21,8 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
-from grpo_core.data.adapters import PRESETS, SourceError
+from grpo_core.data.adapters import PRESETS
+from grpo_core.data.source import SourceError
 
 SYNTHETIC_NAMES = ("synthetic", "synthetic:arith")
 SYNTHETIC_EVAL_N = 200  # the synthetic benchmark's size when no limit is given

@@ -23,7 +23,8 @@ from grpo_core.data.benchmarks import (
 )
 from grpo_core.data.db import now, transaction
 from grpo_core.data.problems import Problem
-from grpo_core.data.store import IngestReport, Store
+from grpo_core.data.store import Store
+from grpo_core.data.validation import IngestReport
 from grpo_core.workspace import resolve_data_dir
 
 

@@ -227,11 +227,12 @@ def stage_problems(source: str, split: str | None = None, *, store: Any = None,
         from grpo_core.data.synthetic import SOURCE, generate_problems
 
         if source != SOURCE:
-            from grpo_core.data.adapters import SourceError
+            from grpo_core.data.source import SourceError
 
             raise SourceError(f"unknown synthetic task {source!r}; known: {SOURCE}")
         return generate_problems(split or "train", n=limit or 1000, levels=levels, seed=seed)
-    from grpo_core.data.adapters import BadRow, Rejection, resolve_source
+    from grpo_core.data.adapters import resolve_source
+    from grpo_core.data.readers import BadRow, Rejection
     from grpo_core.data.validation import patient_gold_parsing
     from grpo_core.verify.gold import parse_gold
 

@@ -26,7 +26,6 @@ import duckdb
 import pyarrow as pa
 
 from grpo_core.data import decontam
-from grpo_core.data.adapters import Adapter
 from grpo_core.data.db import (
     PROBLEM_SCHEMA,
     QUARANTINE_SCHEMA,
@@ -37,17 +36,12 @@ from grpo_core.data.db import (
 )
 from grpo_core.data.decontam_sql import contaminated_rows
 from grpo_core.data.problems import Problem
-from grpo_core.data.validation import (  # noqa: F401 - re-exported: callers import these from store
-    GOLD_DEADLINE_S,
-    MAX_ANSWER_CHARS,
+from grpo_core.data.source import Adapter
+from grpo_core.data.validation import (
     MAX_PROBLEM_CHARS,
     IngestReport,
-    check_gold,
     check_rows,
-    check_size,
-    check_text,
     patient_gold_parsing,
-    undecodable,
 )
 
 MAX_RAW_CHARS = 65536  # raw rows kept in quarantine are cut here

@@ -11,8 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from grpo_core.data.adapters import Adapter, BadRow, Rejection
 from grpo_core.data.problems import Problem, text_key
+from grpo_core.data.readers import BadRow, Rejection
+from grpo_core.data.source import Adapter
 
 MAX_PROBLEM_CHARS = 20000
 MAX_ANSWER_CHARS = 1000

@@ -36,7 +36,8 @@ from grpo_core.eval.passrate import histogram, select_band, wilson_interval
 from grpo_core.generation.rollout import SamplingParams
 from grpo_core.generation.sampling import SAMPLER_VERSION, derive_seed
 from grpo_core.prompts import render_prompt, resolve_template, template_hash
-from grpo_core.verify.answers import extract_answer, verify
+from grpo_core.verify.answers import verify
+from grpo_core.verify.extraction import extract_answer
 from grpo_core.verify.gold import parse_gold
 
 

@@ -34,24 +34,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_core.data.adapters import SourceError
-from grpo_core.data.benchmarks import (  # noqa: F401 - benchmark_problems: re-exported
-    SYNTHETIC_EVAL_N,
-    SYNTHETIC_EVAL_SEED,
+from grpo_core.data.benchmarks import (
     benchmark_problems,
 )
 from grpo_core.data.benchmarks import fingerprint as problems_fingerprint
 from grpo_core.data.problems import Problem
 from grpo_core.data.records import problem_key, write_eval
+from grpo_core.data.source import SourceError
 from grpo_core.eval.metric_names import metric_name, parse_metric
 from grpo_core.eval.metrics import bootstrap_ci, summarise
 from grpo_core.generation.rollout import SamplingParams
 from grpo_core.generation.sampling import derive_seed, sample_seeded
 from grpo_core.prompts import render_prompt, resolve_template, template_hash
 from grpo_core.verify import answers
-from grpo_core.verify.answers import ScorerError, as_number, check, extract_answer
+from grpo_core.verify.answers import check
+from grpo_core.verify.extraction import as_number, extract_answer
+from grpo_core.verify.format_rules import is_well_formatted
 from grpo_core.verify.gold import parse_gold
-from grpo_core.verify.rewards import is_well_formatted
+from grpo_core.verify.scorer_errors import ScorerError
 
 BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "amc23", "synthetic")
 EXTRACTIONS = ("strict", "flexible")  # every benchmark result reports both

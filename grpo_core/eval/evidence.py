@@ -36,7 +36,8 @@ from grpo_core.data.db import connection, dicts, has_table
 from grpo_core.data.problems import Problem
 from grpo_core.data.records import problem_key
 from grpo_core.eval.adaptive import NO_EVIDENCE, Evidence
-from grpo_core.verify.answers import extract_answer, verify
+from grpo_core.verify.answers import verify
+from grpo_core.verify.extraction import extract_answer
 from grpo_core.verify.gold import parse_gold
 
 

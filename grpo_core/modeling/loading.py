@@ -10,7 +10,7 @@ from pathlib import Path
 
 from grpo_core.modeling.fetch import is_fetchable, resolve_fetched
 from grpo_core.modeling.proxy import ensure_proxy, proxy_dir, proxy_recipe
-from grpo_core.modeling.threads import configure_threads  # noqa: F401  (re-exported: callers import it from here)
+from grpo_core.modeling.threads import configure_threads
 from grpo_core.modeling.tiny import BUILTIN_PREFIX, ensure_builtin, tiny_dir
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")

@@ -148,8 +148,9 @@ def run_grpo_round(
     trainer is built (benchmarks: memory accounting)."""
     import torch
 
-    from grpo_core.modeling.loading import configure_threads, load_tokenizer
+    from grpo_core.modeling.loading import load_tokenizer
     from grpo_core.modeling.memory_plan import logprob_tile
+    from grpo_core.modeling.threads import configure_threads
     from grpo_core.train.algorithms import ALGORITHMS
     from grpo_core.train.callbacks import attach_trainer, round_callbacks
     from grpo_core.train.dynamic_sampling import dynamic_sampler

@@ -86,7 +86,8 @@ def run_sft(
 ) -> SFTResult:
     """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final.
     `template`: model.template ("auto" is resolved here, with the tokenizer loaded here)."""
-    from grpo_core.modeling.loading import configure_threads, load_tokenizer
+    from grpo_core.modeling.loading import load_tokenizer
+    from grpo_core.modeling.threads import configure_threads
     from grpo_core.train.callbacks import LossHistory
     from grpo_core.train.trainer import PipelineSFTTrainer
     from grpo_core.train.trainer_setup import quiet_trainer

@@ -97,7 +97,7 @@ from grpo_core.verify.scorer_errors import (
     record_scorer_error,
 )
 
-# The checker's public API; grpo_core/answers.py re-exports it for scripts. GoldAnswer and
+# The checker's public API. GoldAnswer and
 # parse_gold are grpo_core.verify.gold's (project code imports them from there), listed
 # here because scripts use them through this API: verify(parse_gold(gold), answer).
 __all__ = [

@@ -25,17 +25,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpo_core.verify import answers
-from grpo_core.verify.answers import (
+from grpo_core.verify.answers import grade
+from grpo_core.verify.extraction import extract_answer, normalise_gold
+from grpo_core.verify.format_rules import THINK_OPEN, is_well_formatted, tag_score
+from grpo_core.verify.gold import parse_gold
+from grpo_core.verify.scorer_errors import (
     SCORER_ERRORS,
     ScorerError,
     count_scorer_errors,
-    extract_answer,
-    grade,
-    normalise_gold,
     record_scorer_error,
 )
-from grpo_core.verify.format_rules import THINK_OPEN, is_well_formatted, tag_score
-from grpo_core.verify.gold import parse_gold
 
 RewardFunc = Callable[..., list]
 
