@@ -59,6 +59,9 @@ def _config(config: Path | None, overrides: list[str] | None, **fields):
     except ConfigError as exc:
         _fail(str(exc), 2)
     require_fetched_or_exit(cfg.model.name_or_path, cfg.project.workdir)
+    from flows import configure_prefect
+
+    configure_prefect(cfg.project.workdir)  # this command's entry: before any prefect import
     return cfg
 
 
@@ -83,11 +86,7 @@ def _open_store(cfg, timeout: float = 5.0):
 
 
 def _shard_flows(cfg):
-    """flows.shards, with Prefect's home in this command's workspace (set before prefect
-    is imported, as `grpo run` does)."""
-    from flows import configure_prefect
-
-    configure_prefect(cfg.project.workdir)
+    """flows.shards (Prefect's home in this command's workspace: `_config` set it)."""
     import flows.shards
 
     return flows.shards
@@ -131,7 +130,9 @@ def filter_cmd(
     from grpo_core.data.store import StoreLockedError
     from grpo_core.eval.difficulty import run_filter
     from grpo_core.workspace import Workspace
+    from tasks.launch import own_process
     from tasks.plots import passrate_figure, save_png
+    from tasks.preflight import hold_store
 
     cfg = _config(config, overrides, **{
         "model.name_or_path": model, "filter.k": k, "filter.band": _parse_band(band),
@@ -162,9 +163,11 @@ def filter_cmd(
     _building_note(cfg.model.name_or_path)
     try:
         # filter.shards > 1: workers sample what is missing while the store is closed
-        fresh = prefill_sharded(cfg, cfg.model.name_or_path, lambda: problems,
-                                lambda: _open_store(cfg), Workspace.at(cfg.project.workdir).root,
-                                progress=progress)
+        ws = Workspace.at(cfg.project.workdir)
+        with hold_store(ws.db_path, cfg.data.store_lock_timeout):  # the shards' folders
+            fresh = prefill_sharded(cfg, cfg.model.name_or_path, lambda: problems,
+                                    lambda: _open_store(cfg), ws.root, progress=progress,
+                                    own_process=own_process(cfg))
         with _open_store(cfg) as store:
             report = run_filter(cfg.model.name_or_path, problems, cfg, store=store,
                                 progress=progress, fresh=fresh)

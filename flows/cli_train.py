@@ -120,7 +120,7 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
     from grpo_core.data.records import rollout_sink
     from grpo_core.data.store import Store
     from grpo_core.train.graceful_stop import StopOnSignal
-    from grpo_core.train.grpo import last_checkpoint, run_grpo_round
+    from grpo_core.train.grpo import checkpoint_step, last_checkpoint, run_grpo_round
     from grpo_core.train.step_progress import StepProgress
     from tasks.stage_run import launched_round
 
@@ -139,7 +139,7 @@ def train(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None, mode
             ckpt = last_checkpoint(out)
             if ckpt and not resume:
                 fail(f"{out} holds checkpoints: pass --resume, or another --out", 2)
-            step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
+            step = checkpoint_step(ckpt)
             result = launched_round(cfg, str(ws.root), str(out), None, store, sink, path, pool,
                                     Path(out), template, step, 1, plan)
     last = result.history[-1] if result.history else {}

@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.pipeline import grpo_pipeline  # first: it configures prefect before import
+from flows.pipeline import grpo_pipeline
 from flows.stage_log import compare_run_name, prefect_run_link
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.attribution import verdict

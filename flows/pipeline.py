@@ -16,7 +16,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from flows import configure_prefect
+from prefect import flow, get_run_logger
+
 from flows.prefill import prefill_sharded
 from flows.stage_log import (
     log_findings,
@@ -25,11 +26,6 @@ from flows.stage_log import (
     publish_result,
     run_stage,
 )
-
-configure_prefect()  # before prefect is imported
-
-from prefect import flow, get_run_logger
-
 from grpo_core.config import PipelineConfig
 from grpo_core.data.pool import PoolSlice
 from grpo_core.data.stage_split import check_rounds, prompts_per_update
@@ -164,13 +160,11 @@ def parent_run(cfg: PipelineConfig, ws: Workspace, log, progress: bool, plan: Ru
         raise
 
 
-def eval_scorer_for(cfg: PipelineConfig, ws: Workspace):
+def eval_scorer_for(cfg: PipelineConfig, ws: Workspace, own_process: bool):
     """stages.evaluate_model's `scorer`: with eval.shards > 1 workers score the problems and
-    this process aggregates and writes (one worker process under train.stage_process);
-    otherwise None (scored in this process)."""
-    from tasks.launch import own_process
-
-    if cfg.eval.shards <= 1 and not own_process(cfg):
+    this process aggregates and writes (one worker process when the plan puts stages in
+    their own process: LaunchPlan.own_process); otherwise None (scored in this process)."""
+    if cfg.eval.shards <= 1 and not own_process:
         return None
     from flows.shards import eval_scorer
 
@@ -189,7 +183,7 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: 
     before any training when diagnosis.stop_on_collapsed_start is set."""
     fresh = prefill_sharded(ctx.cfg, model, lambda: stage_data.filter_candidates(ctx, problem_ids),
                             ctx.store, ctx.ws.root, evidence_run,
-                            store_held=True)  # the run's preflight holds it (planned)
+                            own_process=ctx.launch_plan().own_process)  # store: planned
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
                      ctx, model, problem_ids, round_no, fresh, evidence_run)
     collapsed = start_collapse(kept.pass_rates, ctx.cfg, round_no)
@@ -227,7 +221,7 @@ class _Run:
     @functools.cached_property
     def scorer(self):
         """Where eval records are scored (eval_scorer_for), decided once for the run."""
-        return eval_scorer_for(self.ctx.cfg, self.ctx.ws)
+        return eval_scorer_for(self.ctx.cfg, self.ctx.ws, self.ctx.launch_plan().own_process)
 
     def eval_stage(self, model: str, label: str, benchmarks: list[str],
                    reuses: str | None = None) -> EvalResult:

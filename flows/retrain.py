@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.pipeline import (  # first: it configures prefect before import
+from flows.pipeline import (
     budget_lines,
     contamination_findings,
     eval_scorer_for,
@@ -106,7 +106,8 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     """The retrain's stages, each between its start and end lines (flows.stage_log), as the
     pipeline's are: data, filter/round-1, grpo/round-1, eval/champion, eval/final."""
     cfg, ws = ctx.cfg, ctx.ws
-    scorer, primary = eval_scorer_for(cfg, ws), cfg.eval.primary_metric
+    scorer = eval_scorer_for(cfg, ws, ctx.launch_plan().own_process)
+    primary = cfg.eval.primary_metric
     data = run_stage(log, "data", "data", stages.ingest, ctx)
     findings = contamination_findings(data.contamination)
     pool = stage_data.pool_of(data)

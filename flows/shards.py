@@ -33,10 +33,6 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from flows import configure_prefect
-
-configure_prefect()  # before prefect is imported
-
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 

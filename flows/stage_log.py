@@ -5,8 +5,7 @@ time went. The lines go through the flow's logger: the terminal and the Prefect 
 Also the names the Prefect UI shows: a stage's task run is named by its label (`data`,
 `grpo/round-1`, `eval/final`, and its end line is in that task run's log too), a flow run
 by what it runs (`r1_zero-7ee43f68`: recipe and config hash; `compare-r1_zero-vs-sft_grpo`).
-Nothing here imports prefect at import time (flows.pipeline imports this module before
-flows.configure_prefect has run)."""
+Nothing here imports prefect at import time."""
 from __future__ import annotations
 
 import time

@@ -59,6 +59,9 @@ class LaunchPlan:
     mode: str  # "in-process" | "pinned" | "launch" | "refuse"
     devices: tuple[str, ...] = ()  # CUDA_VISIBLE_DEVICES of the stage's processes; () = as is
     message: str = ""  # why pinned (logged), or the refusal with its fix
+    # train.stage_process resolved on this machine: every stage's work (the filter's and
+    # eval's workers too) in a process of its own. Read from here, never re-derived.
+    own_process: bool = False
 
     @property
     def env(self) -> dict:
@@ -73,8 +76,8 @@ def launch_plan(device_count: int, num_processes: int, cuda_visible: str | None 
     stage that could run in this process gets one of its own (train.stage_process)."""
     plan = _hardware_plan(device_count, num_processes, cuda_visible, num_machines, server_gpus)
     if plan.mode == "in-process" and own_process:
-        return LaunchPlan("launch")
-    return plan
+        return LaunchPlan("launch", own_process=True)
+    return dataclasses.replace(plan, own_process=own_process)
 
 
 def _hardware_plan(device_count: int, num_processes: int, cuda_visible: str | None,
@@ -114,7 +117,9 @@ def _hardware_plan(device_count: int, num_processes: int, cuda_visible: str | No
 
 
 def own_process(cfg: PipelineConfig) -> bool:
-    """train.stage_process resolved on this machine: auto = own process when CUDA is in use."""
+    """train.stage_process resolved on this machine: auto = own process when CUDA is in use.
+    A run's plan carries it (LaunchPlan.own_process); only a command without a plan (`grpo
+    filter`, `grpo eval`) asks here, once."""
     mode = cfg.train.stage_process
     if mode == "auto":
         import torch

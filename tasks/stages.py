@@ -231,7 +231,7 @@ def sft(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection) -> SftStag
 def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
                round_no: int) -> GrpoStageResult:
     from grpo_core.data.records import drop_rollouts_after, rollout_sink
-    from grpo_core.train.grpo import last_checkpoint, run_grpo_round
+    from grpo_core.train.grpo import checkpoint_step, last_checkpoint, run_grpo_round
     from grpo_core.train.memorisation import repeat_findings
     from grpo_core.train.throughput import round_summary
 
@@ -245,8 +245,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
         with ctx.store() as store:
             # A round killed after a checkpoint continues from it (resume=True); what the
             # killed process recorded past that checkpoint is generated again.
-            ckpt = last_checkpoint(out)
-            resume_step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
+            resume_step = checkpoint_step(last_checkpoint(out))
             drop_rollouts_after(store, run, resume_step)
             sink = rollout_sink(store, run_id=run, round=round_no)
             plan = ctx.launch_plan()

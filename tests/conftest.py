@@ -17,8 +17,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 # Before any test imports prefect (it reads its settings once, at import): the temporary
 # local server gets time to start on a loaded 2-core machine (Prefect's default, 20 s,
-# failed a sharded-filter test there), as flows.configure_prefect gives it in `grpo run`.
+# failed a sharded-filter test there), then the rest of Prefect's settings as every process
+# entry of the project sets them (flows.configure_prefect: the test session is one).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+from flows import configure_prefect  # noqa: E402 - the settings above first
+
+configure_prefect()
 
 
 def shared_data_dir() -> Path:

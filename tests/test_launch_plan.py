@@ -117,15 +117,18 @@ def test_stage_plan_reads_torch_and_the_environment(monkeypatch):
     _gpus(monkeypatch, 2)
     assert stage_plan(every_preset).devices == ("2",)
     two = config_from_dict({}, ["train.num_processes=2"])
-    assert stage_plan(two) == LaunchPlan("launch")
+    assert stage_plan(two) == LaunchPlan("launch", own_process=True)  # auto on CUDA
     _gpus(monkeypatch, 1)
     # one GPU: train.stage_process auto gives the stage its own process on CUDA; never keeps it here
-    assert _launched(every_preset) and stage_plan(every_preset) == LaunchPlan("launch")
-    assert not _launched(config_from_dict({}, ["train.stage_process=never"]))
+    assert _launched(every_preset)
+    assert stage_plan(every_preset) == LaunchPlan("launch", own_process=True)
+    never = config_from_dict({}, ["train.stage_process=never"])
+    assert not _launched(never) and not stage_plan(never).own_process
     with pytest.raises(PreflightError, match="set train.num_processes: 1"):
         _launched(two)
     _gpus(monkeypatch, 0)
     assert not _launched(every_preset) and _launched(two)
+    assert not stage_plan(two).own_process  # auto: no CUDA, the workers stay in this process
 
 
 def test_cli_refuses_before_any_work(monkeypatch, tmp_path):
@@ -190,4 +193,5 @@ def test_grpo_train_routes_through_the_plan(monkeypatch, tmp_path, tiny_model_pa
     res = CliRunner().invoke(app, base)
     assert res.exit_code == 0, res.output
     assert "the stage runs on GPU 0 (CUDA_VISIBLE_DEVICES)" in res.output
-    assert calls == [(LaunchPlan("launch"), str(out), 0), (launch_plan(8, 1), str(out), 0)]
+    assert calls == [(LaunchPlan("launch"), str(out), 0),
+                     (launch_plan(8, 1, own_process=True), str(out), 0)]  # auto on CUDA

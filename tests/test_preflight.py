@@ -25,7 +25,19 @@ ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("grpo_core", "tasks", "flows", "bench", "infra")
 # the decision -> the one module that may call it
 ONE_CALL_SITE = {"stage_plan": "tasks/preflight.py", "pipeline_lock": "tasks/preflight.py",
-                 "check_reachable": "tasks/preflight.py"}
+                 "check_reachable": "tasks/preflight.py",
+                 # the store held: a run's plan (holding_store, once per run) and `grpo
+                 # filter`'s shards, the one command that writes without a plan
+                 "hold_store": ("tasks/preflight.py", "flows/cli_stages.py"),
+                 "holding_store": ("tasks/preflight.py", "flows/cli_run.py"),
+                 # the launch mode: the plan's (stage_plan); `grpo filter` / `grpo eval` ask
+                 # once each, having no plan; everything else reads LaunchPlan.own_process
+                 "own_process": ("tasks/launch.py", "flows/cli_stages.py", "flows/cli_stages.py"),
+                 # Prefect's settings: once per process entry (`grpo run`, the stage
+                 # commands, a deployment's flow-run process, a bench script), before
+                 # prefect is imported
+                 "configure_prefect": ("flows/cli_run.py", "flows/cli_stages.py",
+                                       "flows/deployments.py", "bench/filter_shards.py")}
 
 
 def _calls(name: str) -> list[str]:
@@ -44,8 +56,22 @@ def _calls(name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(ONE_CALL_SITE))
 def test_each_decision_has_one_call_site(name):
+    """Each decision is made at its one call site (per process entry where it names
+    several), every other place reads the result."""
+    sites = ONE_CALL_SITE[name]
+    sites = (sites,) if isinstance(sites, str) else sites
     calls = _calls(name)
-    assert len(calls) == 1 and calls[0].startswith(ONE_CALL_SITE[name]), calls
+    assert sorted(c.split(":")[0] for c in calls) == sorted(sites), calls
+
+
+def test_call_site_check_sees_a_second_call(tmp_path, monkeypatch):
+    extra = ROOT / "flows" / "_probe_second_call.py"
+    extra.write_text("def f(cfg):\n    return own_process(cfg)\n")
+    try:
+        with pytest.raises(AssertionError):
+            test_each_decision_has_one_call_site("own_process")
+    finally:
+        extra.unlink()
 
 
 def _cfg(tmp_path, *overrides):

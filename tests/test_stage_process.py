@@ -137,7 +137,8 @@ def test_filter_and_eval_in_their_own_process_give_the_in_process_results(
         expected = rows(store)
         ev_one = evaluate_benchmark(tiny_model_path, "synthetic", ev_here, store=store, limit=6)
     db = tmp_path / "two.duckdb"
-    fresh = prefill_sharded(own, tiny_model_path, lambda: problems, lambda: Store.open(db), ws)
+    fresh = prefill_sharded(own, tiny_model_path, lambda: problems, lambda: Store.open(db), ws,
+                            own_process=True)
     assert len(fresh) == 6
     with Store.open(db) as store:
         two = run_filter(tiny_model_path, problems, own, store=store, fresh=fresh)

@@ -118,11 +118,17 @@ def grpo_dataset(problems: list[Problem], template: str, tokenizer):
     ])
 
 
+def checkpoint_step(checkpoint: str | Path | None) -> int:
+    """The optimizer step a checkpoint folder (`.../checkpoint-40`) was saved at; 0 for
+    None (no checkpoint: a round starts from step 0)."""
+    return int(Path(checkpoint).name.rsplit("-", 1)[1]) if checkpoint else 0
+
+
 def last_checkpoint(output_dir: str | Path) -> str | None:
     """The newest *complete* checkpoint: a process killed while saving leaves a folder
     without trainer_state.json (written last), which must not be resumed from."""
     ckpts = sorted((p for p in Path(output_dir).glob("checkpoint-*") if (p / "trainer_state.json").is_file()),
-                   key=lambda p: int(p.name.split("-")[1]))
+                   key=checkpoint_step)
     return str(ckpts[-1]) if ckpts else None
 
 
