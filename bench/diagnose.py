@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import ROOT, load, timed
+from harness import ROOT, load, markdown_table, timed
 
 RECIPE = ROOT / "configs" / "recipes" / "r1_zero.yaml"
 SFT_RECIPE = ROOT / "configs" / "recipes" / "sft_grpo.yaml"
@@ -261,12 +261,6 @@ def detected_at(o: Outcome) -> str:
     return str(min(steps)) if steps else "-"
 
 
-def table(rows: list[list[str]], head: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()
-    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
-
-
 def history_line(o: Outcome) -> str:
     """The metrics the rules read, first and last step: was the fault really there?"""
     keys = {"acc": "rewards/accuracy/mean", "zero_std": "frac_reward_zero_std",
@@ -349,13 +343,15 @@ def main() -> None:
     faults = [o for o in outcomes if o.case.expected]
     healthy = [o for o in outcomes if not o.case.expected]
     print(f"\nFault injection, {steps} steps a run (builtin:tiny-arith, {RECIPE.relative_to(ROOT)})")
-    print(table([[o.case.name, " | ".join(o.case.expected), _fmt(o.fired), detected_at(o),
-                  "pass" if o.passed else "FAIL"] for o in faults],
-                ["fault", "expected", "fired (severity)", "detected at step", "result"]))
+    print(markdown_table(
+        ["fault", "expected", "fired (severity)", "detected at step", "result"],
+        [[o.case.name, ", ".join(o.case.expected), _fmt(o.fired), detected_at(o),
+          "pass" if o.passed else "FAIL"] for o in faults]))
     if healthy:
         print("\nHealthy runs of the recipe: warn-or-stop findings (false positives)")
-        print(table([[f"seed {o.case.seed}", _fmt(o.fired), _fmt(o.alarms), "pass" if o.passed else "FAIL"]
-                     for o in healthy], ["run", "fired (severity)", "false positives", "result"]))
+        print(markdown_table(["run", "fired (severity)", "false positives", "result"],
+                             [[f"seed {o.case.seed}", _fmt(o.fired), _fmt(o.alarms),
+                               "pass" if o.passed else "FAIL"] for o in healthy]))
     detected = sum(o.passed for o in faults)
     false_pos = sum(len(o.alarms) for o in healthy)
     print(f"\ndetected {detected}/{len(faults)} faults by their code; {false_pos} warn-or-stop findings "

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, load, timed  # noqa: F401 - also puts the repo root on sys.path
+from harness import ROOT, load, timed  # noqa: F401 - also puts the repo root on sys.path
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from common import ROOT, load
+from harness import ROOT, load
 
 CHILD = r"""
 import json, resource, sys, time

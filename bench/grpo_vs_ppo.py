@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, load
+from harness import ROOT, load, markdown_table
 
 ALGORITHMS = ("grpo", "ppo", "rloo", "grpo_vhead")
 MODELS = ("base", "wide")
@@ -264,12 +264,6 @@ def row(r: dict) -> list[str]:
             f"{fmt(r['avg8'])} [{fmt(r['avg8_lo'])}, {fmt(r['avg8_hi'])}]"]
 
 
-def table(rows: list[list[str]], head: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: " | ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return "\n".join([line(head), "-+-".join("-" * w for w in widths), *map(line, rows)])
-
-
 RATIOS = [("model copies", lambda r: r.get("copies")),
           ("param+grad+optim bytes", lambda r: sum(r.get(k) or 0 for k in
                                                   ("param_bytes", "grad_bytes", "optimizer_bytes"))),
@@ -406,8 +400,8 @@ def main() -> None:
                 results.append(json.loads(line[len("RESULT "):]))
                 print(f"  {model}/{algo}: {time.perf_counter() - t:.0f} s", flush=True)
 
-        heads = table([row(r) for r in results], COLUMNS)
-        ratios = table(ratio_rows(results), ["model", "measure", "GRPO", "PPO", "GRPO / PPO"])
+        heads = markdown_table(COLUMNS, [row(r) for r in results])
+        ratios = markdown_table(["model", "measure", "GRPO", "PPO", "GRPO / PPO"], ratio_rows(results))
         print(f"\nGRPO vs PPO: {a.steps} steps x {a.prompts} prompts x {a.samples} samples, seed {a.seed}, "
               f"rule rewards{' + a reward model (weight 0)' if a.reward_model else ''}; "
               f"held-out: synthetic eval, first {a.eval_limit} problems, 8 samples at T=0.6")

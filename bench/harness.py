@@ -23,8 +23,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import ROOT, load
-
+# Every bench runs as `python bench/<name>.py`, so this folder is on sys.path: importing
+# this module also puts the repository root there (grpo_core, tasks, flows).
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 GRPO = str(Path(sys.executable).with_name("grpo"))
 STAGE_LINE = re.compile(r"(?P<stage>[\w/-]+): (?:computed|cached|reused from \S+) in "
                         r"(?P<seconds>[\d.]+) s")
@@ -43,6 +46,18 @@ class Cell:
 
     def workspace(self, root: Path) -> Path:
         return root / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.arm)}-s{self.seed}-{self.key()}"
+
+
+def timed(fn):
+    """(fn(), its wall seconds)."""
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def load() -> str:
+    """The load average, `1m/5m/15m`, for the report."""
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def machine_line() -> str:

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, load
+from harness import ROOT, load
 
 # Qwen2Config numbers of the random models (the proxy is its own recipe)
 SIZES = {

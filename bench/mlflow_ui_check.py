@@ -33,7 +33,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import ROOT
+from harness import ROOT
 
 from grpo_core.eval.headline import headline_tag
 from grpo_core.eval.metric_names import HEADLINE, benchmarks_in

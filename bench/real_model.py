@@ -41,7 +41,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import ROOT, load
+from harness import ROOT, load
 
 from grpo_core.config import load_config, recipe_config
 from grpo_core.data.benchmarks import SYNTHETIC_EVAL_SEED, benchmark_problems, fingerprint

@@ -40,8 +40,7 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from harness import ROOT, machine_line  # noqa: E402 - also the repository root on sys.path
 
 from grpo_core.verify import answers
 from grpo_core.verify.gold import parse_gold
@@ -298,6 +297,7 @@ def main() -> None:
             out = measure(side, kind, int(n))
         print(json.dumps(out))
         return
+    print(machine_line())
     if args.only_pairs:
         pairs_row(args.pair_golds)
         return

@@ -21,8 +21,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from harness import ROOT, machine_line  # noqa: E402 - also the repository root on sys.path
+
+sys.path.insert(0, str(ROOT / "tests"))  # the hostile corpus the fuzz test uses
 
 from hostile_corpus import (
     GOLDS,
@@ -67,6 +68,7 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=2, help="worker processes (0: skip)")
     ap.add_argument("--top", type=int, default=3, help="slowest inputs shown per scorer")
     args = ap.parse_args()
+    print(machine_line())
     warm_up()
     canary = Path(tempfile.mkdtemp()) / "CANARY"
     corpus = hostile_completions(str(canary))

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU smoke (bench/gpu_smoke.py): install what it needs from carried wheels, then run it with a
+# GPU smoke (infra/device/gpu_smoke.py): install what it needs from carried wheels, then run it with a
 # timeout. Run from anywhere; it works in the repository root.
 #
 #   bash infra/gpu_smoke.sh                      # on the GPU machine (no network needed)
-#   bash infra/gpu_smoke.sh --parts hf,grpo_hf   # arguments go to bench/gpu_smoke.py (the lent
+#   bash infra/gpu_smoke.sh --parts hf,grpo_hf   # arguments go to infra/device/gpu_smoke.py (the lent
 #                                                # machine has no vLLM: these two parts)
 #   bash infra/gpu_smoke.sh --fetch              # HERE, with PyPI: fill the wheel folder
 #                                                # (infra/device/fetch_wheels.sh)
@@ -69,7 +69,7 @@ fi
 
 T=${GRPO_SMOKE_TIMEOUT:-480}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-timeout -k 15 "$T" $PY bench/gpu_smoke.py --deadline $((T - 30)) "$@"
+timeout -k 15 "$T" $PY infra/device/gpu_smoke.py --deadline $((T - 30)) "$@"
 rc=$?
 [ "$rc" = 124 ] && echo "gpu_smoke: stopped after $T s (GRPO_SMOKE_TIMEOUT)"
 exit "$rc"

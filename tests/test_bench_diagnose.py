@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its `common` helper
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its `harness` helper
     spec = importlib.util.spec_from_file_location("bench_diagnose", ROOT / "bench" / "diagnose.py")
     mod = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_diagnose", mod)  # dataclasses look their module up

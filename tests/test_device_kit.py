@@ -75,7 +75,7 @@ def test_gpu_smoke_dry_run_passes_on_cpu():
 
 def test_gpu_smoke_dry_run_fails_on_a_config_grpo_refuses(monkeypatch, tmp_path):
     """The dry run's pipeline check is `grpo config show`'s verdict: a tree it refuses fails."""
-    _smoke_module()  # puts bench/ on the path, as the script itself does
+    _smoke_module()  # puts infra/device/ on the path, as the script itself does
     import gpu_pipeline
     tree = gpu_pipeline.config_tree(tmp_path, False)
     tree["train"] = {"stage_process": "sometimes"}
@@ -90,7 +90,7 @@ def test_gpu_smoke_dry_run_fails_on_a_config_grpo_refuses(monkeypatch, tmp_path)
 def _smoke_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "bench" / "gpu_smoke.py")
+    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "infra" / "device" / "gpu_smoke.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -101,7 +101,7 @@ def test_weight_probe_sees_a_1e6_step_in_fp32_and_tokens_per_s():
 
     import torch
 
-    _smoke_module()  # puts bench/ on the path, as the script itself does
+    _smoke_module()  # puts infra/device/ on the path, as the script itself does
     import gpu_smoke_measure as smoke
 
     model = torch.nn.Linear(4, 4)

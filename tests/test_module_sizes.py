@@ -39,3 +39,19 @@ def test_configs_say_what_they_do_in_a_few_lines():
               for p in (ROOT / "configs").rglob("*.yaml")}
     assert len(counts) >= 8  # the shipped configs were found
     assert {p: n for p, n in counts.items() if n > CONFIG_COMMENT_LINES} == {}
+
+
+BENCH_SCRIPTS = 13  # the A/B benches and their helpers; one-offs leave once recorded
+
+
+def test_bench_is_a_few_scripts_on_one_harness():
+    """bench/ holds at most BENCH_SCRIPTS scripts (the GPU kit is infra/device/'s), and each
+    imports the shared harness (bench/harness.py: the root on sys.path, the load line, the
+    table printer) rather than a harness of its own."""
+    scripts = sorted((ROOT / "bench").glob("*.py"))
+    assert 0 < len(scripts) <= BENCH_SCRIPTS, [p.name for p in scripts]
+    own = [p.name for p in scripts if p.name not in ("harness.py", "math_pairs.py")
+           and "from harness import" not in p.read_text()]
+    assert own == []
+    tables = [p.name for p in scripts if "def table(" in p.read_text()]
+    assert tables == []

@@ -1,6 +1,6 @@
 """The scorer's fast paths (grpo_core/verify/answers.py): each decides a verdict without
 math-verify's parser, and agrees with math-verify itself. How fast they are is
-bench/scoring_paths.py's to say; these tests pin that the path is taken and the verdict.
+bd2f15f:bench/scoring_paths.py's to say (a one-off, removed); these tests pin that the path is taken and the verdict.
 
 - a right answer in the gold's own spelling: no parse of gold or prediction (the gold is
   read lazily, parse_gold(lazy=True), by the first prediction that needs it);
@@ -197,7 +197,7 @@ def test_equal_shapes_are_left_to_math_verify(parser_calls, gold: str, pred: str
 
 def test_cheap_disproofs_agree_with_math_verify_on_math_golds(shared_data) -> None:
     """A sample of MATH answer pairs the cheap reading disproves: math-verify says unequal
-    on every one (bench/scoring_paths.py measures what the reading spares)."""
+    on every one (bd2f15f:bench/scoring_paths.py measured what the reading spares)."""
     path = shared_data / "math500" / "test.jsonl"
     golds = sorted({A.clean_answer(json.loads(line)["answer"])
                     for line in path.read_text(encoding="utf-8").splitlines() if line})

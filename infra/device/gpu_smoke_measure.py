@@ -1,7 +1,7 @@
-"""What the GPU smoke's parts (bench/gpu_smoke_parts.py) measure, and on what: the inputs
+"""What the GPU smoke's parts (infra/device/gpu_smoke_parts.py) measure, and on what: the inputs
 (benchmark prompts, the filter's pool, GRPO's problems), generation tokens/s, the difficulty
 filter, an eval, the vLLM stop-token probe, GRPO's step clock and weight probe, and GRPO
-tokens/s. Each returns what the part records. bench/gpu_smoke.py puts bench/ and the project
+tokens/s. Each returns what the part records. infra/device/gpu_smoke.py puts infra/device/ and the project
 root on sys.path before importing this."""
 from __future__ import annotations
 

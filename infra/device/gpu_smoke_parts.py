@@ -1,6 +1,6 @@
-"""The GPU smoke's parts (bench/gpu_smoke.py runs each in its own process, or all in its own
+"""The GPU smoke's parts (infra/device/gpu_smoke.py runs each in its own process, or all in its own
 with --in-process): each part's config, what it runs and checks, filling `rec` as it goes so
-that a failure keeps what was measured (the measurements: bench/gpu_smoke_measure.py).
+that a failure keeps what was measured (the measurements: infra/device/gpu_smoke_measure.py).
 `run_part` runs one part inside grpo_core.modeling.gpu.stage_memory (engines shut down, env
 restored, peak GPU memory); `child_main` is a part's own process."""
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """GPU smoke: the vLLM paths on one NVIDIA GPU with the built-in model, timed and checked.
 
-    python bench/gpu_smoke.py [--dry-run] [--parts hf,vllm,...] [--out FILE]
+    python infra/device/gpu_smoke.py [--dry-run] [--parts hf,vllm,...] [--out FILE]
     bash infra/gpu_smoke.sh          # on the GPU machine: carried wheels first, then this
 
 Parts, in order, each in its own process (a crash, hang or held GPU memory in one leaves the
 others' numbers; --in-process runs them in this process, as the pipeline does):
-  pipeline   a two-round `grpo run` of a GPU-shaped config on builtin:proxy-qwen2 (bench/
-             gpu_pipeline.py): colocated vLLM where vLLM imports, else the hf backend (said);
+  pipeline   a two-round `grpo run` of a GPU-shaped config on builtin:proxy-qwen2 (infra/
+             device/gpu_pipeline.py): colocated vLLM where vLLM imports, else the hf backend (said);
              per round the peak GPU memory vs the memory plan and the throughput figures
   hf         rollout.backend=hf: generation tokens/s, the difficulty filter, eval of the base model
   vllm       (a) rollout.backend=vllm (VLLMBackend): engine start, generation tokens/s on the same
@@ -29,8 +29,8 @@ pipeline first).
 through `grpo config show`, as `grpo run` will load it), prints the plan.
 
 This file is the orchestrator (a process per part, the deadline, the dry run); the parts are
-bench/gpu_smoke_parts.py, what they measure bench/gpu_smoke_measure.py, and the summary and
-JSON report bench/gpu_smoke_report.py.
+infra/device/gpu_smoke_parts.py, what they measure infra/device/gpu_smoke_measure.py, and the summary and
+JSON report infra/device/gpu_smoke_report.py.
 """
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_pipeline  # noqa: E402 - bench/ beside this file
+import gpu_pipeline  # noqa: E402 - infra/device/ beside this file
 from gpu_smoke_measure import bench_prompts, filter_pool  # noqa: E402
 from gpu_smoke_parts import BUDGET_S, child_main, part_config, run_part  # noqa: E402
 from gpu_smoke_report import (  # noqa: E402

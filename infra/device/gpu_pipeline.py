@@ -1,4 +1,4 @@
-"""The device kit's pipeline part (bench/gpu_smoke.py --parts pipeline): a two-round `grpo run`
+"""The device kit's pipeline part (infra/device/gpu_smoke.py --parts pipeline): a two-round `grpo run`
 of a GPU-shaped config on builtin:proxy-qwen2, read back from its MLflow store.
 
 GPU-shaped: configs/models/qwen2.5-0.5b-instruct.yaml as it is (fp32 master weights with bf16
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "configs" / "models" / "qwen2.5-0.5b-instruct.yaml"
 ROUND_MARGIN = 0.10  # round 2's peak may exceed round 1's by this share (allocator noise)
 TOKENS = 48
