@@ -14,7 +14,7 @@ def configure_prefect(workdir: str | os.PathLike | None = None) -> None:
     # ... but the flows' own lines (the stage start/end lines, findings) at INFO: on the
     # terminal and in the Prefect run log ("This run didn't generate logs" otherwise).
     # The task-run logger stays at WARNING (its INFO is one "Finished in state" line per
-    # stage on the terminal): flows.stage_log puts each stage's end line in its task run's
+    # stage on the terminal): tasks.runner puts each stage's end line in its task run's
     # log instead. Sending to the API (PREFECT_LOGGING_TO_API_ENABLED) is Prefect's default,
     # and its log worker drains before the temporary server stops at exit
     # (tests/test_prefect_story.py reads the lines back).

@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import grpo_pipeline
-from flows.stage_log import compare_run_name, prefect_run_link
+from flows.run_view import compare_run_name, prefect_run_link
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.attribution import verdict
 from grpo_core.eval.comparison import (

@@ -32,7 +32,7 @@ from flows.compare import compare_recipes
 from flows.pipeline import grpo_pipeline
 from flows.recipes import default_recipes
 from flows.refusals import state_or_refusal
-from flows.stage_log import config_run_name
+from flows.run_view import config_run_name
 from grpo_core.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]

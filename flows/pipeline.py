@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from prefect import flow, get_run_logger
 
 from flows.prefill import prefill_sharded
-from flows.stage_log import (
+from flows.run_view import (
     log_findings,
     pipeline_run_name,
     prefect_run_link,
     publish_result,
-    run_stage,
 )
 from grpo_core.config import PipelineConfig
 from grpo_core.data.pool import PoolSlice
@@ -47,6 +46,7 @@ from tasks import stage_data, stages, tracking
 from tasks.finish import finish_pipeline
 from tasks.preflight import RunPlan, planned
 from tasks.probes import memorisation_probe
+from tasks.runner import run_stage
 from tasks.stage_results import EvalResult, FilterResult
 from tasks.tracking import verdict_freshness
 
@@ -114,13 +114,47 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True,
             parent_run(cfg, ws, log, progress, plan, config_hash=cfg.hash(),
                        recipe=cfg.project.recipe) as ctx, \
             keep_warm(cfg.rollout.reuse_engine) as warm:
-        out = _stages(ctx, log)
+        # The stages, top to bottom (each between its start and end lines: tasks.runner).
+        parent, started = ctx.parent_run, time.monotonic()
+        run = _Run(ctx, log)
+        eval_stage, findings = run.eval_stage, run.findings
+        # what this process runs beside the stages (e.g. Prefect's temporary server): step 0
+        tracking.log_metrics(parent, {PIPELINE_CHILDREN_METRIC: child_processes()}, step=0)
+        run.data()
+        model = run_stage(log, "model", "model", stages.base_model, ctx)
+        base = eval_stage(model, "eval/base", cfg.eval.benchmarks)
+        findings += scorer_error_findings("eval/base", base)
+        start = Evaluated("eval/base", base.benchmarks, model)  # what the next round trains
+        evaluated = [start]  # the trained model's lineage, for the stage attribution
+        if cfg.sft_stage.enabled:
+            start = run.sft(model)
+            evaluated.append(start)
+        start, pipeline_rss = run.rounds(start, evaluated)
+        model = start.model
+        # the last round's eval (or the base's, eval/sft's) of this model, when it covered
+        # every benchmark: the cache serves it, and the line says so
+        covered = set(start.benchmarks) >= set(cfg.eval.benchmarks)
+        final = eval_stage(model, "eval/final", cfg.eval.benchmarks,
+                           reuses=start.label if covered else None)
+        findings += scorer_error_findings("eval/final", final)
+        findings += budget_lines(cfg, [e for e in evaluated
+                                       if e.label in ("eval/base", "eval/sft")],
+                                 ("eval/final", final.benchmarks))
+        evaluated.append(("eval/final", final.benchmarks, model))
+        report = finish_pipeline(parent, cfg, model, final.benchmarks, findings, ws,
+                                 base=base.benchmarks, wall_s=time.monotonic() - started,
+                                 stages=evaluated)
+        log.info("final: %s", report.get("summary"))
+        out = {"parent_run": parent, "model_dir": model, "final": final.benchmarks,
+               "base": base.benchmarks, "pipeline_rss_gb": pipeline_rss,
+               "findings": findings, "registered": report,
+               "memorisation": [p.model_dump(mode="json") for p in run.probes]}
         if warm.starts:  # vLLM sampled the filter or an eval here
             log.info("vLLM engines: %d started for the filter and eval stages, %d taken again "
                      "by the next stage on the same model (rollout.reuse_engine)",
                      warm.starts, warm.reuses)
-            tracking.log_metrics(ctx.parent_run, {ENGINE_STARTS_METRIC: warm.starts,
-                                                  ENGINE_REUSES_METRIC: warm.reuses})
+            tracking.log_metrics(parent, {ENGINE_STARTS_METRIC: warm.starts,
+                                          ENGINE_REUSES_METRIC: warm.reuses})
         verdict_freshness.mark_if_stale(experiment_name(cfg))  # a newer champion?
     log_findings(log, out["findings"])
     publish_pipeline(cfg, out)
@@ -318,41 +352,3 @@ class _Run:
                 evaluated.append(gate.start)
             start, best = gate.start, gate.best
         return start, pipeline_rss
-
-
-def _stages(ctx: stages.Ctx, log) -> dict:
-    cfg, ws, parent = ctx.cfg, ctx.ws, ctx.parent_run
-    started = time.monotonic()
-    run = _Run(ctx, log)
-    eval_stage, findings = run.eval_stage, run.findings
-    # what this process runs beside the stages (e.g. Prefect's temporary server): step 0
-    tracking.log_metrics(parent, {PIPELINE_CHILDREN_METRIC: child_processes()}, step=0)
-    run.data()
-    model = run_stage(log, "model", "model", stages.base_model, ctx)
-    base = eval_stage(model, "eval/base", cfg.eval.benchmarks)
-    findings += scorer_error_findings("eval/base", base)
-    start = Evaluated("eval/base", base.benchmarks, model)  # what the next round trains
-    evaluated = [start]  # the trained model's lineage, for the stage attribution
-    if cfg.sft_stage.enabled:
-        start = run.sft(model)
-        evaluated.append(start)
-    start, pipeline_rss = run.rounds(start, evaluated)
-
-    model = start.model
-    # the last round's eval (or the base's, eval/sft's) of this model, when it covered every
-    # benchmark: the cache serves it, and the line says so
-    final = eval_stage(model, "eval/final", cfg.eval.benchmarks,
-                       reuses=start.label if set(start.benchmarks) >= set(cfg.eval.benchmarks)
-                       else None)
-    findings += scorer_error_findings("eval/final", final)
-    findings += budget_lines(cfg, [e for e in evaluated if e.label in ("eval/base", "eval/sft")],
-                             ("eval/final", final.benchmarks))
-    evaluated.append(("eval/final", final.benchmarks, model))
-    report = finish_pipeline(parent, cfg, model, final.benchmarks, findings, ws,
-                             base=base.benchmarks, wall_s=time.monotonic() - started,
-                                      stages=evaluated)
-    log.info("final: %s", report.get("summary"))
-    return {"parent_run": parent, "model_dir": model, "final": final.benchmarks,
-            "base": base.benchmarks, "pipeline_rss_gb": pipeline_rss,
-            "findings": findings, "registered": report,
-            "memorisation": [p.model_dump(mode="json") for p in run.probes]}

@@ -22,7 +22,7 @@ from flows.pipeline import (
     scorer_error_findings,
 )
 from flows.refusals import NoChampion
-from flows.stage_log import log_findings, publish_result, retrain_run_name, run_stage
+from flows.run_view import log_findings, publish_result, retrain_run_name
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.round_gate import Evaluated, regressions
 from grpo_core.modeling.loading import use_hub_token
@@ -31,6 +31,7 @@ from tasks import stage_data, stages, tracking
 from tasks.eval_records import records_store, stage_records
 from tasks.finish import finish_pipeline
 from tasks.preflight import RunPlan, planned
+from tasks.runner import run_stage
 from tasks.stage_results import EvalResult
 from tasks.tracking import verdict_freshness
 
@@ -103,7 +104,7 @@ def publish_retrain(cfg: PipelineConfig, decision: dict, report: dict, findings:
 
 
 def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
-    """The retrain's stages, each between its start and end lines (flows.stage_log), as the
+    """The retrain's stages, each between its start and end lines (tasks.runner), as the
     pipeline's are: data, filter/round-1, grpo/round-1, eval/champion, eval/final."""
     cfg, ws = ctx.cfg, ctx.ws
     scorer = eval_scorer_for(cfg, ws, ctx.launch_plan().own_process)

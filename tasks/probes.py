@@ -12,9 +12,9 @@ from grpo_core.data.pool import PoolSlice
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from tasks import stage_data, tracking
+from tasks.runner import cached_stage
 from tasks.stage_keys import probe_key
 from tasks.stage_results import ProbeResult
-from tasks.stage_task import cached_stage
 
 
 def memorisation_probe(ctx, start_model: str, model_path: str, stage: str, trained: list[str],

@@ -80,7 +80,7 @@ class StageResult(BaseModel):
         return format_memory({"gpu_peak_gb": self.gpu_peak_gb, "rss_peak_gb": self.rss_peak_gb})
 
     def summary(self, primary: str = "") -> str:
-        """The stage line's key number, then the stage's figures (flows/stage_log.py)."""
+        """The stage line's key number, then the stage's figures (tasks/runner.py)."""
         return "; ".join(f for f in (self.key(primary), self.memory_text()) if f)
 
     def key(self, primary: str = "") -> str:

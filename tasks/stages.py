@@ -1,6 +1,6 @@
 """The pipeline's stages: plain functions, one unit of work each, thin I/O around
 grpo_core, each returning its typed result (tasks/stage_results.py). Inside a flow each
-runs as one Prefect task (tasks/stage_task.py: a task run named by its label, `Cached`
+runs as one Prefect task (tasks/runner.py: a task run named by its label, `Cached`
 when the stage cache served it).
 
 Every stage is keyed by content (tasks/stage_keys.py: config section, input model
@@ -27,6 +27,7 @@ from grpo_core.workspace import Workspace
 from tasks import stage_data, tracking
 from tasks.cache import StageCache
 from tasks.launch import LaunchPlan
+from tasks.runner import cached_stage, stage_cache
 from tasks.stage_keys import (
     eval_key,
     filter_key,
@@ -42,7 +43,6 @@ from tasks.stage_results import (
     SftStageResult,
 )
 from tasks.stage_run import launched_round, launched_sft, say_plan
-from tasks.stage_task import cached_stage
 
 
 @dataclass
@@ -238,52 +238,54 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
     problems_fp, read = stage_data.stage_input(ctx, "grpo", problem_ids)
     key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fp, round_no)
 
-    def compute(run):
-        problems = read()
-        template = ctx.cfg.model.template  # "auto" resolved by run_grpo_round's tokenizer
-        out = ctx.ckpt_dir(f"grpo-{key[-8:]}")
-        with ctx.store() as store:
-            # A round killed after a checkpoint continues from it (resume=True); what the
-            # killed process recorded past that checkpoint is generated again.
-            resume_step = checkpoint_step(last_checkpoint(out))
-            drop_rollouts_after(store, run, resume_step)
-            sink = rollout_sink(store, run_id=run, round=round_no)
-            plan = ctx.launch_plan()
-            if plan.mode != "in-process":
-                say_plan(plan)
-                result = launched_round(ctx.cfg, str(ctx.ws.root), run, run, store, sink,
-                                        model_path, problems, out, template, resume_step,
-                                        round_no, plan)
-            else:
-                with ctx.step_logger(run) as logger:
-                    result = run_grpo_round(model_path, problems, ctx.cfg, out, template,
-                                            resume=True, rollout_sink=sink,
-                                            extra_callbacks=[logger], round_no=round_no)
-                result.findings += [f for f in [logger.finding()] if f]
-        with ctx.store() as store:  # the prompts it trained on, in groups of G completions
-            uses = {pid: n / ctx.cfg.grpo.num_generations for pid, n in store.con.execute(
-                "SELECT problem_id, count(*) FROM rollouts WHERE run_id = ? GROUP BY ALL",
-                [run]).fetchall()}
-        ctx.record_lineage(key, "grpo", round_no, model_fingerprint(model_path),
-                           model_fingerprint(result.output_dir), {"grpo_prompt": uses})
-        result.findings += [f.line() for f in repeat_findings(
-            f"grpo/round-{round_no}", uses, ctx.cfg.probe.max_prompt_repeats)]
-        findings, codes = diagnose_round(run, result.history, ctx.cfg, result.findings)
-        tracking.log_training_curves(run, result.history, "grpo")
-        throughput = round_summary(result.history)  # the stage line's figures
-        tags = {"findings": " | ".join(findings) or "none"}
-        if result.in_round_evals:  # in_round_eval.every: which checkpoint the round hands on
-            tags.update({"in_round_eval.best_step": str(result.best_step),
-                         "in_round_eval.protocol_hash": str(result.in_round_protocol)})
-        tracking.set_tags(run, tags)
-        return GrpoStageResult(
-            model_dir=result.output_dir, steps=result.steps, findings=findings, diagnosis=codes,
-            stopped_early=result.stopped_early, train_seconds=result.train_seconds,
-            best_step=result.best_step, in_round_evals=result.in_round_evals,
-            throughput=throughput, paths=[result.output_dir],
-            trained_sample=sorted(uses, key=lambda i: (-uses[i], i))[:ctx.cfg.probe.problems])
-
-    return cached_stage(ctx, key, f"grpo/round-{round_no}", GrpoStageResult, compute)
+    # The work runs in this frame, under the stage's cache (tasks/runner.py).
+    with stage_cache(ctx, key, f"grpo/round-{round_no}", GrpoStageResult) as slot:
+        if slot.hit is None:
+            problems = read()
+            template = ctx.cfg.model.template  # "auto" resolved by run_grpo_round's tokenizer
+            out = ctx.ckpt_dir(f"grpo-{key[-8:]}")
+            with ctx.store() as store:
+                # A round killed after a checkpoint continues from it (resume=True); what the
+                # killed process recorded past that checkpoint is generated again.
+                resume_step = checkpoint_step(last_checkpoint(out))
+                drop_rollouts_after(store, slot.run, resume_step)
+                sink = rollout_sink(store, run_id=slot.run, round=round_no)
+                plan = ctx.launch_plan()
+                if plan.mode != "in-process":
+                    say_plan(plan)
+                    result = launched_round(ctx.cfg, str(ctx.ws.root), slot.run, slot.run,
+                                            store, sink, model_path, problems, out, template,
+                                            resume_step, round_no, plan)
+                else:
+                    with ctx.step_logger(slot.run) as logger:
+                        result = run_grpo_round(model_path, problems, ctx.cfg, out, template,
+                                                resume=True, rollout_sink=sink,
+                                                extra_callbacks=[logger], round_no=round_no)
+                    result.findings += [f for f in [logger.finding()] if f]
+            with ctx.store() as store:  # the prompts it trained on, in groups of G completions
+                uses = {pid: n / ctx.cfg.grpo.num_generations for pid, n in store.con.execute(
+                    "SELECT problem_id, count(*) FROM rollouts WHERE run_id = ? GROUP BY ALL",
+                    [slot.run]).fetchall()}
+            ctx.record_lineage(key, "grpo", round_no, model_fingerprint(model_path),
+                               model_fingerprint(result.output_dir), {"grpo_prompt": uses})
+            result.findings += [f.line() for f in repeat_findings(
+                f"grpo/round-{round_no}", uses, ctx.cfg.probe.max_prompt_repeats)]
+            findings, codes = diagnose_round(slot.run, result.history, ctx.cfg, result.findings)
+            tracking.log_training_curves(slot.run, result.history, "grpo")
+            throughput = round_summary(result.history)  # the stage line's figures
+            tags = {"findings": " | ".join(findings) or "none"}
+            if result.in_round_evals:  # in_round_eval.every: which checkpoint the round hands on
+                tags.update({"in_round_eval.best_step": str(result.best_step),
+                             "in_round_eval.protocol_hash": str(result.in_round_protocol)})
+            tracking.set_tags(slot.run, tags)
+            slot.value = GrpoStageResult(
+                model_dir=result.output_dir, steps=result.steps, findings=findings,
+                diagnosis=codes,
+                stopped_early=result.stopped_early, train_seconds=result.train_seconds,
+                best_step=result.best_step, in_round_evals=result.in_round_evals,
+                throughput=throughput, paths=[result.output_dir],
+                trained_sample=sorted(uses, key=lambda i: (-uses[i], i))[:ctx.cfg.probe.problems])
+    return slot.result
 
 
 def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig,

@@ -154,21 +154,21 @@ def test_no_peak_on_cpu():
 
 
 def _stage_harness(monkeypatch, tmp_path):
-    from tasks import stage_task
+    from tasks import runner
     from tasks.cache import StageCache
 
     logged: list[dict] = []
-    monkeypatch.setattr(stage_task.tracking, "child_run", lambda parent, name: "run-1")
-    monkeypatch.setattr(stage_task.tracking, "has_metrics", lambda run: False)
-    monkeypatch.setattr(stage_task.tracking, "end_run", lambda run, *a, **k: None)
+    monkeypatch.setattr(runner.tracking, "child_run", lambda parent, name: "run-1")
+    monkeypatch.setattr(runner.tracking, "has_metrics", lambda run: False)
+    monkeypatch.setattr(runner.tracking, "end_run", lambda run, *a, **k: None)
 
     def log_metrics(run, m):  # the stage's own time and RSS are there too; not checked here
         logged.append({k: v for k, v in m.items()
                        if k not in ("stage/seconds", "system/rss_peak_gb")})
 
-    monkeypatch.setattr(stage_task.tracking, "log_metrics", log_metrics)
+    monkeypatch.setattr(runner.tracking, "log_metrics", log_metrics)
     ctx = types.SimpleNamespace(parent_run="parent", cache=StageCache(tmp_path / "cache"))
-    return stage_task, ctx, logged
+    return runner, ctx, logged
 
 
 def test_cached_stage_logs_no_gpu_metric_on_cpu(monkeypatch, tmp_path):

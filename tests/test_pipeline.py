@@ -125,7 +125,7 @@ def test_pipeline_layout_and_cache(tiny_model_path, tmp_path):
         assert con.execute("SELECT count(*) FROM rollouts").fetchone()[0] == rollouts  # nothing re-ran
     print(f"first run {first_s:.1f} s, cached re-run {second_s:.1f} s ({second_s / first_s:.0%})")
     assert second_s < first_s
-    # One orchestration layer (tasks/stage_task.py): a stage the cache served is a task run
+    # One orchestration layer (tasks/runner.py): a stage the cache served is a task run
     # in Prefect's `Cached` state (type COMPLETED), one that computed is `Completed`.
     tasks = prefect_task_states(workdir / "prefect")
     flows = list(dict.fromkeys(t["flow_run"] for t in tasks))

@@ -173,8 +173,9 @@ def test_run_names_and_plain_stages():
     (outside a flow run the stage runs as itself, no task run)."""
     import logging
 
-    from flows.stage_log import config_run_name, run_stage
+    from flows.run_view import config_run_name
     from grpo_core.config import PipelineConfig
+    from tasks.runner import run_stage
     from tasks.stage_results import FilterResult
 
     cfg = PipelineConfig()

@@ -68,7 +68,7 @@ def test_round_summary_weights_rows_by_their_seconds():
 
 
 def test_stage_line_carries_the_figures():
-    from flows.stage_log import summary
+    from tasks.runner import summary
     from tasks.stage_results import FilterResult, GrpoStageResult
 
     def grpo(**kw):
@@ -76,17 +76,17 @@ def test_stage_line_carries_the_figures():
 
     tp_ = {"gen_share": 0.62, "gen_tokens_per_s": 410.0, "train_tokens_per_s": 1234.0}
     result = grpo(steps=80, diagnosis="zero_variance", throughput=tp_, rss_peak_gb=0.63)
-    assert summary("grpo", result) == ("80 steps; gen 62% | 410 tok/s gen, 1.2k tok/s train | "
+    assert summary(result) == ("80 steps; gen 62% | 410 tok/s gen, 1.2k tok/s train | "
                                        "peak RSS 0.6 GB; diagnosis: zero_variance")
     gpu = result.model_copy(update={"throughput": {**tp_, "mfu": 0.314}, "gpu_peak_gb": 61.2})
-    assert "| MFU 31.4% | peak GPU 61.2 GB, peak RSS 0.6 GB;" in summary("grpo", gpu)
+    assert "| MFU 31.4% | peak GPU 61.2 GB, peak RSS 0.6 GB;" in summary(gpu)
     # Other stages: their peak memory after their key number; nothing measured, nothing added.
-    assert summary("filter", FilterResult(kept=3, considered=8, rss_peak_gb=1.25)) == \
+    assert summary(FilterResult(kept=3, considered=8, rss_peak_gb=1.25)) == \
         "kept 3 of 8 (38%); peak RSS 1.2 GB"
-    assert summary("filter", FilterResult(kept=0, considered=0)) == "kept 0 of 0"  # no share of nothing
-    assert summary("grpo", grpo(steps=2)) == "2 steps"
+    assert summary(FilterResult(kept=0, considered=0)) == "kept 0 of 0"  # no share of nothing
+    assert summary(grpo(steps=2)) == "2 steps"
     # the round's findings counted by severity, as on its page and the parent's (issue 27)
-    assert summary("grpo", grpo(steps=2, findings=["reward_fn_constant [info] steps 1-2: x"],
+    assert summary(grpo(steps=2, findings=["reward_fn_constant [info] steps 1-2: x"],
                                 diagnosis="reward_fn_constant")) == \
         "2 steps; 1 finding (1 info); diagnosis: reward_fn_constant"
 

@@ -210,25 +210,18 @@ def run_grpo_round(
     if trainer_hook is not None:
         trainer_hook(trainer)
     try:
-        _train(trainer, ckpt, result, problems, cfg, tracker, out, model_path, save_dtype,
-               tokenizer)
+        train_out = trainer.train(resume_from_checkpoint=ckpt)
+        result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
+        result.steps = trainer.state.global_step
+        if result.steps == 0:  # check_round_size should make this impossible: never save it
+            raise RuntimeError(f"GRPO round trained 0 steps on {len(problems)} problems; not saved")
+        if trainer.skipped_updates:
+            result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward "
+                                   f"below {cfg.rounds.skip_update_below}")
+        _hand_on(trainer, result, tracker, out, model_path, save_dtype, tokenizer)
     finally:  # the colocated engine would outlive the round in this process otherwise
         release_engine(trainer)
     return result
-
-
-def _train(trainer, ckpt: str | None, result: RoundResult, problems: list[Problem],
-           cfg: PipelineConfig, tracker: BestTracker | None, out: Path, model_path: str,
-           save_dtype, tokenizer) -> None:
-    train_out = trainer.train(resume_from_checkpoint=ckpt)
-    result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
-    result.steps = trainer.state.global_step
-    if result.steps == 0:  # check_round_size should make this impossible: never save it
-        raise RuntimeError(f"GRPO round trained 0 steps on {len(problems)} problems; not saved")
-    if trainer.skipped_updates:
-        result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward below "
-                               f"{cfg.rounds.skip_update_below}")
-    _hand_on(trainer, result, tracker, out, model_path, save_dtype, tokenizer)
 
 
 def _in_round_eval(cfg: PipelineConfig, held_out: list[Problem], template: str, out: Path,

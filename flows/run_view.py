@@ -1,45 +1,12 @@
-"""One line when a pipeline stage starts and one when it ends: cached or computed, seconds
-and the stage's key number, so a log reader can tell which stage is running and where the
-time went. The lines go through the flow's logger: the terminal and the Prefect run log.
-
-Also the names the Prefect UI shows: a stage's task run is named by its label (`data`,
+"""What a Prefect user sees of a run besides its stages' lines (tasks/runner.py): its
+findings in the run log, its artifact (the result, the headline table, the MLflow links),
+and the names the Prefect UI shows: a stage's task run is named by its label (`data`,
 `grpo/round-1`, `eval/final`, and its end line is in that task run's log too), a flow run
 by what it runs (`r1_zero-7ee43f68`: recipe and config hash; `compare-r1_zero-vs-sft_grpo`).
 Nothing here imports prefect at import time."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import Any
-
-
-def summary(kind: str, result: Any, primary: str = "") -> str:
-    """The key number of a stage's result (tasks/stage_results.py: its summary), then its
-    throughput (GRPO) and peak memory (grpo_core.train.throughput) when measured; a result
-    of another type (the base model's folder) as it is."""
-    from tasks.stage_results import StageResult
-
-    return result.summary(primary) if isinstance(result, StageResult) else str(result)
-
-
-def run_stage(log, name: str, kind: str, fn: Callable, *args, primary: str = "",
-              reuses: str | None = None, **kwargs):
-    """fn(*args, **kwargs) between a start line and an end line. In a flow run the stage is
-    its one Prefect task (tasks/stage_task.py), a task run named `name` whose state says
-    Cached when the stage cache served it, and the end line is in its log too (the UI's
-    task-run page). `reuses`: the stage whose result the cache holds for this one (eval/final
-    of the model eval/round-2 evaluated): the end line says "reused from" it."""
-    from tasks.stage_task import run_stage_fn
-
-    log.info("%s: started", name)
-    t0 = time.perf_counter()
-    result, cached, task_run = run_stage_fn(kind, name, fn, *args, **kwargs)
-    key = summary(kind, result, primary)
-    said = (f"reused from {reuses}" if reuses else "cached") if cached else "computed"
-    log.info("%s: %s in %.1f s%s", name, said,
-             time.perf_counter() - t0, f": {key}" if key else "",
-             **({"extra": {"task_run_id": task_run}} if task_run else {}))
-    return result
 
 
 def log_findings(log, findings: list[str]) -> None:
