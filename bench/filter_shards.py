@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ROOT, load, timed  # noqa: F401 - also puts the repo root on sys.path
+from harness import ROOT, load, resolved_model, timed  # noqa: F401 - also puts the repo root on sys.path
 
 
 def main() -> None:
@@ -52,11 +52,9 @@ def main() -> None:
     from grpo_core.data.synthetic import generate_problems
     from grpo_core.eval.difficulty import run_filter
     from grpo_core.eval.shards import usable_cores, worker_threads
-    from grpo_core.modeling.loading import resolve_model_path
-    from grpo_core.workspace import Workspace
 
     cores = usable_cores()
-    path = resolve_model_path(args.model, Workspace.at().models, progress=True)
+    path = resolved_model(args.model)
     problems = generate_problems("train", args.problems, seed=123)
 
     def cfg(shards: int) -> PipelineConfig:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from harness import ROOT, load
+from harness import ROOT, load, resolved_model
 
 CHILD = r"""
 import json, resource, sys, time
@@ -125,7 +125,8 @@ def crossover(hf: dict, vllm: dict) -> float | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="a fetched folder (grpo model fetch)")
+    ap.add_argument("--model", required=True,
+                    help="a model folder or fetched name (grpo model fetch), as `grpo run` takes")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -136,6 +137,7 @@ def main() -> None:
     ap.add_argument("--llama-python", default=None)
     ap.add_argument("--sides", default=",".join(SIDES))
     args = ap.parse_args()
+    args.model = resolved_model(args.model)
 
     from grpo_core.data.synthetic import generate_problems
     from grpo_core.modeling.loading import load_tokenizer

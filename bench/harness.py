@@ -60,6 +60,22 @@ def load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def resolved_model(name: str, workdir: str | None = None) -> str:
+    """A model as `grpo run` resolves it: a fetched name to its folder in the workspace
+    (`workdir`, else $GRPO_WORKDIR or .grpo), a built-in to its build, a folder or hub id as
+    it is. A fetchable name not fetched yet stops the bench in one line naming `grpo model
+    fetch` (exit 2), before any load could wait on the hub."""
+    from grpo_core.modeling.fetch import NotFetchedError
+    from grpo_core.modeling.loading import resolve_model_path
+    from grpo_core.workspace import Workspace
+
+    try:
+        return resolve_model_path(name, Workspace.at(workdir).models, progress=True)
+    except NotFetchedError as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def machine_line() -> str:
     """The CPU, cores, torch threads and load average the figures were taken under."""
     cpu = platform.processor() or platform.machine()

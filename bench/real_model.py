@@ -41,7 +41,7 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import ROOT, load
+from harness import ROOT, load, resolved_model
 
 from grpo_core.config import load_config, recipe_config
 from grpo_core.data.benchmarks import SYNTHETIC_EVAL_SEED, benchmark_problems, fingerprint
@@ -332,7 +332,8 @@ class Experiment:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "configs/models/smollm2-135m-cpu.yaml"))
-    ap.add_argument("--model", help="model folder (default: the config's model.name_or_path)")
+    ap.add_argument("--model", help="a model folder or name, resolved as `grpo run` does (a "
+                    "fetched name, builtin:...); default: the config's model.name_or_path")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--recipes", help="comma-separated (default: the config's project.recipes)")
     ap.add_argument("--seeds", help="comma-separated GRPO seeds (default: project.seed)")
@@ -345,7 +346,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cfg = load_config(a.config, a.overrides)
-    model = a.model or cfg.model.name_or_path
+    model = resolved_model(a.model or cfg.model.name_or_path, cfg.project.workdir)
     recipes = a.recipes.split(",") if a.recipes else (cfg.project.recipes or [cfg.project.recipe])
     seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else [cfg.project.seed]
     arms = a.arms.split(",")
