@@ -8,7 +8,8 @@ of each pipeline), each stage over the one before (base -> sft -> round-N; which
 earned the gain), and one recipe's final vs the other's. The answer is one sentence
 (grpo_core.eval.attribution.verdict), said first everywhere: the Prefect run's log and
 artifact, the comparison run's and the experiment's descriptions in MLflow, `grpo run`'s
-closing lines and `grpo compare`."""
+closing lines and `grpo compare`. It ends with whether the recipes were compute-matched,
+and the table is followed by each recipe's compute (grpo_core.eval.compute)."""
 from __future__ import annotations
 
 import csv
@@ -29,6 +30,7 @@ from grpo_core.eval.comparison import (
     paired_deltas,
     table_row,
 )
+from grpo_core.eval.compute import compute_markdown, match_clause
 from grpo_core.eval.ui_views import ui_base
 from grpo_core.workspace import Workspace
 from tasks import tracking
@@ -120,7 +122,9 @@ def recipes_verdict(configs: list[PipelineConfig], results: dict[str, dict], met
     paired = (_paired_finals(cfgs, results, other, ref, bench, metric)
               if bench in results[ref]["final"] and bench in results[other]["final"] else None)
     phases = {r: _attribution(results[r]).get("phases") or {} for r in recipes}
-    return verdict(other, ref, bench, metric, paired, phases)
+    said = verdict(other, ref, bench, metric, paired, phases)
+    return said + match_clause(results[ref].get("compute"), results[other].get("compute"),
+                               ref, other) if said else said
 
 
 def _final_records(cfg: PipelineConfig, res: dict, bench: str) -> list[dict]:
@@ -237,7 +241,9 @@ def comparison_report(configs: list[PipelineConfig], results: dict[str, dict]) -
     ws = Workspace.at(configs[0].project.workdir).ensure()
     report_dir = ws.root / "reports"
     report_dir.mkdir(parents=True, exist_ok=True)
-    md, table_csv = to_markdown(rows) + memorisation_markdown(results), to_csv(rows)
+    md = (to_markdown(rows) + memorisation_markdown(results)
+          + compute_markdown({r: res.get("compute") for r, res in results.items()}))
+    table_csv = to_csv(rows)
     (report_dir / "comparison.md").write_text((f"**{said}**\n\n" if said else "") + md + "\n")
     (report_dir / "comparison.csv").write_text(table_csv)
     chart = comparison_chart(rows, report_dir / "comparison.png")

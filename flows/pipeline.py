@@ -47,7 +47,7 @@ from tasks.finish import finish_pipeline
 from tasks.preflight import RunPlan, planned
 from tasks.probes import memorisation_probe
 from tasks.runner import run_stage
-from tasks.stage_results import EvalResult, FilterResult
+from tasks.stage_results import Compute, EvalResult, FilterResult
 from tasks.tracking import verdict_freshness
 
 
@@ -141,6 +141,8 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True,
                                        if e.label in ("eval/base", "eval/sft")],
                                  ("eval/final", final.benchmarks))
         evaluated.append(("eval/final", final.benchmarks, model))
+        tracking.log_metrics(parent, {f"compute/{k}": v
+                                      for k, v in run.compute.model_dump().items()})
         report = finish_pipeline(parent, cfg, model, final.benchmarks, findings, ws,
                                  base=base.benchmarks, wall_s=time.monotonic() - started,
                                  stages=evaluated)
@@ -148,7 +150,8 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True,
         out = {"parent_run": parent, "model_dir": model, "final": final.benchmarks,
                "base": base.benchmarks, "pipeline_rss_gb": pipeline_rss,
                "findings": findings, "registered": report,
-               "memorisation": [p.model_dump(mode="json") for p in run.probes]}
+               "memorisation": [p.model_dump(mode="json") for p in run.probes],
+               "compute": run.compute.model_dump()}
         if warm.starts:  # vLLM sampled the filter or an eval here
             log.info("vLLM engines: %d started for the filter and eval stages, %d taken again "
                      "by the next stage on the same model (rollout.reuse_engine)",
@@ -206,7 +209,8 @@ def eval_scorer_for(cfg: PipelineConfig, ws: Workspace, own_process: bool):
 
 
 def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: int,
-                 log, evidence_run: str | None = None) -> tuple[PoolSlice | list[str], str | None]:
+                 log, evidence_run: str | None = None, compute: Compute | None = None
+                 ) -> tuple[PoolSlice | list[str], str | None]:
     """Round `round_no`'s difficulty filter of its candidates `problem_ids` (a fresh window
     of the RL part: tasks.stage_data.round_candidates) under `model` (estimates
     prefilled by shards when filter.shards > 1), then its training prompts: the
@@ -214,12 +218,14 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: 
     `evidence_run`: the previous round's GRPO run, whose rollouts count as weighted
     evidence (filter.rollout_evidence_weight; grpo_core.eval.evidence). A round whose every
     group would start collapsed (no problem solved only sometimes) raises CollapsedStart
-    before any training when diagnosis.stop_on_collapsed_start is set."""
+    before any training when diagnosis.stop_on_collapsed_start is set. `compute`: the run's
+    ledger, the filter's seconds and samples added."""
     fresh = prefill_sharded(ctx.cfg, model, lambda: stage_data.filter_candidates(ctx, problem_ids),
                             ctx.store, ctx.ws.root, evidence_run,
                             own_process=ctx.launch_plan().own_process)  # store: planned
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
                      ctx, model, problem_ids, round_no, fresh, evidence_run)
+    (compute or Compute()).add(kept)
     collapsed = start_collapse(kept.pass_rates, ctx.cfg, round_no)
     if collapsed is not None and collapsed.severity == "stop":  # diagnosis.stop_on_collapsed_start
         raise CollapsedStart(collapsed.line())
@@ -249,6 +255,7 @@ class _Run:
     log: object
     findings: list[str] = field(default_factory=list)
     probes: list = field(default_factory=list)
+    compute: Compute = field(default_factory=Compute)  # what the recipe spent, per stage kind
     pool: object = None
     rl_size: int = 0
 
@@ -261,9 +268,9 @@ class _Run:
                    reuses: str | None = None) -> EvalResult:
         """The eval stage `label` of `model` (stages.evaluate_model), its start/end lines;
         `reuses`: the eval stage of the same model whose result the cache may serve."""
-        return run_stage(self.log, label, "eval", stages.evaluate_model, self.ctx, model, label,
-                         benchmarks, self.scorer, primary=self.ctx.cfg.eval.primary_metric,
-                         reuses=reuses)
+        return self.compute.add(run_stage(
+            self.log, label, "eval", stages.evaluate_model, self.ctx, model, label, benchmarks,
+            self.scorer, primary=self.ctx.cfg.eval.primary_metric, reuses=reuses))
 
     def data(self):
         """Ingest, then check that every round has a fresh window of the RL part before any
@@ -299,8 +306,8 @@ class _Run:
     def sft(self, model: str) -> Evaluated:
         release_warm()  # eval/base's engine: SFT needs the memory
         cfg = self.ctx.cfg
-        sft = run_stage(self.log, "sft", "sft", stages.sft, self.ctx, model,
-                        stage_data.sft_part(cfg, self.pool))
+        sft = self.compute.add(run_stage(self.log, "sft", "sft", stages.sft, self.ctx, model,
+                                         stage_data.sft_part(cfg, self.pool)))
         self.findings += [f"sft: {f}" for f in sft.findings]
         sft_eval = self.eval_stage(sft.model_dir, "eval/sft", cfg.eval.benchmarks[:1])
         self.probe(model, sft.model_dir, "sft", sft.trained_sample, sft_eval, readiness=True)
@@ -322,7 +329,7 @@ class _Run:
             elif r == 1 or cfg.filter.refilter_each_round:
                 try:
                     prompts, note = filter_round(ctx, start.model, candidates, r, log,
-                                                 evidence_run)
+                                                 evidence_run, self.compute)
                 except CollapsedStart as stop:
                     if r == 1:
                         raise  # nothing trained: the run stops, naming what to change
@@ -331,8 +338,8 @@ class _Run:
                     break
                 self.findings += [note] if note else []
             release_warm()  # the filter's engine: the trainer (or TRL's own) needs the memory
-            train = run_stage(log, f"grpo/round-{r}", "grpo", stages.grpo_round, ctx,
-                              start.model, prompts, r)
+            train = self.compute.add(run_stage(log, f"grpo/round-{r}", "grpo",
+                                               stages.grpo_round, ctx, start.model, prompts, r))
             # measured here, where no filter/eval engine is parked: what the stages so far left
             pipeline_rss.append(rss_now_gb())
             tracking.log_metrics(parent, {PIPELINE_RSS_METRIC: pipeline_rss[-1],

@@ -195,6 +195,7 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: stage_data.Selecti
 
 def sft(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection) -> SftStageResult:
     from grpo_core.train.sft import examples_per_step, has_trace, run_sft
+    from grpo_core.train.throughput import training_compute
 
     problems_fp, read = stage_data.stage_input(ctx, "sft", problem_ids)
     key = sft_key(ctx.cfg, model_fingerprint(model_path), problems_fp)
@@ -222,6 +223,7 @@ def sft(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection) -> SftStag
             tracking.set_tags(run, {"findings": " | ".join(findings)})
         return SftStageResult(model_dir=result.output_dir, steps=result.steps,
                               findings=findings, paths=[result.output_dir],
+                              compute=training_compute(result.history, result.total_flos),
                               trained_sample=[p.id or p.fingerprint
                                               for p in trained[:ctx.cfg.probe.problems]])
 
@@ -233,7 +235,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
     from grpo_core.data.records import drop_rollouts_after, rollout_sink
     from grpo_core.train.grpo import checkpoint_step, last_checkpoint, run_grpo_round
     from grpo_core.train.memorisation import repeat_findings
-    from grpo_core.train.throughput import round_summary
+    from grpo_core.train.throughput import round_summary, training_compute
 
     problems_fp, read = stage_data.stage_input(ctx, "grpo", problem_ids)
     key = grpo_key(ctx.cfg, model_fingerprint(model_path), problems_fp, round_no)
@@ -284,6 +286,7 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
                 stopped_early=result.stopped_early, train_seconds=result.train_seconds,
                 best_step=result.best_step, in_round_evals=result.in_round_evals,
                 throughput=throughput, paths=[result.output_dir],
+                compute=training_compute(result.history),
                 trained_sample=sorted(uses, key=lambda i: (-uses[i], i))[:ctx.cfg.probe.problems])
     return slot.result
 

@@ -169,3 +169,27 @@ def test_champions_load_as_mlflow_models_and_generate(mlflow_side, monkeypatch):
         assert out[0]["generated_text"].startswith("What is 2 + 3?")
         assert len(pipe.tokenizer(out[0]["generated_text"])["input_ids"]) > \
             len(pipe.tokenizer("What is 2 + 3?")["input_ids"])
+
+
+def test_compute_stands_beside_the_gain(mlflow_side):
+    """Issue 46: each recipe's training compute on its parent (compute/*), a table of it
+    under the comparison, and the verdict saying whether the recipes were compute-matched
+    (sft_grpo spends SFT on top of the same GRPO steps: more TFLOP, not matched)."""
+    stdout, _, _, runs = mlflow_side
+    parents = _parents(runs)
+    m = {r: parents[r].data.metrics for r in RECIPES}
+    for recipe in RECIPES:
+        assert m[recipe]["compute/grpo_steps"] == 4 and m[recipe]["compute/grpo_s"] > 0
+        assert m[recipe]["compute/train_tflop"] > 0 and m[recipe]["compute/train_tokens"] > 0
+        assert m[recipe]["compute/gen_tokens"] > 0 and m[recipe]["compute/filter_s"] > 0
+    assert m["r1_zero"]["compute/sft_s"] == 0 < m["sft_grpo"]["compute/sft_s"]
+    assert m["sft_grpo"]["compute/sft_steps"] == 2
+    assert "Compute (what each recipe spent" in stdout
+    rows = {line.split(" | ")[0].strip("| "): line for line in stdout.splitlines()
+            if re.match(r"\| (r1_zero|sft_grpo) \| \d+ \(\d+\) \|", line)}
+    assert set(rows) == set(RECIPES), stdout[-3000:]
+    assert rows["r1_zero"].startswith("| r1_zero | 0 (0) |")
+    said = next(line for line in stdout.splitlines() if line.startswith("verdict: "))
+    ratio = m["sft_grpo"]["compute/train_tflop"] / m["r1_zero"]["compute/train_tflop"]
+    assert f"sft_grpo spent {ratio:.2f}x r1_zero's training TFLOP" in said, said
+    assert ("; not compute-matched: " in said) == (abs(ratio - 1) > 0.10), said

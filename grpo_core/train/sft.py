@@ -63,6 +63,7 @@ class SFTResult:
     output_dir: str
     steps: int
     history: list[dict] = field(default_factory=list)
+    total_flos: float = 0.0  # the trainer's estimate (6 x parameters x tokens)
 
 
 def sft_dataset(problems: list[Problem], template: str, tokenizer):
@@ -115,6 +116,7 @@ def run_sft(
     quiet_trainer(trainer)
     trainer.train()
     result.steps = trainer.state.global_step
+    result.total_flos = float(trainer.state.total_flos or 0.0)
     trainer.save_dtype = save_dtype  # the input checkpoint's stored dtype
     trainer.save_model(result.output_dir)  # rank 0 only, under accelerate launch
     if trainer.is_world_process_zero():

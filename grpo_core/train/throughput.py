@@ -332,3 +332,23 @@ def rss_peak() -> Iterator[RssPeak]:
         child = _maxrss_bytes(resource.RUSAGE_CHILDREN)
         peak = max(own, child if child > children else 0)
         rec.peak_gb = round(peak / 1e9, 3)
+
+
+def training_compute(history: Sequence[dict], total_flos: float | None = None) -> dict[str, float]:
+    """What a training stage spent, from its logged rows: `train_tokens` (TRL's cumulative
+    num_tokens, its last row: prompt + completion tokens through the policy), `gen_tokens`
+    (GRPO: the sum of gen_tokens_per_s x gen_seconds) and `train_tflop` (GRPO: the sum of
+    train_tflops x train_seconds, i.e. 6 x parameters x tokens; SFT: the trainer's
+    `total_flos`, the same estimate). {} when nothing was logged."""
+    out: dict[str, float] = {}
+    tokens = [r["num_tokens"] for r in history if _finite(r.get("num_tokens"))]
+    if tokens:
+        out["train_tokens"] = float(tokens[-1])
+    gen = _sums(history, {GEN_TOK_S: GEN_SECONDS, TRAIN_TFLOPS: TRAIN_SECONDS})
+    if gen[GEN_TOK_S] > 0:
+        out["gen_tokens"] = gen[GEN_TOK_S]
+    if gen[TRAIN_TFLOPS] > 0:
+        out["train_tflop"] = gen[TRAIN_TFLOPS]
+    elif total_flos:
+        out["train_tflop"] = total_flos / 1e12
+    return {k: round(v, 3) for k, v in out.items()}
