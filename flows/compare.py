@@ -30,7 +30,7 @@ from grpo_core.eval.comparison import (
     paired_deltas,
     table_row,
 )
-from grpo_core.eval.compute import compute_markdown, match_clause
+from grpo_core.eval.compute import compute_markdown, match_clause, matching_steps
 from grpo_core.eval.ui_views import ui_base
 from grpo_core.workspace import Workspace
 from tasks import tracking
@@ -192,9 +192,21 @@ def compare_recipes(configs: list[PipelineConfig], progress: bool = True,
     """`plans`: each config's preflight, the store held (`grpo run`); None (a deployment's
     run): made here, each pipeline taking the store in its turn."""
     log = get_run_logger()
-    results = {}
-    for cfg, plan in zip(configs, plans or preflight_all(configs), strict=True):
+    results, ran = {}, {}
+    planned_runs = list(zip(configs, plans or preflight_all(configs), strict=True))
+    matching = any(c.project.compute_match for c in configs)
+    if matching:  # the SFT recipes first: what their SFT spent sets the others' extra steps
+        planned_runs.sort(key=lambda run: not run[0].sft_stage.enabled)
+    sft_spent = None
+    for cfg, plan in planned_runs:
+        if matching and not cfg.sft_stage.enabled and sft_spent:
+            cfg = with_matching_steps(cfg, sft_spent, log)
+        ran[cfg.project.recipe] = cfg
         results[cfg.project.recipe] = grpo_pipeline(cfg, progress=progress, plan=plan)
+        if cfg.sft_stage.enabled:
+            sft_spent = results[cfg.project.recipe].get("compute")
+    configs = [ran[c.project.recipe] for c in configs]  # the table in the configured order
+    results = {c.project.recipe: results[c.project.recipe] for c in configs}
     report = comparison_report(configs, results)
     parents = [r["parent_run"] for r in results.values()]
     run = publish_comparison(configs[0], report, parents)
@@ -211,6 +223,17 @@ def compare_recipes(configs: list[PipelineConfig], progress: bool = True,
         description="R1-Zero vs SFT+GRPO: the verdict, and held-out metrics with paired 95% CIs")
     return {**report, "runs": {k: v["parent_run"] for k, v in results.items()},
             "comparison_run": run, "links": links}
+
+
+def with_matching_steps(cfg: PipelineConfig, sft_recipe: dict, log) -> PipelineConfig:
+    """project.compute_match: `cfg` (a recipe without SFT) with the extra GRPO steps per
+    round that spend what the SFT recipe's SFT spent (grpo_core.eval.compute)."""
+    extra = matching_steps(sft_recipe, cfg.rounds.count)
+    log.info("compute_match: %s gets %d more GRPO steps a round (%d -> %d) for the SFT's "
+             "%.3g TFLOP", cfg.project.recipe, extra, cfg.grpo.max_steps,
+             cfg.grpo.max_steps + extra, sft_recipe.get("sft_tflop", 0.0))
+    return cfg.model_copy(update={"grpo": cfg.grpo.model_copy(
+        update={"max_steps": cfg.grpo.max_steps + extra})})
 
 
 def artifact_markdown(report: dict, links: dict, uri: str = "") -> str:

@@ -119,6 +119,7 @@ CASES = [
     ("in_round_eval.problems=8", {"grpo"}),
     ("rewards.soft_overlong.penalty=-0.5", {"grpo"}),
     ("rounds.count=3", set()),  # round 1 of a 3-round run is round 1 of a 1-round run
+    ("project.compute_match=true", set()),  # the comparison's order and r1_zero's max_steps
     ("rounds.rollback_on_regression=false", set()),  # decided after the round
     ("grpo.save_steps=5", set()),
     ("grpo.save_total_limit=4", set()),

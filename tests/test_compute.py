@@ -72,3 +72,42 @@ def test_counts_read_short(value, said):
     from grpo_core.eval.compute import short_count
 
     assert short_count(value) == said
+
+
+def test_matching_steps_spend_the_sfts_tflop_on_grpo():
+    from grpo_core.eval.compute import matching_steps
+
+    sft_grpo = {"train_tflop": 10.0, "sft_tflop": 4.0, "grpo_steps": 160}  # GRPO 6 / 160 steps
+    assert matching_steps(sft_grpo, rounds=2) == 53  # 4 / (6/160) = 106.7 steps, over 2 rounds
+    assert matching_steps({**sft_grpo, "sft_tflop": 0.0}, rounds=2) == 0
+    assert matching_steps({"sft_tflop": 4.0}, rounds=2) == 0  # no GRPO step measured
+
+
+@pytest.mark.integration
+def test_compute_match_gives_r1_zero_the_sfts_cost_in_grpo_steps(tmp_path):
+    """`grpo run --set project.compute_match=true` (the main job, shrunk as the main_job
+    fixture does): sft_grpo runs first, r1_zero then trains more GRPO steps, and the verdict
+    says how close the two recipes' training TFLOP came."""
+    import re
+    import subprocess
+
+    from fixtures_models import MAIN_JOB_SHRINK
+    from pipeline_runs import GRPO, ROOT, run_env
+
+    workdir = tmp_path / "ws"
+    sets = [a for s in [*MAIN_JOB_SHRINK, "project.compute_match=true"] for a in ("--set", s)]
+    run = subprocess.run([GRPO, "run", "--quiet", "--workdir", str(workdir), *sets],
+                         env=run_env(workdir), cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    said = run.stdout + run.stderr
+    m = re.search(r"compute_match: r1_zero gets (\d+) more GRPO steps a round \(2 -> (\d+)\)", said)
+    assert m and int(m[1]) >= 1 and int(m[2]) == 2 + int(m[1]), said[-3000:]
+    order = [said.index(f"Flow run '{r}-") for r in ("sft_grpo", "r1_zero")]
+    assert order[0] < order[1]  # the SFT recipe first: its cost sets the steps
+    rows = dict(re.findall(r"^\| (r1_zero|sft_grpo) \| \d+ \(\d+\) \| [^|]+ \| [\d.]+ \((\d+)\) \|",
+                           run.stdout, flags=re.M))
+    assert rows == {"r1_zero": str(2 * int(m[2])), "sft_grpo": "4"}, run.stdout[-3000:]
+    verdict = next(line for line in run.stdout.splitlines() if line.startswith("verdict: "))
+    assert "compute-matched: sft_grpo spent" in verdict
+    assert verdict.index("sft_grpo") < verdict.index("r1_zero")  # the configured order

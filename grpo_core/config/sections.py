@@ -26,6 +26,11 @@ class ProjectConfig(Section):
     `project` key (the recipes of one comparison share it)."""
     seed: int = 0
     """Seeds data generation, sampling and training."""
+    compute_match: bool = False
+    """With `recipes`: run the recipes with an SFT stage first, then give each recipe without
+    one the extra GRPO steps (spread over its rounds) that spend what that SFT spent, in
+    training TFLOP at the SFT recipe's measured GRPO cost per step: the fair question,
+    "is SFT's compute better spent on SFT or on more GRPO?" (grpo_core/eval/compute.py)."""
     workdir: str | None = None
     """Local state (DuckDB, MLflow, checkpoints); default ./.grpo or $GRPO_WORKDIR."""
 

@@ -62,3 +62,14 @@ def match_clause(ref: Mapping | None, other: Mapping | None, ref_name: str,
     if abs(ratio - 1.0) <= MATCH_TOLERANCE:
         return f"; compute-matched: {said}"
     return f"; not compute-matched: {said}"
+
+
+def matching_steps(sft_recipe: Mapping, rounds: int) -> int:
+    """project.compute_match: the extra GRPO steps per round that spend the SFT recipe's
+    SFT TFLOP at that recipe's own GRPO TFLOP per step (its rounds, measured); 0 when it
+    measured no SFT or no GRPO step."""
+    grpo_tflop = sft_recipe.get("train_tflop", 0.0) - sft_recipe.get("sft_tflop", 0.0)
+    steps = sft_recipe.get("grpo_steps", 0)
+    if not sft_recipe.get("sft_tflop") or grpo_tflop <= 0 or not steps or rounds < 1:
+        return 0
+    return round(sft_recipe["sft_tflop"] / (grpo_tflop / steps) / rounds)
