@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-vllm lock test test-vllm test-all lint run bench secrets
+.PHONY: setup setup-vllm lock test test-fast test-vllm test-all lint run bench secrets
 # Installs exactly locks/cpu.txt (no GPU) or locks/gpu.txt (NVIDIA GPU): infra/setup.sh.
 setup:
 	bash infra/setup.sh
@@ -19,6 +19,11 @@ lock:
 
 test:
 	$(BIN)/python -m pytest -q
+
+# The quick tier, before every commit: the default suite less its heavy tests (tests/heavy.txt:
+# the ones taking seconds; refresh it with tests/update_heavy.py) and the integration ones.
+test-fast:
+	$(BIN)/python -m pytest -q -m "not slow and not gpu and not vllm and not integration and not heavy"
 
 # The tests that run vLLM engines (marker vllm), in .venv-vllm (`make setup-vllm`).
 test-vllm:

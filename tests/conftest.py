@@ -98,8 +98,23 @@ def vllm_model_path(tmp_path_factory) -> str:
     return resolve_model_path("builtin:proxy-qwen2-hd32", tmp_path_factory.mktemp("models"))
 
 
+HEAVY_LIST = Path(__file__).with_name("heavy.txt")  # tests/update_heavy.py writes it
+
+
+def heavy_ids() -> set[str]:
+    """The default suite's tests that take seconds (tests/heavy.txt: node ids without their
+    parameters; a listed id marks every parametrization of it)."""
+    lines = HEAVY_LIST.read_text().splitlines() if HEAVY_LIST.exists() else []
+    return {line.split("#")[0].strip() for line in lines} - {""}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Slow-marked tests (minutes of training, run on purpose) have no per-test timeout."""
+    """Slow-marked tests (minutes of training, run on purpose) have no per-test timeout;
+    the tests tests/heavy.txt lists get the `heavy` marker (`make test-fast` leaves them
+    out: the quick tier)."""
+    heavy = heavy_ids()
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.timeout(0))
+        if item.nodeid.split("[")[0] in heavy:
+            item.add_marker(pytest.mark.heavy)

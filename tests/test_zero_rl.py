@@ -134,7 +134,10 @@ def _filter_round(cfg, monkeypatch, kept):
     import flows.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "run_stage", lambda *a, **kw: kept)
-    ctx = SimpleNamespace(cfg=cfg, store=None, ws=SimpleNamespace(root="."))
+    from tasks.launch import LaunchPlan
+
+    ctx = SimpleNamespace(cfg=cfg, store=None, ws=SimpleNamespace(root="."),
+                          launch_plan=lambda: LaunchPlan("in-process"))
     pool = [f"p{i}" for i in range(40)]
     return pipeline.filter_round(ctx, "model", pool, 1, log=None)
 

@@ -20,17 +20,13 @@ class ProjectConfig(Section):
     (flows/recipes.py). Empty: one run, as `recipe` and `sft_stage.enabled` say."""
     recipe_overrides: dict[Literal["r1_zero", "sft_grpo"], dict[str, Any]] = Field(
         default_factory=dict)
-    """Per recipe of `recipes`: config fields (nested sections, as in the YAML) that recipe
-    runs with on top of the rest, e.g. `sft_grpo: {rewards: {extraction: strict}}` beside
-    an R1-Zero run's zero-RL reward (grpo_core.config.recipe_config). Checked at load; no
-    `project` key (the recipes of one comparison share it)."""
+    """Per recipe of `recipes`: config fields (nested, as in the YAML) it runs with on top of
+    the rest (grpo_core.config.recipe_config); no `project` key (the recipes share it)."""
     seed: int = 0
     """Seeds data generation, sampling and training."""
     compute_match: bool = False
-    """With `recipes`: run the recipes with an SFT stage first, then give each recipe without
-    one the extra GRPO steps (spread over its rounds) that spend what that SFT spent, in
-    training TFLOP at the SFT recipe's measured GRPO cost per step: the fair question,
-    "is SFT's compute better spent on SFT or on more GRPO?" (grpo_core/eval/compute.py)."""
+    """With `recipes`: SFT recipes first, then each recipe without SFT gets the GRPO steps
+    that spend that SFT's training TFLOP (grpo_core/eval/compute.py)."""
     workdir: str | None = None
     """Local state (DuckDB, MLflow, checkpoints); default ./.grpo or $GRPO_WORKDIR."""
 
