@@ -27,11 +27,11 @@ from harness import (
     Cell,
     add_grid_args,
     ci,
+    finish,
     machine_line,
     markdown_table,
     run_cells,
     stage_seconds,
-    write_json,
 )
 from main_job_seeds import stage_records
 
@@ -99,9 +99,7 @@ def main(argv=None) -> int:
         mine = [r for r in results if r["arm"] == arm]
         pooled[arm] = pooled_paired_delta([r["records"] for r in mine], METRIC)
         print(f"{arm}: pooled over {len(mine)} seeds {ci(pooled[arm])}")
-    print(machine_line())
-    write_json(a.json, {"machine": machine_line(), "pooled": pooled,
-                        "cells": [{k: v for k, v in r.items() if k != "records"} for r in results]})
+    finish(a.json, pooled, "cells", results)
     return 0
 
 

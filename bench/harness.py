@@ -150,6 +150,14 @@ def write_json(path: Path | None, obj) -> None:
         print(f"json: {path}")
 
 
+def finish(path: Path | None, pooled: dict, name: str, results: list[dict]) -> None:
+    """A bench's last lines: the machine and load again, then `--json` (the pooled figures and
+    every cell's result but its per-problem records)."""
+    print(machine_line())
+    write_json(path, {"machine": machine_line(), "pooled": pooled,
+                      name: [{k: v for k, v in r.items() if k != "records"} for r in results]})
+
+
 def add_grid_args(ap, root_name: str, seeds=(0, 1, 2)) -> None:
     """--seeds, --root (default .bench/<root_name>) and --json, the same in every bench."""
     ap.add_argument("--seeds", type=int, nargs="+", default=list(seeds))

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness import Cell, add_grid_args, ci, machine_line, markdown_table, run_cells, write_json
+from harness import Cell, add_grid_args, ci, finish, machine_line, markdown_table, run_cells
 
 from grpo_core.data.lineage import latest_models
 from grpo_core.data.records import model_records
@@ -81,9 +81,7 @@ def main(argv=None) -> int:
           f"{pooled['GRPO after SFT']['lo'] > 0}")
     for s in seeds:
         print(f"seed {s['seed']} ({s['wall_s']} s) verdict: {s['verdict']}")
-    print(machine_line())
-    write_json(a.json, {"machine": machine_line(), "pooled": pooled,
-                        "seeds": [{k: v for k, v in s.items() if k != "records"} for s in seeds]})
+    finish(a.json, pooled, "seeds", seeds)
     return 0
 
 

@@ -225,7 +225,8 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: 
                             own_process=ctx.launch_plan().own_process)  # store: planned
     kept = run_stage(log, f"filter/round-{round_no}", "filter", stages.difficulty_filter,
                      ctx, model, problem_ids, round_no, fresh, evidence_run)
-    (compute or Compute()).add(kept)
+    if compute is not None:
+        compute.add(kept)
     collapsed = start_collapse(kept.pass_rates, ctx.cfg, round_no)
     if collapsed is not None and collapsed.severity == "stop":  # diagnosis.stop_on_collapsed_start
         raise CollapsedStart(collapsed.line())
