@@ -1,6 +1,12 @@
 """The main job (`grpo run`: R1-Zero vs SFT+GRPO) over several training seeds, pooled.
 
     GRPO_TORCH_THREADS=1 python bench/main_job_seeds.py [--seeds 0 1 2] [--root DIR]
+        [--config CONFIG --set k=v ...]
+
+--config runs that config instead of the main job (e.g. SmolLM2's: its model name resolved
+here, as `grpo run` does, so every seed's workspace reads the same fetched folder), with
+`--set` overrides; the phases are those of its project.recipes, scored by its
+eval.primary_metric (the main job: avg@8), strict and, for greedy, flexible too.
 
 Each seed is one `grpo run --set project.seed=S` in a workspace of its own under --root
 (default .bench/main_job_seeds; bench/harness.py: a finished seed is read back, not run
@@ -16,7 +22,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness import Cell, add_grid_args, ci, finish, machine_line, markdown_table, run_cells
+from harness import (
+    Cell,
+    add_grid_args,
+    ci,
+    finish,
+    machine_line,
+    markdown_table,
+    resolved_model,
+    run_cells,
+)
 
 from grpo_core.data.lineage import latest_models
 from grpo_core.data.records import model_records
@@ -60,25 +75,54 @@ def verdict_of(ws: str) -> str:
                  if line.startswith(VERDICT)), "")
 
 
+def grid(a) -> tuple[list[Cell], dict, list[str]]:
+    """The cells (one `grpo run` per seed), the phases measured and the metrics read."""
+    if a.config is None:
+        return ([Cell("main-job", s, ("run", "--set", f"project.seed={s}")) for s in a.seeds],
+                PHASES, [METRIC])
+    from grpo_core.config import load_config
+
+    cfg = load_config(a.config, a.overrides)
+    model = resolved_model(cfg.model.name_or_path, cfg.project.workdir)
+    sets = [*a.overrides, f"model.name_or_path={model}"]
+    recipes = cfg.project.recipes or [cfg.project.recipe]
+    metric = cfg.eval.primary_metric
+    metrics = [metric, f"flexible/{metric}"] if metric.startswith("greedy") else [metric]
+    return ([Cell(Path(a.config).stem, s, ("run", a.config, *[x for o in
+                  [*sets, f"project.seed={s}"] for x in ("--set", o)], "--quiet"))
+             for s in a.seeds],
+            {p: v for p, v in PHASES.items() if v[0] in recipes}, metrics)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_grid_args(ap, "main_job_seeds")
+    ap.add_argument("--config", help="a config to run instead of the main job")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="an override of --config's fields (repeatable)")
     a = ap.parse_args(argv)
     print(machine_line(), flush=True)
-    cells = [Cell("main-job", s, ("run", "--set", f"project.seed={s}")) for s in a.seeds]
+    cells, phases, metrics = grid(a)
     seeds = run_cells(cells, a.root, lambda r: {
-        "records": {p: stage_records(r["workspace"], *PHASES[p]) for p in PHASES},
+        "records": {p: stage_records(r["workspace"], *phases[p]) for p in phases},
         "verdict": verdict_of(r["workspace"])})
-    for s in seeds:
-        s["phases"] = {p: paired_delta(*s["records"][p], METRIC) for p in PHASES}
-    pooled = {p: pooled_paired_delta([s["records"][p] for s in seeds], METRIC) for p in PHASES}
+    rows, pooled = [], {}
+    for m in metrics:
+        for s in seeds:
+            s.setdefault("phases", {}).update(
+                {f"{p} ({m})": paired_delta(*s["records"][p], m) for p in phases})
+        pooled.update({f"{p} ({m})": pooled_paired_delta([s["records"][p] for s in seeds], m)
+                       for p in phases})
+        rows += [[f"{p} ({m})", *[ci(s["phases"][f"{p} ({m})"]) for s in seeds],
+                  ci(pooled[f"{p} ({m})"])] for p in phases]
     print("\n" + markdown_table(
-        [f"phase ({METRIC}, paired, {len(seeds)} seeds)", *[f"seed {s['seed']}" for s in seeds],
-         "pooled"],
-        [[p, *[ci(s["phases"][p]) for s in seeds], ci(pooled[p])] for p in PHASES]))
-    every = all(s["phases"]["GRPO after SFT"]["delta"] > 0 for s in seeds)
-    print(f"\nGRPO after SFT: every seed > 0: {every}; pooled lower bound > 0: "
-          f"{pooled['GRPO after SFT']['lo'] > 0}")
+        [f"phase (paired, {len(seeds)} seeds)", *[f"seed {s['seed']}" for s in seeds], "pooled"],
+        rows))
+    after = f"GRPO after SFT ({metrics[0]})"
+    if after in pooled:
+        every = all(s["phases"][after]["delta"] > 0 for s in seeds)
+        print(f"\nGRPO after SFT: every seed > 0: {every}; pooled lower bound > 0: "
+              f"{pooled[after]['lo'] > 0}")
     for s in seeds:
         print(f"seed {s['seed']} ({s['wall_s']} s) verdict: {s['verdict']}")
     finish(a.json, pooled, "seeds", seeds)
