@@ -40,7 +40,6 @@ import argparse
 import atexit
 import json
 import math
-import re
 import shutil
 import tempfile
 import time
@@ -179,23 +178,6 @@ def easy_setup(base: str, cache: Path, n: int = 16) -> tuple[str, list, str]:
 
 # ------------------------------------------------------------------------ one run
 
-IN_ROUND = [  # result.findings strings -> (code, severity)
-    (re.compile(r"^divergence: kl .* above kl_ceiling"), "kl_ceiling", "stop"),
-    (re.compile(r"^divergence: "), "nonfinite", "stop"),
-    (re.compile(r"^collapse: "), "collapse", "info"),
-    (re.compile(r"^skipped \d+ updates"), "skipped_updates", "info"),
-]
-
-
-def in_round(note: str) -> tuple[str, str, int | None]:
-    """(code, severity, step) of one of the round's own findings."""
-    step = re.search(r"step (\d+)", note)
-    for pattern, code, severity in IN_ROUND:
-        if pattern.search(note):
-            return code, severity, int(step.group(1)) if step else None
-    return "other", "info", None
-
-
 @dataclass
 class Outcome:
     case: Case
@@ -242,11 +224,10 @@ def run_case(case: Case, steps: int, problems: list, model: str, work: Path) -> 
     shutil.rmtree(out, ignore_errors=True)  # checkpoints: only the history is kept
     fired = [(f.code, f.severity) for f in diagnose(result.history, cfg)]
     first = first_detection(result.history, cfg)
-    for note in result.findings:
-        code, severity, step = in_round(note)
-        fired.append((code, severity))
-        if step is not None:
-            first[code] = min(step, first.get(code, step))
+    for note in result.findings:  # the round's own (grpo_core.findings.Finding)
+        fired.append((note.code, note.severity))
+        if note.steps:
+            first[note.code] = min(min(note.steps), first.get(note.code, min(note.steps)))
     return Outcome(case, fired, first, result.steps, result.stopped_early, seconds, result.history)
 
 

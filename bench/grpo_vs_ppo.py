@@ -234,7 +234,7 @@ def run_arm(a) -> dict:
             "reward_mean": statistics.fmean(rewards) if rewards else None, "rewards": rewards,
             "avg8": avg.get("mean"), "avg8_lo": avg.get("lo"), "avg8_hi": avg.get("hi"),
             "peak_rss_mb": peak_rss, "rss_rise_mb": peak_rss - start_rss, "peak_gpu_mb": peak_gpu,
-            "findings": result.findings}
+            "findings": [f.line() for f in result.findings]}
 
 
 # ----------------------------------------------------------------------------- report

@@ -266,7 +266,7 @@ class Experiment:
                  # the share of groups whose G rewards were all equal, per step (TRL's metric)
                  "zero_std_per_step": [round(h["frac_reward_zero_std"], 2) for h in res.history
                                        if "frac_reward_zero_std" in h],
-                 "findings": res.findings}
+                 "findings": [f.line() for f in res.findings]}
         seconds = time.perf_counter() - t0
         extra = {"train": train, "filter": filt, "arm": arm, "seed": self.cfg.project.seed}
         stamp(folder, key, {"model": res.output_dir, "seconds": round(seconds, 1), "extra": extra})

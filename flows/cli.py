@@ -39,12 +39,7 @@ def _mount() -> None:
         module.register(app)
 
 
-_mount()
-
-
-def main() -> None:
-    app()
-
+_mount()  # the `grpo` script calls `app` itself (pyproject.toml): one frame fewer to a stage
 
 if __name__ == "__main__":
-    main()
+    app()

@@ -104,17 +104,17 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
                 from flows.pipeline import grpo_pipeline
 
                 out = grpo_pipeline(configs[0], progress=not quiet, plan=plans[0])
-                for bench, res in out["final"].items():
+                for bench, res in out.final.items():
                     m = res["metrics"].get(configs[0].eval.primary_metric) or {}
                     typer.echo(f"{bench}: {configs[0].eval.primary_metric} {m.get('mean')} "
                                f"[{m.get('lo')}, {m.get('hi')}]")
-                from grpo_core.train.findings import count_findings
+                from grpo_core.findings import count_findings
 
-                typer.echo(count_findings(out["findings"]))
-                for f in out["findings"]:
+                typer.echo(count_findings(out.findings))
+                for f in out.findings:
                     typer.echo(f"finding: {f}")
-                typer.echo(f"model: {out['model_dir']}")
-                report = out.get("registered") or {}
+                typer.echo(f"model: {out.model_dir}")
+                report = out.registered
                 links = {"parent run": report.get("links", {}).get("run"),
                          "model version": report.get("links", {}).get("model_version"),
                          **_table_link(report.get("links") or {})}

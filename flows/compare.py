@@ -37,20 +37,21 @@ from tasks import tracking
 from tasks.eval_records import records_store, stage_records
 from tasks.plots import comparison_chart
 from tasks.preflight import RunPlan, preflight_all
+from tasks.stage_results import PipelineResult
 from tasks.tracking import verdict_freshness
 
 COLUMNS = COMPARE_COLUMNS  # one definition: the table `grpo compare` reads back from MLflow
 
 
-def comparison_rows(results: dict[str, dict], metric: str) -> list[dict]:
+def comparison_rows(results: dict[str, PipelineResult], metric: str) -> list[dict]:
     """One row per recipe and benchmark: base and final with their CIs, and the delta with
     the paired CI the pipeline computed (finish_pipeline's `deltas`, in its `registered`
     report); a delta without per-problem records has no CI rather than an unpaired one."""
     rows = []
     for recipe, res in results.items():
-        deltas = (res.get("registered") or {}).get("deltas") or {}
-        for bench, final in res["final"].items():
-            base = res["base"].get(bench, {}).get("metrics", {}).get(metric) or {}
+        deltas = res.registered.get("deltas") or {}
+        for bench, final in res.final.items():
+            base = res.base.get(bench, {}).get("metrics", {}).get(metric) or {}
             now = final["metrics"].get(metric) or {}
             rows.append(_row(recipe, bench, metric, base, now, deltas.get(bench, {}).get(metric)))
     return rows
@@ -66,7 +67,7 @@ def pair_label(a: str, b: str) -> str:
     return f"{a} vs {b}"
 
 
-def recipe_pair_rows(configs: list[PipelineConfig], results: dict[str, dict],
+def recipe_pair_rows(configs: list[PipelineConfig], results: dict[str, PipelineResult],
                      metric: str) -> list[dict]:
     """Recipe against recipe on each benchmark: the later recipe's final model minus the
     earlier one's (e.g. sft_grpo vs r1_zero), both scored on the same benchmark problems,
@@ -76,8 +77,8 @@ def recipe_pair_rows(configs: list[PipelineConfig], results: dict[str, dict],
     recipes, rows = list(results), []
     for i, ref in enumerate(recipes):
         for other in recipes[i + 1:]:
-            for bench in results[other]["final"]:
-                if bench in results[ref]["final"]:
+            for bench in results[other].final:
+                if bench in results[ref].final:
                     rows += _pair_row(cfgs, results, other, ref, bench, metric)
     return rows
 
@@ -96,22 +97,22 @@ def _pair_row(cfgs: dict, results: dict, a: str, b: str, bench: str, metric: str
     paired = _paired_finals(cfgs, results, a, b, bench, metric)
     if paired is None:
         return []
-    a_block, b_block = (results[r]["final"][bench]["metrics"].get(metric) or {} for r in (a, b))
+    a_block, b_block = (results[r].final[bench]["metrics"].get(metric) or {} for r in (a, b))
     return [_row(pair_label(a, b), bench, metric, b_block, a_block, paired)]
 
 
-def stage_rows(results: dict[str, dict]) -> list[dict]:
+def stage_rows(results: dict[str, PipelineResult]) -> list[dict]:
     """Each recipe's stage gains (`<recipe> - sft over base`, ...) on the first benchmark,
     from the attribution its pipeline computed (finish_pipeline's `attribution`)."""
     return [row for recipe, res in results.items()
             for row in attribution_rows(recipe, _attribution(res))]
 
 
-def _attribution(res: dict) -> dict:
-    return (res.get("registered") or {}).get("attribution") or {}
+def _attribution(res: PipelineResult) -> dict:
+    return res.registered.get("attribution") or {}
 
 
-def recipes_verdict(configs: list[PipelineConfig], results: dict[str, dict], metric: str) -> str:
+def recipes_verdict(configs: list[PipelineConfig], results: dict[str, PipelineResult], metric: str) -> str:
     """The verdict sentence of the last recipe against the first (sft_grpo vs r1_zero) on
     the first benchmark, with each recipe's SFT / GRPO phases; "" for a single recipe."""
     cfgs = {c.project.recipe: c for c in configs}
@@ -120,17 +121,18 @@ def recipes_verdict(configs: list[PipelineConfig], results: dict[str, dict], met
         return ""
     ref, other, bench = recipes[0], recipes[-1], configs[0].eval.benchmarks[0]
     paired = (_paired_finals(cfgs, results, other, ref, bench, metric)
-              if bench in results[ref]["final"] and bench in results[other]["final"] else None)
+              if bench in results[ref].final and bench in results[other].final else None)
     phases = {r: _attribution(results[r]).get("phases") or {} for r in recipes}
     said = verdict(other, ref, bench, metric, paired, phases)
-    return said + match_clause(results[ref].get("compute"), results[other].get("compute"),
+    return said + match_clause(results[ref].compute.model_dump(),
+                               results[other].compute.model_dump(),
                                ref, other) if said else said
 
 
-def _final_records(cfg: PipelineConfig, res: dict, bench: str) -> list[dict]:
+def _final_records(cfg: PipelineConfig, res: PipelineResult, bench: str) -> list[dict]:
     ws = Workspace.at(cfg.project.workdir)
     with records_store(ws, cfg.data.store_lock_timeout) as store:
-        return stage_records(store, res["final"][bench], res["model_dir"])
+        return stage_records(store, res.final[bench], res.model_dir)
 
 
 def _fmt(x) -> str:
@@ -158,18 +160,18 @@ def to_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def memorisation_markdown(results: dict[str, dict]) -> str:
+def memorisation_markdown(results: dict[str, PipelineResult]) -> str:
     """The memorisation probe of every training stage (tasks/probes.py): accuracy on the
     problems it trained on and on unseen RL-part problems, each with its gain over the
     stage's start model, the gap between the gains, the held-out figure; "" without probes."""
     lines = []
     for recipe, res in results.items():
-        for p in (m["gap"] for m in res.get("memorisation") or []):
-            t_gain, u_gain = p["trained"] - p["trained_before"], p["unseen"] - p["unseen_before"]
-            held = "-" if p.get("heldout") is None else f"{p['heldout']:.3f}"
-            lines.append(f"| {recipe} | {p['stage']} | {p['trained']:.3f} ({t_gain:+.3f}) | "
-                         f"{p['unseen']:.3f} ({u_gain:+.3f}) | {t_gain - u_gain:+.3f} "
-                         f"+/- {1.96 * p.get('gap_se', 0.0):.3f} | {held} |")
+        for p in (m.gap for m in res.memorisation):
+            t_gain, u_gain = p.trained - p.trained_before, p.unseen - p.unseen_before
+            held = "-" if p.heldout is None else f"{p.heldout:.3f}"
+            lines.append(f"| {recipe} | {p.stage} | {p.trained:.3f} ({t_gain:+.3f}) | "
+                         f"{p.unseen:.3f} ({u_gain:+.3f}) | {t_gain - u_gain:+.3f} "
+                         f"+/- {1.96 * p.gap_se:.3f} | {held} |")
     if not lines:
         return ""
     return "\n".join(["", "", "Memorisation probe (gain over the stage's start model in brackets; "
@@ -204,11 +206,11 @@ def compare_recipes(configs: list[PipelineConfig], progress: bool = True,
         ran[cfg.project.recipe] = cfg
         results[cfg.project.recipe] = grpo_pipeline(cfg, progress=progress, plan=plan)
         if cfg.sft_stage.enabled:
-            sft_spent = results[cfg.project.recipe].get("compute")
+            sft_spent = results[cfg.project.recipe].compute.model_dump()
     configs = [ran[c.project.recipe] for c in configs]  # the table in the configured order
     results = {c.project.recipe: results[c.project.recipe] for c in configs}
     report = comparison_report(configs, results)
-    parents = [r["parent_run"] for r in results.values()]
+    parents = [r.parent_run for r in results.values()]
     run = publish_comparison(configs[0], report, parents)
     # which model versions (and champions) the verdict speaks of: a newer champion flags it
     report["computed_with"] = verdict_freshness.stamp(run, parents)
@@ -221,7 +223,7 @@ def compare_recipes(configs: list[PipelineConfig], progress: bool = True,
     create_markdown_artifact(
         key="recipe-comparison", markdown=artifact_markdown(report, links, tracking.current_uri()),
         description="R1-Zero vs SFT+GRPO: the verdict, and held-out metrics with paired 95% CIs")
-    return {**report, "runs": {k: v["parent_run"] for k, v in results.items()},
+    return {**report, "runs": {k: v.parent_run for k, v in results.items()},
             "comparison_run": run, "links": links}
 
 
@@ -254,7 +256,7 @@ def artifact_markdown(report: dict, links: dict, uri: str = "") -> str:
 
 
 @task(name="comparison-report", cache_policy=NO_CACHE)
-def comparison_report(configs: list[PipelineConfig], results: dict[str, dict]) -> dict:
+def comparison_report(configs: list[PipelineConfig], results: dict[str, PipelineResult]) -> dict:
     """The table (recipe rows, stage rows, recipe-vs-recipe rows), the verdict, and the
     files under <workdir>/reports: comparison.md, .csv, .png."""
     metric = configs[0].eval.primary_metric
@@ -265,7 +267,7 @@ def comparison_report(configs: list[PipelineConfig], results: dict[str, dict]) -
     report_dir = ws.root / "reports"
     report_dir.mkdir(parents=True, exist_ok=True)
     md = (to_markdown(rows) + memorisation_markdown(results)
-          + compute_markdown({r: res.get("compute") for r, res in results.items()}))
+          + compute_markdown({r: res.compute.model_dump() for r, res in results.items()}))
     table_csv = to_csv(rows)
     (report_dir / "comparison.md").write_text((f"**{said}**\n\n" if said else "") + md + "\n")
     (report_dir / "comparison.csv").write_text(table_csv)

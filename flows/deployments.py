@@ -79,7 +79,7 @@ def run_config(config_path: str = QUICKSTART, overrides: list[str] | None = None
     """One config through the pipeline (quickstart and each recipe deploy this flow)."""
     return state_or_refusal(
         lambda: grpo_pipeline.fn(_config(config_path, overrides, workdir), progress=False),
-        lambda out: out["registered"].get("summary") or "finished")
+        lambda out: out.registered.get("summary") or "finished")
 
 
 @flow(name="grpo-compare-recipes", flow_run_name=_compare_name)

@@ -29,6 +29,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.data.pool import PoolSlice
 from grpo_core.data.stage_split import check_rounds, prompts_per_update
 from grpo_core.eval.round_gate import Evaluated, gate_round
+from grpo_core.findings import Finding
 from grpo_core.generation.warm_engine import keep_warm, release_warm
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.train.diagnosis import CollapsedStart, start_collapse
@@ -47,7 +48,7 @@ from tasks.finish import finish_pipeline
 from tasks.preflight import RunPlan, planned
 from tasks.probes import memorisation_probe
 from tasks.runner import run_stage
-from tasks.stage_results import Compute, EvalResult, FilterResult
+from tasks.stage_results import Compute, EvalResult, FilterResult, PipelineResult
 from tasks.tracking import verdict_freshness
 
 
@@ -59,22 +60,25 @@ def git_commit() -> str:
         return "unknown"
 
 
-def contamination_findings(contamination: dict) -> list[str]:
-    """One line per evaluation set that training rows reproduce (data run: the counts)."""
-    return [f"data: {c['flagged']} training problems reproduce {bench} problems; "
-            f"{c['excluded']} excluded from training" for bench, c in contamination.items()
-            if c.get("flagged")]
+def contamination_findings(contamination: dict) -> list[Finding]:
+    """One per evaluation set that training rows reproduce (data run: the counts)."""
+    return [Finding.note("contamination", f"{c['flagged']} training problems reproduce {bench} "
+                         f"problems; {c['excluded']} excluded from training", stage="data",
+                         benchmark=bench, flagged=c["flagged"], excluded=c["excluded"])
+            for bench, c in contamination.items() if c.get("flagged")]
 
 
-def scorer_error_findings(label: str, evaluated: EvalResult) -> list[str]:
+def scorer_error_findings(label: str, evaluated: EvalResult) -> list[Finding]:
     """Scorer exceptions are reported, never silently read as wrong answers."""
-    return [f"{label}: {bench}: {n} scorer errors (not scored as wrong; the log names each "
-            "input's hash)" for bench, n in evaluated.scorer_errors().items()]
+    return [Finding.note("scorer_errors", f"{bench}: {n} scorer errors (not scored as wrong; "
+                         "the log names each input's hash)", stage=label, benchmark=bench,
+                         errors=n) for bench, n in evaluated.scorer_errors().items()]
 
 
-def budget_lines(cfg: PipelineConfig, earlier: list[Evaluated], later: tuple[str, dict]) -> list[str]:
+def eval_budget_findings(cfg: PipelineConfig, earlier: list[Evaluated],
+                         later: tuple[str, dict]) -> list[Finding]:
     """`eval_budget_truncates` of each delta later - earlier (grpo_core.train.eval_budget)."""
-    return [f.line() for e in earlier for f in budget_findings(
+    return [f for e in earlier for f in budget_findings(
         (e.label, e.benchmarks), later, cfg.eval.max_new_tokens, cfg.eval.max_truncated)]
 
 
@@ -101,7 +105,7 @@ def training_prompts(kept: FilterResult, pool: PoolSlice) -> tuple[PoolSlice | l
 
 @flow(name="grpo-pipeline", validate_parameters=True, flow_run_name=pipeline_run_name)
 def grpo_pipeline(config: PipelineConfig, progress: bool = True,
-                  plan: RunPlan | None = None) -> dict:
+                  plan: RunPlan | None = None) -> PipelineResult:
     """Run one recipe end to end; returns the final metrics and where the model is.
     `plan`: the run's preflight with the store held (`grpo run`); None: made here (a
     deployment's run), refusing before any work what this machine cannot run."""
@@ -137,7 +141,7 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True,
         final = eval_stage(model, "eval/final", cfg.eval.benchmarks,
                            reuses=start.label if covered else None)
         findings += scorer_error_findings("eval/final", final)
-        findings += budget_lines(cfg, [e for e in evaluated
+        findings += eval_budget_findings(cfg, [e for e in evaluated
                                        if e.label in ("eval/base", "eval/sft")],
                                  ("eval/final", final.benchmarks))
         evaluated.append(("eval/final", final.benchmarks, model))
@@ -147,11 +151,10 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True,
                                  base=base.benchmarks, wall_s=time.monotonic() - started,
                                  stages=evaluated)
         log.info("final: %s", report.get("summary"))
-        out = {"parent_run": parent, "model_dir": model, "final": final.benchmarks,
-               "base": base.benchmarks, "pipeline_rss_gb": pipeline_rss,
-               "findings": findings, "registered": report,
-               "memorisation": [p.model_dump(mode="json") for p in run.probes],
-               "compute": run.compute.model_dump()}
+        out = PipelineResult(parent_run=parent, model_dir=model, final=final.benchmarks,
+                             base=base.benchmarks, pipeline_rss_gb=pipeline_rss,
+                             findings=findings, registered=report, memorisation=run.probes,
+                             compute=run.compute)
         if warm.starts:  # vLLM sampled the filter or an eval here
             log.info("vLLM engines: %d started for the filter and eval stages, %d taken again "
                      "by the next stage on the same model (rollout.reuse_engine)",
@@ -159,18 +162,18 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True,
             tracking.log_metrics(parent, {ENGINE_STARTS_METRIC: warm.starts,
                                           ENGINE_REUSES_METRIC: warm.reuses})
         verdict_freshness.mark_if_stale(experiment_name(cfg))  # a newer champion?
-    log_findings(log, out["findings"])
+    log_findings(log, out.findings)
     publish_pipeline(cfg, out)
     return out
 
 
-def publish_pipeline(cfg: PipelineConfig, out: dict) -> None:
+def publish_pipeline(cfg: PipelineConfig, out: PipelineResult) -> None:
     """The run's Prefect artifact (`pipeline-<recipe>`), where a Prefect user looks: the
     result line with the paired delta and the registry's decision, the headline table
     (base, final, paired delta per benchmark), the findings, the MLflow links."""
-    reg = out["registered"]
+    reg = out.registered
     publish_result("pipeline", cfg.project.recipe, [f"**{cfg.project.recipe}**: {reg.get('summary')}"],
-                   reg, out["findings"], f"{cfg.project.recipe}: held-out result, paired delta")
+                   reg, out.findings, f"{cfg.project.recipe}: held-out result, paired delta")
 
 
 @contextlib.contextmanager
@@ -210,7 +213,7 @@ def eval_scorer_for(cfg: PipelineConfig, ws: Workspace, own_process: bool):
 
 def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: int,
                  log, evidence_run: str | None = None, compute: Compute | None = None
-                 ) -> tuple[PoolSlice | list[str], str | None]:
+                 ) -> tuple[PoolSlice | list[str], Finding | None]:
     """Round `round_no`'s difficulty filter of its candidates `problem_ids` (a fresh window
     of the RL part: tasks.stage_data.round_candidates) under `model` (estimates
     prefilled by shards when filter.shards > 1), then its training prompts: the
@@ -229,22 +232,25 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: 
         compute.add(kept)
     collapsed = start_collapse(kept.pass_rates, ctx.cfg, round_no)
     if collapsed is not None and collapsed.severity == "stop":  # diagnosis.stop_on_collapsed_start
-        raise CollapsedStart(collapsed.line())
+        raise CollapsedStart(collapsed.line(), collapsed)
     prompts, note = training_prompts(kept, problem_ids)
-    note = note or window_note(ctx.cfg, kept, len(problem_ids))
-    return prompts, (f"round {round_no}: {note}" if note else None)
+    found = (Finding.note("few_in_band", note, stage=f"round {round_no}") if note else
+             window_note(ctx.cfg, kept, len(problem_ids)))
+    return prompts, (found.at(f"round {round_no}") if found else None)
 
 
-def window_note(cfg: PipelineConfig, kept: FilterResult, window: int) -> str | None:
+def window_note(cfg: PipelineConfig, kept: FilterResult, window: int) -> Finding | None:
     """Before training: a round whose draws (grpo.max_steps x prompts per step) would train
     each kept prompt more than probe.max_prompt_repeats times, and the window that would not."""
     draws, limit = cfg.grpo.max_steps * prompts_per_update(cfg), cfg.probe.max_prompt_repeats
     if not kept.kept_ids or draws <= limit * len(kept.kept_ids):
         return None
     need = -(-draws * window // (limit * len(kept.kept_ids)))  # ceil, at this keep rate
-    return (f"{draws} prompt draws over the {len(kept.kept_ids)} kept of {window} candidates: "
-            f"each ~{draws / len(kept.kept_ids):.1f} times (probe.max_prompt_repeats {limit}); "
-            f"~{need} candidates (filter.max_problems) would keep it within")
+    return Finding.note(
+        "prompt_repeats", f"{draws} prompt draws over the {len(kept.kept_ids)} kept of {window} "
+        f"candidates: each ~{draws / len(kept.kept_ids):.1f} times (probe.max_prompt_repeats "
+        f"{limit}); ~{need} candidates (filter.max_problems) would keep it within",
+        draws=draws, kept=len(kept.kept_ids), window=window, limit=limit, need=need)
 
 
 @dataclass
@@ -254,7 +260,7 @@ class _Run:
 
     ctx: stages.Ctx
     log: object
-    findings: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     probes: list = field(default_factory=list)
     compute: Compute = field(default_factory=Compute)  # what the recipe spent, per stage kind
     pool: object = None
@@ -283,10 +289,12 @@ class _Run:
             self.log.warning(f)
         self.pool = stage_data.pool_of(data)
         self.rl_size = stage_data.rl_size(self.ctx, self.pool)
-        self.findings += [f"data: {note}" for note in check_rounds(cfg, self.rl_size)]
+        self.findings += [Finding.note("pool_window", note, stage="data")
+                          for note in check_rounds(cfg, self.rl_size)]
         if cfg.data.stage_overlap:
-            self.findings.append("data: data.stage_overlap is set: SFT and GRPO read the whole "
-                                 "pool, so GRPO trains on problems SFT trained on (an ablation)")
+            self.findings.append(Finding.note(
+                "stage_overlap", "data.stage_overlap is set: SFT and GRPO read the whole pool, "
+                "so GRPO trains on problems SFT trained on", stage="data"))
         return data
 
     def probe(self, start_model: str, model_dir: str, stage: str, trained: list[str],
@@ -309,7 +317,7 @@ class _Run:
         cfg = self.ctx.cfg
         sft = self.compute.add(run_stage(self.log, "sft", "sft", stages.sft, self.ctx, model,
                                          stage_data.sft_part(cfg, self.pool)))
-        self.findings += [f"sft: {f}" for f in sft.findings]
+        self.findings += sft.findings
         sft_eval = self.eval_stage(sft.model_dir, "eval/sft", cfg.eval.benchmarks[:1])
         self.probe(model, sft.model_dir, "sft", sft.trained_sample, sft_eval, readiness=True)
         return Evaluated("eval/sft", sft_eval.benchmarks, sft.model_dir)
@@ -334,7 +342,7 @@ class _Run:
                 except CollapsedStart as stop:
                     if r == 1:
                         raise  # nothing trained: the run stops, naming what to change
-                    self.findings.append(str(stop))  # the rounds so far made the model: keep it
+                    self.findings.append(stop.finding.at(f"round {r}"))  # the rounds so far made the model
                     log.warning("%s", stop)
                     break
                 self.findings += [note] if note else []

@@ -14,8 +14,8 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from flows.pipeline import (
-    budget_lines,
     contamination_findings,
+    eval_budget_findings,
     eval_scorer_for,
     filter_round,
     parent_run,
@@ -25,6 +25,7 @@ from flows.refusals import NoChampion
 from flows.run_view import log_findings, publish_result, retrain_run_name
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.round_gate import Evaluated, regressions
+from grpo_core.findings import Finding
 from grpo_core.modeling.loading import use_hub_token
 from grpo_core.workspace import Workspace, experiment_name
 from tasks import stage_data, stages, tracking
@@ -92,7 +93,7 @@ def decision_files(cfg: PipelineConfig, champion_version, report: dict, out: dic
     return decision, {"benchmark": bench, "champion": champ, "challenger": chall}
 
 
-def publish_retrain(cfg: PipelineConfig, decision: dict, report: dict, findings: list[str]) -> None:
+def publish_retrain(cfg: PipelineConfig, decision: dict, report: dict, findings: list[Finding]) -> None:
     """The retrain's Prefect artifact (`retrain-<recipe>`): the decision and its rule, the
     champion-vs-challenger table with the paired delta, the findings, the MLflow links."""
     publish_result("retrain", cfg.project.recipe, [
@@ -116,7 +117,7 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     # (tasks.stage_data.round_candidates; none left stops with the numbers and the fix).
     prompts, note = stage_data.round_candidates(cfg, pool, stage_data.rl_size(ctx, pool),
                                                 cfg.rounds.count + 1)
-    findings += [note] if note else []
+    findings += [Finding.note("pool_window", note, stage="data")] if note else []
     if cfg.filter.enabled:
         prompts, note = filter_round(ctx, champion_dir, prompts, 1, log)
         findings += [note] if note else []
@@ -131,8 +132,8 @@ def _stages(ctx: stages.Ctx, champion_dir: str, log) -> dict:
     findings += train.findings
     for label, evaluated in (("eval/champion", before), ("eval/final", after)):
         findings += scorer_error_findings(label, evaluated)
-    findings += regressions(1, before.benchmarks, after.benchmarks, primary)
-    findings += budget_lines(cfg, [Evaluated("eval/champion", before.benchmarks, champion_dir)],
+    findings += regressions(1, before.benchmarks, after.benchmarks, primary, "champion_regressed")
+    findings += eval_budget_findings(cfg, [Evaluated("eval/champion", before.benchmarks, champion_dir)],
                              ("eval/final", after.benchmarks))
     # The champion's per-problem rows, scored under today's protocol, to pair with the
     # challenger's.

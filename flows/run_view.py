@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def log_findings(log, findings: list[str]) -> None:
+def log_findings(log, findings: list) -> None:
     """Each finding (worth a human's look) as a line of the terminal and the Prefect run
     log, where `grpo run` over both recipes shows them nowhere else: after their count by
     severity, info ones at INFO, the others at WARNING."""
-    from grpo_core.train.findings import count_findings, severity_of
+    from grpo_core.findings import count_findings
 
     if findings:
         log.info("findings: %s", count_findings(findings))
-    for f in findings:
-        (log.info if severity_of(f) == "info" else log.warning)("finding: %s", f)
+    for f in findings:  # grpo_core.findings.Finding
+        (log.info if f.severity == "info" else log.warning)("finding: %s", f.line())
 
 
 # --------------------------------------------------------------------------- run names
@@ -95,7 +95,7 @@ def links_markdown(links: dict) -> str:
     return "MLflow: " + ", ".join(said) if said else ""
 
 
-def publish_result(kind: str, recipe: str, head: list[str], report: dict, findings: list[str],
+def publish_result(kind: str, recipe: str, head: list[str], report: dict, findings: list,
                    description: str) -> None:
     """A pipeline's or retrain's Prefect artifact (`<kind>-<recipe>`): `head` (the result or
     decision), the headline table of `report` (finish_pipeline's), the findings, the MLflow
@@ -105,7 +105,7 @@ def publish_result(kind: str, recipe: str, head: list[str], report: dict, findin
 
     links = report.get("links") or {}
     markdown = "\n".join([*head, "", report.get("table") or "", "",
-                           *([f"- {f}" for f in findings] + [""] if findings else []),
+                           *([f"- {f.line()}" for f in findings] + [""] if findings else []),
                            links_markdown(links)])
     create_markdown_artifact(key=artifact_key(kind, recipe), markdown=markdown,
                              description=description)

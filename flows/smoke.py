@@ -20,9 +20,14 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpo_core.config import PipelineConfig, config_from_dict
 from grpo_core.eval.metric_names import at_samples
+from grpo_core.findings import Finding
+
+if TYPE_CHECKING:
+    from tasks.stage_results import PipelineResult
 
 PROXY = "builtin:proxy-qwen2"
 STEPS = 2  # optimizer steps per training stage
@@ -128,8 +133,9 @@ def observe():
 
         def recorded(*args, **kwargs):
             out = orig(*args, **kwargs)
+            # a cached stage inside a task run returns its result in a `Cached` state
             rec.stages.append({"stage": name, "args": sig.bind(*args, **kwargs).arguments,
-                               "out": out})
+                               "out": out.result() if hasattr(out, "is_completed") else out})
             return out
         return recorded
 
@@ -186,7 +192,7 @@ def stage_figures(res) -> dict:
     return {k: v for k, v in figures.items() if v is not None}
 
 
-def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out: dict,
+def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out: PipelineResult,
                  seconds: float, gpu_gb: float) -> dict:
     from grpo_core.modeling.memory_plan import memory_plan
 
@@ -218,11 +224,13 @@ def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out
                    "cached": res.cached, **stage_figures(res)}
             stages.append(row)
             training.append(row)
-    findings = list(out.get("findings", []))
-    findings += [f"{t['stage']}: saved weights unchanged; GRPO's update is 0 when every group's "
-                 "rewards are equal (no group's samples disagreed on any reward: a larger G "
-                 "or --model with a model that sometimes solves the problems shows it move)"
-                 for t in training if t["stage"].startswith("grpo") and t["param_change_norm"] == 0]
+    found = list(out.findings)
+    found += [Finding.note("smoke_check", "saved weights unchanged; GRPO's update is 0 when every "
+                           "group's rewards are equal (no group's samples disagreed on any reward: "
+                           "a larger G or --model with a model that sometimes solves the problems "
+                           "shows it move)", stage=t["stage"])
+              for t in training if t["stage"].startswith("grpo") and t["param_change_norm"] == 0]
+    findings = [f.line() for f in found]  # the report is JSON: rendered here
     dtypes = {t["master_dtype"] for t in training}
     return {
         "config_model": real.model.name_or_path,

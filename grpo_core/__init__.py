@@ -22,7 +22,8 @@ Importing this package is cheap: it imports nothing."""
 LAYERS = ("verify", "data", "modeling", "generation", "eval", "train")
 """Subpackages, lowest first: each may import the top modules and the ones before it."""
 
-TOP_MODULES = ("config", "progress", "workspace", "prompts", "versions", "driver", "redaction")
+TOP_MODULES = ("config", "progress", "workspace", "prompts", "versions", "driver", "redaction",
+               "findings")
 """The base modules at the top of grpo_core (no layer imports, see CONFIG_LATE_IMPORTS);
 config is a package, the one top module that is."""
 

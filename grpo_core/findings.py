@@ -2,13 +2,15 @@
 (grpo_core/train/diagnosis.py) write and every stage, the CLI and the tracking pages read.
 
 - `Finding`: a stable `code`, a `severity` (SEVERITIES: info|warn|stop), the `steps`, the
-  `evidence`, and the `action` (ACTIONS: the fix, one per code); `line()` says it in one line.
-- `count_findings(lines)` / `severity_of(line)`: the one count of finding lines by severity,
-  said the same on the round, the parent, the stage line and the report.
+  `evidence`, the `stage` it is about, and the `action` (ACTIONS: the fix, one per code);
+  `line()` says it in one line. Findings stay `Finding`s from the rule that fires to the
+  page that shows them: only `line()` turns one into text.
+- `count_findings(findings)`: the one count by severity, said the same on the round, the
+  parent, the stage line and the report.
 - `codes_tag(findings)`: the round's `diagnosis` tag."""
 from __future__ import annotations
 
-import re
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +58,29 @@ ACTIONS = {
     "prompt_repeats": "the round trains the same prompts over and over: more fresh candidates "
                       "(filter.max_problems, data.train limit), a wider filter.band, or fewer "
                       "grpo.max_steps",
+    # What a stage notes on its way (not a rule over the per-step metrics): said the same way.
+    "collapse": "re-filter difficulty (filter.refilter_each_round) or check the rewards",
+    "repeated_output": "read the completions (the rollouts table): a reward may pay a pattern "
+                       "rather than the task",
+    "skipped_updates": "every reward of those batches was below rounds.skip_update_below: "
+                       "re-filter (filter.refilter_each_round) or lower the threshold",
+    "in_round_choice": "none: in_round_eval.every picked the checkpoint the round hands on",
+    "in_round_stopped": "the held-out score kept falling: lower grpo.learning_rate or "
+                        "grpo.max_steps, or raise in_round_eval.patience",
+    "mlflow_unsent": "none: the next run sends the kept metric points",
+    "contamination": "training rows match held-out problems: they were dropped from training "
+                     "(data.decontaminate); check the source",
+    "pool_window": "more data (data.train limit) or fewer rounds (rounds.count), steps "
+                   "(grpo.max_steps) or candidates (filter.max_problems)",
+    "stage_overlap": "an ablation: unset data.stage_overlap for stage-disjoint data",
+    "few_in_band": "widen filter.band, raise filter.max_problems, or SFT first",
+    "rounds_stopped": "the rounds so far made the model; re-filter or SFT first for more",
+    "scorer_errors": "the scorer raised on some records (scored wrong): see the eval run's "
+                     "scorer_errors and the records",
+    "round_regressed": "rounds.rollback_on_regression handed the better model on; lower "
+                       "grpo.learning_rate or grpo.max_steps",
+    "champion_regressed": "the champion stays: see the retrain round's findings",
+    "smoke_check": "see the smoke report's line for the check that failed",
 }
 """code -> the fix, one per rule (docs/troubleshooting.md lists the codes)."""
 
@@ -64,9 +89,28 @@ ACTIONS = {
 class Finding:
     code: str
     severity: str  # info | warn | stop
-    steps: list[int]
-    evidence: dict
+    steps: list[int] = field(default_factory=list)
+    evidence: dict = field(default_factory=dict)
     summary: str = field(default="", compare=False)  # the evidence in words, for line()
+    stage: str = ""  # the stage it is about ("data", "sft", "grpo/round-2"): line()'s prefix
+
+    @classmethod
+    def note(cls, code: str, summary: str, severity: str = "warn", stage: str = "",
+             steps: Sequence[int] = (), **evidence) -> Finding:
+        """What a stage notes on its way (ACTIONS' second half), as a finding."""
+        return cls(code, severity, list(steps), evidence, summary, stage)
+
+    @classmethod
+    def of(cls, value: Finding | dict) -> Finding:
+        """A finding back from JSON (a launched stage's result, the stage cache)."""
+        if isinstance(value, Finding):
+            return value
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in value.items() if k in names})
+
+    def at(self, stage: str) -> Finding:
+        """This finding, said of `stage` (kept when it names one already)."""
+        return self if self.stage else dataclasses.replace(self, stage=stage)
 
     @property
     def action(self) -> str:
@@ -74,11 +118,16 @@ class Finding:
 
     def as_dict(self) -> dict:
         return {"code": self.code, "severity": self.severity, "steps": list(self.steps),
-                "evidence": dict(self.evidence), "action": self.action}
+                "evidence": dict(self.evidence), "action": self.action,
+                **({"stage": self.stage} if self.stage else {})}
 
     def line(self) -> str:
         steps = f" steps {step_ranges(self.steps)}" if self.steps else ""  # a stage's, not a step's
-        return f"{self.code} [{self.severity}]{steps}: {self.summary} -> {self.action}"
+        where = f"{self.stage}: " if self.stage else ""
+        return f"{where}{self.code} [{self.severity}]{steps}: {self.summary} -> {self.action}"
+
+    def __str__(self) -> str:
+        return self.line()
 
 
 def step_ranges(steps: Sequence[int]) -> str:
@@ -92,18 +141,15 @@ def step_ranges(steps: Sequence[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts) or "-"
 
 
-def severity_of(line: str) -> str:
-    """The severity a finding line states (`Finding.line`: "code [info] ..."); a line of
-    another stage (contamination, the round gate, an in-round note) is a warn."""
-    m = re.search(r"\[(" + "|".join(SEVERITIES) + r")\]", line)
-    return m.group(1) if m else "warn"
+def lines(findings: Iterable[Finding]) -> list[str]:
+    return [f.line() for f in findings]
 
 
-def count_findings(lines: Iterable[str]) -> str:
+def count_findings(findings: Iterable[Finding]) -> str:
     """The one count of findings, by severity, said the same on the round, the parent, the
     stage line and the report: "no findings", "1 finding (1 info)", "3 findings (1 warn,
     2 info)" (the most severe first)."""
-    by = Counter(severity_of(x) for x in lines)
+    by = Counter(f.severity for f in findings)
     total = sum(by.values())
     if not total:
         return "no findings"

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_core.eval.comparison import final_vs_base, stage_attribution
+from grpo_core.findings import Finding
 from grpo_core.workspace import Workspace, workdir_of
 from tasks import tracking
 from tasks.eval_records import pipeline_records
@@ -16,7 +17,7 @@ from tasks.tracking.registry import EVAL_RUN_TAG
 
 
 def finish_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, final: Mapping[str, Any],
-                    findings: Sequence[str], workspace: Workspace | str | os.PathLike | None = None,
+                    findings: Sequence[Finding], workspace: Workspace | str | os.PathLike | None = None,
                     *, champion_records: Sequence[Mapping] | None = None,
                     base: Mapping[str, Any] | None = None, base_model: str | None = None,
                     wall_s: float | None = None,

@@ -12,7 +12,7 @@ from grpo_core.data.pool import PoolSlice
 from grpo_core.data.problems import Problem
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from tasks import stage_data, tracking
-from tasks.runner import cached_stage
+from tasks.runner import cached_stage, task_result
 from tasks.stage_keys import probe_key
 from tasks.stage_results import ProbeResult
 
@@ -66,8 +66,9 @@ def memorisation_probe(ctx, start_model: str, model_path: str, stage: str, train
         ctx.record_lineage(key, "probe", round_no, model_fp, None, {
             "probe_trained": {p.id or p.fingerprint: 1 for p in sets["trained"]},
             "probe_unseen": {p.id or p.fingerprint: 1 for p in sets["unseen"]}})
-        lines = [f"{stage}: {f.line()}" for f in found]
-        tracking.set_tags(run, {"findings": " | ".join(lines) or "none"})
-        return ProbeResult(gap=gap, readiness=ready, readiness_line=ready_line, findings=lines)
+        found = [f.at(stage) for f in found]
+        tracking.set_tags(run, {"findings": " | ".join(f.line() for f in found) or "none"})
+        return ProbeResult(gap=gap, readiness=ready, readiness_line=ready_line, findings=found)
 
-    return cached_stage(ctx, key, f"probe/{stage.split('/')[-1]}", ProbeResult, compute)
+    return task_result(cached_stage(ctx, key, f"probe/{stage.split('/')[-1]}", ProbeResult,
+                                    compute))

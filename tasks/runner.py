@@ -3,10 +3,11 @@ content-keyed cache and its MLflow child run. What a stage does is tasks/stages.
 
     result = run_stage(log, "grpo/round-1", "grpo", stages.grpo_round, ctx, model, prompts, 1)
 
-`run_stage` logs `grpo/round-1: started`, runs the stage function (inside a flow run as
-`stage_task`, the one Prefect task a stage runs as: a task run named by its label, whose
-state is `Cached` when the stage cache served it) and logs the end line: cached or
-computed, seconds, the result's key number. Prefect's own cache policy is off (NO_CACHE):
+`run_stage` logs `grpo/round-1: started`, runs the stage function (inside a flow run as a
+Prefect task run named by its label, the stage function itself: no wrapper between) and
+logs the end line: cached or computed, seconds, the result's key number. A stage function
+returns `task_result(result)`: the result, in Prefect's `Cached` state when the stage
+cache served it inside a task run, else as it is. Prefect's own cache policy is off (NO_CACHE):
 why, in docs/pipeline.md ("One orchestration layer").
 
 Inside the stage, `stage_cache` is the project's cache around its work:
@@ -33,7 +34,7 @@ from typing import Any, Generic, TypeVar
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.states import Completed
 
 from grpo_core.modeling.gpu import stage_memory
@@ -70,10 +71,10 @@ def run_stage(log, name: str, kind: str, fn: Callable, *args, primary: str = "",
     else:
         retries, delay = RETRIES.get(kind, (0, 0))
         # task_run_name is a str.format template over the task's parameters: escape braces
-        runnable = stage_task.with_options(
-            name=TASK_NAMES.get(kind, kind), retries=retries, retry_delay_seconds=delay,
-            task_run_name=name.replace("{", "{{").replace("}", "}}"))
-        state = runnable(fn, *args, return_state=True, **kwargs)
+        runnable = task(fn, name=TASK_NAMES.get(kind, kind), cache_policy=NO_CACHE,
+                        retries=retries, retry_delay_seconds=delay,
+                        task_run_name=name.replace("{", "{{").replace("}", "}}"))
+        state = runnable(*args, return_state=True, **kwargs)
         result = state.result()  # the stage's value, or its exception raised here
         cached, task_run = state.name == "Cached", state.state_details.task_run_id
     key = summary(result, primary)
@@ -83,12 +84,11 @@ def run_stage(log, name: str, kind: str, fn: Callable, *args, primary: str = "",
     return result
 
 
-@task(name="stage", cache_policy=NO_CACHE)
-def stage_task(fn: Callable, *args, **kwargs):
-    """`fn(*args, **kwargs)` as a task run: its result, in a `Cached` state when the
-    stage cache served it."""
-    result = fn(*args, **kwargs)
-    if isinstance(result, StageResult) and result.cached:
+def task_result(result: R) -> R:
+    """What a stage function returns: `result`; inside a task run (run_stage in a flow run)
+    a result the stage cache served is returned in Prefect's `Cached` state (type
+    COMPLETED), so the Prefect UI tells cached stages from computed ones."""
+    if result.cached and TaskRunContext.get() is not None:
         return Completed(name="Cached", data=result, message="served from the stage cache")
     return result
 

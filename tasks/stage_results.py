@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from grpo_core.data.pool import PoolRef
 from grpo_core.eval.comparison import ci_text
 from grpo_core.eval.metric_names import eval_metrics
+from grpo_core.findings import Finding, count_findings
 from grpo_core.modeling.gpu import GPU_PEAK_METRIC
-from grpo_core.train.findings import count_findings
 from grpo_core.train.memorisation import GapResult
 from grpo_core.train.throughput import (
     PREFIX,
@@ -172,7 +172,7 @@ class TrainResult(StageResult):
 
     model_dir: str
     steps: int
-    findings: list[str] = []
+    findings: list[Finding] = []
     stopped_early: bool = False
     diagnosis: str = "none"  # the rules' codes, info ones too
     throughput: dict[str, float] = {}  # the round's figures (grpo_core.train.throughput)
@@ -236,7 +236,7 @@ class ProbeResult(StageResult):
     gap: GapResult
     readiness: dict[str, float] = {}  # readiness/* metrics; empty after a GRPO round
     readiness_line: str = ""
-    findings: list[str] = []
+    findings: list[Finding] = []
 
     def metrics(self) -> dict[str, float]:
         return {**self.gap.metrics(), **self.readiness}
@@ -283,3 +283,20 @@ class Compute(BaseModel):
             self.gen_tokens += result.compute.get("gen_tokens", 0.0)
             self.train_tflop += result.compute.get("train_tflop", 0.0)
         return result
+
+
+class PipelineResult(BaseModel):
+    """What one recipe's pipeline run hands back (flows/pipeline.py grpo_pipeline): its
+    parent run, the model it made, the final and base evaluations ({bench: the eval
+    stage's record}), the findings, the registry's report (tasks/finish.py), the
+    memorisation probes, what it spent, and this process's RSS after each round."""
+
+    parent_run: str
+    model_dir: str
+    final: dict[str, dict[str, Any]]
+    base: dict[str, dict[str, Any]] = {}
+    findings: list[Finding] = []
+    registered: dict[str, Any] = {}
+    memorisation: list[ProbeResult] = []
+    compute: Compute = Field(default_factory=Compute)
+    pipeline_rss_gb: list[float] = []

@@ -21,13 +21,14 @@ from pathlib import Path
 from grpo_core.config import PipelineConfig
 from grpo_core.data.stage_split import prompts_per_update
 from grpo_core.data.store import Store
+from grpo_core.findings import Finding
 from grpo_core.modeling.fetch import provenance_tags
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
 from tasks import stage_data, tracking
 from tasks.cache import StageCache
 from tasks.launch import LaunchPlan
-from tasks.runner import cached_stage, stage_cache
+from tasks.runner import cached_stage, stage_cache, task_result
 from tasks.stage_keys import (
     eval_key,
     filter_key,
@@ -136,7 +137,7 @@ def ingest(ctx: Ctx) -> DataResult:
                           contaminated=sum(c["flagged"] for c in contamination.values()),
                           contamination=contamination)
 
-    return cached_stage(ctx, key, "data", DataResult, compute)
+    return task_result(cached_stage(ctx, key, "data", DataResult, compute))
 
 
 def base_model(ctx: Ctx) -> str:
@@ -190,7 +191,7 @@ def difficulty_filter(ctx: Ctx, model_path: str, problem_ids: stage_data.Selecti
             pass_rates=[r["pass_rate"] for r in report.estimates])
 
     kept = cached_stage(ctx, key, f"filter/round-{round_no}", FilterResult, compute)
-    return kept.model_copy(update={"need": prompts_per_update(ctx.cfg)})
+    return task_result(kept.model_copy(update={"need": prompts_per_update(ctx.cfg)}))
 
 
 def sft(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection) -> SftStageResult:
@@ -219,15 +220,16 @@ def sft(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection) -> SftStag
         ctx.record_lineage(key, "sft", None, model_fingerprint(model_path),
                            model_fingerprint(result.output_dir),
                            {"sft_example": {p.id or p.fingerprint: epochs for p in trained}})
+        findings = [f.at("sft") for f in findings]
         if findings:
-            tracking.set_tags(run, {"findings": " | ".join(findings)})
+            tracking.set_tags(run, {"findings": " | ".join(f.line() for f in findings)})
         return SftStageResult(model_dir=result.output_dir, steps=result.steps,
                               findings=findings, paths=[result.output_dir],
                               compute=training_compute(result.history, result.total_flos),
                               trained_sample=[p.id or p.fingerprint
                                               for p in trained[:ctx.cfg.probe.problems]])
 
-    return cached_stage(ctx, key, "sft", SftStageResult, compute)
+    return task_result(cached_stage(ctx, key, "sft", SftStageResult, compute))
 
 
 def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
@@ -270,12 +272,13 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
                     [slot.run]).fetchall()}
             ctx.record_lineage(key, "grpo", round_no, model_fingerprint(model_path),
                                model_fingerprint(result.output_dir), {"grpo_prompt": uses})
-            result.findings += [f.line() for f in repeat_findings(
-                f"grpo/round-{round_no}", uses, ctx.cfg.probe.max_prompt_repeats)]
-            findings, codes = diagnose_round(slot.run, result.history, ctx.cfg, result.findings)
+            result.findings += repeat_findings(f"grpo/round-{round_no}", uses,
+                                               ctx.cfg.probe.max_prompt_repeats)
+            findings, codes = diagnose_round(slot.run, result.history, ctx.cfg,
+                                             [f.at(f"grpo/round-{round_no}") for f in result.findings])
             tracking.log_training_curves(slot.run, result.history, "grpo")
             throughput = round_summary(result.history)  # the stage line's figures
-            tags = {"findings": " | ".join(findings) or "none"}
+            tags = {"findings": " | ".join(f.line() for f in findings) or "none"}
             if result.in_round_evals:  # in_round_eval.every: which checkpoint the round hands on
                 tags.update({"in_round_eval.best_step": str(result.best_step),
                              "in_round_eval.protocol_hash": str(result.in_round_protocol)})
@@ -288,27 +291,27 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
                 throughput=throughput, paths=[result.output_dir],
                 compute=training_compute(result.history),
                 trained_sample=sorted(uses, key=lambda i: (-uses[i], i))[:ctx.cfg.probe.problems])
-    return slot.result
+    return task_result(slot.result)
 
 
 def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig,
-                   in_round: list[str] = ()) -> tuple[list[str], str]:
+                   in_round: list[Finding] = ()) -> tuple[list[Finding], str]:
     """The diagnosis rules over a round's history (grpo_core.train.diagnosis): all findings
     as diagnosis.json and their codes as the `diagnosis` tag of `run`. Returns the round's
     findings (the report's): `in_round` (the monitor's notes and stops) then every rule's
     line but the stops (the in-round ones already), info ones too; the run's description
     counts that same list (findings.count_findings) and lists every rule's line."""
+    from grpo_core.findings import codes_tag, count_findings
     from grpo_core.train.diagnosis import diagnose
-    from grpo_core.train.findings import codes_tag, count_findings
 
     found = diagnose(history, cfg)
     tracking.log_json(run, [f.as_dict() for f in found], "diagnosis.json")
-    lines = [*in_round, *(f.line() for f in found if f.severity != "stop")]
-    note = "\n".join(f"- {x}" for x in [*in_round, *(f.line() for f in found)]) or "- none"
-    tracking.set_tags(run, {"diagnosis": codes_tag(found), "findings.count": count_findings(lines),
+    kept = [*in_round, *(f for f in found if f.severity != "stop")]
+    note = "\n".join(f"- {f.line()}" for f in [*in_round, *found]) or "- none"
+    tracking.set_tags(run, {"diagnosis": codes_tag(found), "findings.count": count_findings(kept),
                             "mlflow.note.content":
-                            f"**Diagnosis of this round**: {count_findings(lines)}\n\n{note}\n"})
-    return lines, codes_tag(found)
+                            f"**Diagnosis of this round**: {count_findings(kept)}\n\n{note}\n"})
+    return kept, codes_tag(found)
 
 
 def evaluate_model(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
@@ -351,7 +354,7 @@ def evaluate_model(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
     # Cached by content: the same model under the same protocol is evaluated once, even
     # when two labels ask for it (the last round's eval and the final eval; with more
     # benchmarks, the final eval reads back the one the round scored: scored_already).
-    return cached_stage(ctx, key, label, EvalResult, compute)
+    return task_result(cached_stage(ctx, key, label, EvalResult, compute))
 
 
 def scored_already(ctx: Ctx, model_fp: str, benchmarks: list[str], problem_sets: dict[str, str],

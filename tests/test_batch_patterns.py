@@ -7,6 +7,7 @@ from __future__ import annotations
 from test_diagnosis import codes, healthy
 
 from grpo_core.config import config_from_dict
+from grpo_core.findings import ACTIONS
 from grpo_core.train.batch_patterns import (
     SHARE_METRICS,
     normalise,
@@ -14,7 +15,6 @@ from grpo_core.train.batch_patterns import (
     share_metrics,
 )
 from grpo_core.train.diagnosis import diagnose
-from grpo_core.train.findings import ACTIONS
 
 pytest_plugins = ["fixtures_models"]
 
@@ -115,6 +115,7 @@ def test_a_real_round_logs_the_shares_of_its_batches(tiny_model_path, tmp_path) 
     for step, rows in batches.items():
         assert len({r["problem_id"] for r in rows}) == 3
         assert logged[step] == share_metrics(repeated_patterns(rows))
-    assert [f for f in result.findings if f.startswith("repeated text ") and "under 100% of the 3 prompts" in f]
+    assert [f for f in result.findings if f.code == "repeated_output"
+            and f.summary.startswith("repeated text ") and "under 100% of the 3 prompts" in f.summary]
     found = [f for f in diagnose(result.history, cfg) if f.code == "reward_hacking_suspect"]
     assert [f.evidence["pattern"] for f in found] == ["text"] and found[0].steps == [1, 2]

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from grpo_core.config import config_from_dict
-from grpo_core.train.diagnosis import RoundMonitor
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,15 +24,6 @@ def bench(monkeypatch):
     monkeypatch.setitem(sys.modules, "bench_diagnose", mod)  # dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
-
-
-def test_in_round_findings_map_to_codes(bench):
-    mon = RoundMonitor(config_from_dict({"diagnosis": {"collapse_patience": 1}, "rounds": {"kl_ceiling": 0.5}}))
-    notes, _ = mon.observe({"frac_reward_zero_std": 1.0}, 3)
-    assert bench.in_round(notes[0]) == ("collapse", "info", 3)
-    assert bench.in_round(mon.observe({"loss": math.nan}, 4)[1]) == ("nonfinite", "stop", 4)
-    assert bench.in_round(mon.observe({"kl": 0.75}, 5)[1]) == ("kl_ceiling", "stop", 5)
-    assert bench.in_round(RoundMonitor.reward_stop("digit_share", math.nan, 1)) == ("nonfinite", "stop", 1)
 
 
 def test_every_fault_builds_a_valid_config(bench, monkeypatch):

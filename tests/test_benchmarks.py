@@ -143,7 +143,8 @@ def test_pipeline_stores_eval_sets_and_flags_planted_rows(shared_data, tiny_mode
     for bench in ("gsm8k", "math500"):
         assert data[f"data/contamination/{bench}/flagged"] == 1
         assert data[f"data/contamination/{bench}/excluded"] == 1
-    assert "finding: data: 1 training problems reproduce gsm8k problems; 1 excluded" in out.stdout
+    assert ("finding: data: contamination [warn]: 1 training problems reproduce gsm8k problems; "
+            "1 excluded") in out.stdout
     final = by_name["eval/final"].data
     test3 = stage_problems("gsm8k", "test", data_dir=shared_data, limit=3)
     assert final.tags["gsm8k.split"] == "test"

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from grpo_core.config import ConfigError, PipelineConfig, config_from_dict
+from grpo_core.findings import ACTIONS, Finding, codes_tag, step_ranges
 from grpo_core.train.diagnosis import RoundMonitor, diagnose, parse_history
-from grpo_core.train.findings import ACTIONS, codes_tag, step_ranges
 
 DATA = Path(__file__).resolve().parent / "data"
 STEPS = list(range(1, 21))
@@ -289,12 +289,19 @@ def test_round_monitor_keeps_the_in_round_rules():
     mon = RoundMonitor(config_from_dict({"diagnosis": {"collapse_patience": 2}, "rounds": {"kl_ceiling": 0.5}}))
     assert mon.observe({"frac_reward_zero_std": 1.0}, 1) == ([], None)
     notes, stop = mon.observe({"frac_reward_zero_std": 1.0}, 2)
-    assert notes == ["collapse: frac_reward_zero_std > 0.9 for 2 steps (step 2); re-filter "
-                     "difficulty or raise temperature"] and stop is None
+    assert [(n.code, n.severity, n.steps) for n in notes] == [("collapse", "info", [2])]
+    assert notes[0].line() == ("collapse [info] steps 2: frac_reward_zero_std > 0.9 for 2 steps "
+                               "(step 2) -> " + ACTIONS["collapse"]) and stop is None
     assert mon.observe({"frac_reward_zero_std": 1.0}, 3) == ([], None)  # once per run
-    assert mon.observe({"loss": math.nan, "kl": 9.0}, 4)[1] == "divergence: loss is nan at step 4"
-    assert mon.observe({"kl": 0.75}, 5)[1] == "divergence: kl 0.75 above kl_ceiling 0.5 at step 5"
-    assert RoundMonitor.reward_stop("format", math.inf, 6) == "divergence: reward format returned inf at step 6"
+    nan = mon.observe({"loss": math.nan, "kl": 9.0}, 4)[1]
+    assert (nan.code, nan.severity, nan.steps, nan.summary) == ("nonfinite", "stop", [4],
+                                                                "loss is nan at step 4")
+    kl = mon.observe({"kl": 0.75}, 5)[1]
+    assert (kl.code, kl.severity, kl.summary) == ("kl_ceiling", "stop",
+                                                  "kl 0.75 above kl_ceiling 0.5 at step 5")
+    reward = RoundMonitor.reward_stop("format", math.inf, 6)
+    assert (reward.code, reward.steps, reward.summary) == ("nonfinite", [6],
+                                                           "reward format returned inf at step 6")
 
 
 # ------------------------------------------------------------------------------ helpers, config
@@ -349,13 +356,14 @@ def test_stage_logs_diagnosis_and_returns_the_findings(monkeypatch):
     assert "- truncation [warn] steps 1-20" in tags["mlflow.note.content"]
     # the round's findings: every line but the stop (an in-round finding already), counted
     # the same on its page and its tags (issue 27)
-    assert len(lines) == 1 and lines[0].startswith("truncation [warn] steps 1-20")
+    assert len(lines) == 1 and lines[0].line().startswith("truncation [warn] steps 1-20")
     assert tags["findings.count"] == "1 finding (1 warn)"
     assert tags["mlflow.note.content"].startswith("**Diagnosis of this round**: 1 finding (1 warn)")
     info = with_(healthy(), rewards__format__std=lambda s: 0.0, rewards__format__mean=lambda s: -0.5)
-    lines, _ = stages.diagnose_round("run-3", info, config_from_dict({}), ["collapse at step 3"])
-    assert lines[0] == "collapse at step 3" and lines[1].startswith("reward_fn_constant [info]")
-    assert tags["findings.count"] == "2 findings (1 warn, 1 info)"
+    kl = Finding.note("kl_ceiling", "kl 9 above kl_ceiling 0.5 at step 3", "stop", steps=[3])
+    lines, _ = stages.diagnose_round("run-3", info, config_from_dict({}), [kl])
+    assert lines[0] is kl and lines[1].code == "reward_fn_constant" and lines[1].severity == "info"
+    assert tags["findings.count"] == "2 findings (1 stop, 1 info)"  # severity read, not parsed
     assert stages.diagnose_round("run-2", healthy(), config_from_dict({}))[1] == "none"
     assert logged[("run-2", "diagnosis.json")] == [] and tags["diagnosis"] == "none"
     assert tags["mlflow.note.content"].endswith("- none\n")
@@ -426,3 +434,26 @@ def test_cli_reads_an_mlflow_run(tmp_path, template_db, monkeypatch):
     assert [(f["code"], f["steps"]) for f in json.loads(res.output)] == [("truncation", STEPS)]
     res = _cli("--run", "0" * 32, "--workdir", str(wd))
     assert res.exit_code == 1 and "error:" in res.output
+
+
+def test_findings_stay_findings_through_json(tmp_path):
+    """A launched stage's result (grpo_core.train.saved) and the stage cache (a pydantic
+    result as JSON) hand findings back as Findings, severity and stage intact: nothing
+    parses a rendered line back."""
+    from grpo_core.train import saved
+    from grpo_core.train.grpo import RoundResult
+    from grpo_core.train.saved import RankInfo
+    from tasks.stage_results import GrpoStageResult
+
+    stop = Finding.note("kl_ceiling", "kl 9 above kl_ceiling 0.5 at step 3", "stop", steps=[3],
+                        kl=9.0).at("grpo/round-2")
+    info = Finding.note("mlflow_unsent", "MLflow unreachable", "info")
+    path = tmp_path / "result.json"
+    saved.save(path, RoundResult("out", 3, findings=[stop]), RankInfo(notes=[info]))
+    assert saved.load(path, RoundResult).findings == [stop]
+    assert saved.load(path, RankInfo).notes == [info]
+    back = GrpoStageResult.model_validate_json(
+        GrpoStageResult(model_dir="m", steps=3, findings=[stop, info]).model_dump_json())
+    assert back.findings == [stop, info] and back.findings[0].stage == "grpo/round-2"
+    assert [f.severity for f in back.findings] == ["stop", "info"]
+    assert back.summary().endswith("2 findings (1 stop, 1 info)")

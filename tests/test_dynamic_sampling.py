@@ -252,5 +252,6 @@ def test_skip_update_below_judges_the_trained_batch(tiny_model_path, tmp_path, m
     rows = []
     result = run_grpo_round(tiny_model_path, problems, _cfg(max_steps=1, skip_update_below=5.0),
                             tmp_path / "r", "r1_zero", rollout_sink=lambda step, batch: rows.extend(batch))
-    assert any(f.startswith("skipped 1 updates") for f in result.findings), result.findings
+    assert any(f.code == "skipped_updates" and f.summary.startswith("skipped 1 updates")
+               for f in result.findings), result.findings
     assert all(r["advantage"] == 0.0 for r in rows if r["trained"])

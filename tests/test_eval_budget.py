@@ -5,8 +5,8 @@ budget to re-evaluate at. The two models' results come from the real metrics cod
 (grpo_core.eval.metrics.summarise) over constructed per-problem records: one model cut off
 in half of its completions, the other in none."""
 from grpo_core.eval.metrics import summarise
+from grpo_core.findings import ACTIONS, count_findings
 from grpo_core.train.eval_budget import budget_findings, truncated_share
-from grpo_core.train.findings import ACTIONS, count_findings
 
 
 def _result(cut_every: int, n: int = 20, k: int = 4) -> dict:
@@ -35,7 +35,7 @@ def test_the_finding_fires_when_the_earlier_model_was_cut_off():
     assert "eval/base was cut off at eval.max_new_tokens=40 in 50% of its completions" in line
     assert "eval/final in 0%" in line and "eval.max_new_tokens=80" in line, line
     assert f.action == ACTIONS["eval_budget_truncates"]
-    assert count_findings([line]) == "1 finding (1 warn)"
+    assert count_findings([f]) == "1 finding (1 warn)"
 
 
 def test_no_finding_when_the_budget_did_not_cut_the_earlier_model_more():

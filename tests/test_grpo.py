@@ -153,8 +153,9 @@ def test_bad_reward_stops_round_and_keeps_good_checkpoint(bad, tiny_random_model
     problems = generate_problems("train", 8, levels=[1])
     result = run_grpo_round(tiny_random_model, problems, _cfg(max_steps=5), out, "r1_zero")
     assert result.stopped_early and result.steps == 3
-    rule = "divergence: reward format returned nan" if math.isnan(bad) else "divergence: reward is inf"
-    assert any(f.startswith(rule) for f in result.findings), result.findings
+    rule = "reward format returned nan" if math.isnan(bad) else "reward is inf"
+    assert any(f.code == "nonfinite" and f.severity == "stop" and f.summary.startswith(rule)
+               for f in result.findings), result.findings
     assert result.output_dir == last_checkpoint(out) and result.output_dir.endswith("checkpoint-2")
     # The next round starts from the good checkpoint: it is a complete model folder.
     monkeypatch.setitem(rewards.REWARDS, "format", real)
@@ -193,7 +194,7 @@ def test_kl_above_ceiling_stops_round(tiny_random_model, tmp_path):
                             _cfg(max_steps=4, beta=0.04, learning_rate=5e-2, rounds={"kl_ceiling": 1e-9}),
                             out, "r1_zero")
     assert result.stopped_early and result.steps < 4, result.history
-    assert any(f.startswith("divergence: kl") and "kl_ceiling 1e-09" in f
+    assert any(f.code == "kl_ceiling" and "kl_ceiling 1e-09" in f.summary
                for f in result.findings), result.findings
     assert result.output_dir == last_checkpoint(out)
 
@@ -279,7 +280,8 @@ def test_skip_update_below_skips_the_optimizer_step(tiny_random_model, tmp_path,
     result = run_grpo_round(tiny_random_model, generate_problems("train", 8, levels=[1]), cfg, out,
                             "r1_zero")
     assert result.steps == 2 and calls["n"] == 2
-    assert any(f.startswith("skipped 1 updates") for f in result.findings), result.findings
+    assert any(f.code == "skipped_updates" and f.summary.startswith("skipped 1 updates")
+               for f in result.findings), result.findings
     start = load_file(f"{tiny_random_model}/model.safetensors")
     step1 = load_file(f"{out}/checkpoint-1/model.safetensors")
     final = load_file(f"{result.output_dir}/model.safetensors")

@@ -76,7 +76,8 @@ def test_round_hands_on_the_earlier_better_checkpoint(proxy_model_path, tmp_path
     assert result.steps == 3 and result.best_step == 2
     assert result.output_dir == str(out / BEST_DIR)
     assert [s for s, _ in result.in_round_evals] == [1, 2, 3]
-    assert any("chose step 2 (0.600) over the last step 3 (0.100)" in f for f in result.findings)
+    assert any(f.code == "in_round_choice" and "chose step 2 (0.600) over the last step 3 (0.100)"
+               in f.summary for f in result.findings)
     assert [h.get(METRIC) for h in result.history] == [0.2, 0.6, 0.1]
     assert result.in_round_protocol and len(result.in_round_protocol) >= 12
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -125,4 +126,5 @@ def test_patience_stops_the_round(tiny_model_path, tmp_path, monkeypatch):
     result = run_grpo_round(tiny_model_path, generate_problems("train", 8, levels=[1]), cfg,
                             tmp_path / "r", "r1_zero")
     assert result.steps == 3 and result.best_step == 1
-    assert any("in_round_eval.patience" in f and "stopped at step 3" in f for f in result.findings)
+    assert any(f.code == "in_round_stopped" and "stopped at step 3" in f.summary
+               for f in result.findings)

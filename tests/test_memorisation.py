@@ -61,10 +61,11 @@ def test_prompt_repeats_fires_past_the_configured_limit():
 def test_the_comparison_report_carries_each_stage_probe():
     from flows.compare import memorisation_markdown
     from grpo_core.train.memorisation import GapResult
-    from tasks.stage_results import ProbeResult
+    from tasks.stage_results import PipelineResult, ProbeResult
 
     probe = ProbeResult(gap=GapResult("grpo/round-2", 0.62, 0.35, 0.50, 0.34, 64, 64, 0.02, 0.36))
-    md = memorisation_markdown({"sft_grpo": {"memorisation": [probe.model_dump(mode="json")]},
-                                "r1_zero": {}})
+    run = {"parent_run": "p", "model_dir": "m", "final": {}}
+    md = memorisation_markdown({"sft_grpo": PipelineResult(**run, memorisation=[probe]),
+                                "r1_zero": PipelineResult(**run)})
     assert "| sft_grpo | grpo/round-2 | 0.620 (+0.120) | 0.350 (+0.010) | +0.110 +/- 0.039 | 0.360 |" in md
-    assert memorisation_markdown({"r1_zero": {"memorisation": []}}) == ""
+    assert memorisation_markdown({"r1_zero": PipelineResult(**run)}) == ""

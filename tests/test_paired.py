@@ -28,6 +28,7 @@ from grpo_core.workspace import Workspace
 from tasks import eval_records as comparison
 from tasks import tracking as T
 from tasks.finish import finish_pipeline
+from tasks.stage_results import PipelineResult
 from tasks.tracking.registry import EVAL_RUN_TAG
 
 K = 20  # samples per problem: avg@20 moves in steps of 0.05
@@ -110,8 +111,8 @@ def _case(wd: Path, project: str, champion: list[int], challenger: list[int]) ->
     base = _evaluate(wd, m1, champion, f"{project}-e1b")  # the champion again, as eval/base
     final = _evaluate(wd, m2, challenger, f"{project}-e2")
     report = _pipeline(_cfg(wd, project, beta=0.01), wd, m2, final, base)
-    return report, {"base": base["benchmarks"], "final": final["benchmarks"], "registered": report,
-                    "model_dir": str(m2)}
+    return report, PipelineResult(parent_run=report["parent_run"], base=base["benchmarks"],
+                                  final=final["benchmarks"], registered=report, model_dir=str(m2))
 
 
 def _check_registry(wd: Path, project: str, report: dict, promoted: bool) -> None:
@@ -230,15 +231,16 @@ def test_recipe_against_recipe_row(wd):
 
     cfgs = [_cfg(wd, "pair", "r1_zero"), _cfg(wd, "pair", "sft_grpo")]
     m1, m2 = _model(wd, "zero"), _model(wd, "sft")
-    results = {"r1_zero": {"final": _evaluate(wd, m1, SPREAD, "z")["benchmarks"], "model_dir": str(m1)},
-               "sft_grpo": {"final": _evaluate(wd, m2, [c + 1 for c in SPREAD], "s")["benchmarks"],
-                            "model_dir": str(m2)}}
+    results = {"r1_zero": PipelineResult(parent_run="z", model_dir=str(m1),
+                                         final=_evaluate(wd, m1, SPREAD, "z")["benchmarks"]),
+               "sft_grpo": PipelineResult(parent_run="s", model_dir=str(m2), final=_evaluate(
+                   wd, m2, [c + 1 for c in SPREAD], "s")["benchmarks"])}
     (row,) = recipe_pair_rows(cfgs, results, METRIC)
     assert row["recipe"] == "sft_grpo vs r1_zero" and list(row) == COMPARE_COLUMNS
     assert row["base"] == pytest.approx(summarise(_records(SPREAD))[METRIC]["mean"])
     assert row["delta"] == pytest.approx(0.05) and row["delta_lo"] == pytest.approx(0.05)
     # Other problems: no row rather than an unpaired delta.
-    results["sft_grpo"]["final"] = _evaluate(wd, m2, [20] * 10, "s10")["benchmarks"]
+    results["sft_grpo"].final = _evaluate(wd, m2, [20] * 10, "s10")["benchmarks"]
     assert recipe_pair_rows(cfgs, results, METRIC) == []
 
 
@@ -283,8 +285,8 @@ def _stage_pipeline(wd: Path, recipe: str, stages: list[tuple[str, list[int]]]) 
         T.log_metrics(T.child_run(parent, label), eval_metrics(res))
     report = finish_pipeline(parent, cfg, model, {"benchmarks": final}, [], wd,
                                base=evaluated[0][1], stages=evaluated)
-    return {"parent_run": parent, "final": final, "base": evaluated[0][1], "model_dir": model,
-            "registered": report}
+    return PipelineResult(parent_run=parent, final=final, base=evaluated[0][1], model_dir=model,
+                          registered=report)
 
 
 def test_stage_attribution_and_verdict_reach_every_page(wd):
@@ -296,17 +298,17 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     sft_grpo = _stage_pipeline(wd, "sft_grpo", [("eval/base", base), ("eval/sft", [c + 2 for c in base]),
                                                 ("eval/round-1", [c + 3 for c in base])])
     r1_zero = _stage_pipeline(wd, "r1_zero", [("eval/base", base), ("eval/round-1", [c + 1 for c in base])])
-    att = sft_grpo["registered"]["attribution"]
+    att = sft_grpo.registered["attribution"]
     assert [(g["stage"], g["over"]) for g in att["stages"]] == [
         ("eval/sft", "eval/base"), ("eval/round-1", "eval/sft")]  # eval/final: the same eval
     assert att["phases"]["SFT"]["delta"] == pytest.approx(0.1)
     assert att["phases"]["GRPO"]["delta"] == pytest.approx(0.05)
     c = T.get_client()
     # the parent holds the headline only: the primary metric's final block, not every metric
-    parent_metrics = c.get_run(sft_grpo["parent_run"]).data.metrics
+    parent_metrics = c.get_run(sft_grpo.parent_run).data.metrics
     assert len(parent_metrics) <= 30 and "final/synthetic/avg_at_20" in parent_metrics
     assert not [k for k in parent_metrics if k.startswith("final/") and "avg_at_20" not in k]
-    note = c.get_run(sft_grpo["parent_run"]).data.tags["mlflow.note.content"]
+    note = c.get_run(sft_grpo.parent_run).data.tags["mlflow.note.content"]
     assert "SFT alone gave +0.100" in note and "| eval/round-1 | eval/sft | +0.050" in note
     # above MLflow's "Show more" fold (issue 34, item 8): the result, then what earned it,
     # each one short paragraph, with three decimals; the tables after them
@@ -328,11 +330,11 @@ def test_stage_attribution_and_verdict_reach_every_page(wd):
     assert [r["recipe"] for r in rows] == ["sft_grpo - sft over base", "sft_grpo - round-1 over sft"]
     rows = comparison_rows(results, METRIC) + rows
     md = to_markdown(rows)
-    run = T.log_comparison(cfgs[0], wd, md, "recipe\n", None, [sft_grpo["parent_run"], r1_zero["parent_run"]])
-    T.describe_comparison(run, said, md, [sft_grpo["parent_run"], r1_zero["parent_run"]],
+    run = T.log_comparison(cfgs[0], wd, md, "recipe\n", None, [sft_grpo.parent_run, r1_zero.parent_run])
+    T.describe_comparison(run, said, md, [sft_grpo.parent_run, r1_zero.parent_run],
                           {"id": "prefect-run-id", "url": None}, rows=rows)
     page = c.get_run(run).data.tags["mlflow.note.content"]
-    assert page.startswith(f"**{said}**") and sft_grpo["parent_run"] in page and "prefect-run-id" in page
+    assert page.startswith(f"**{said}**") and sft_grpo.parent_run in page and "prefect-run-id" in page
     # above the fold: the verdict, then one short line per recipe; the table after them
     lines = page.splitlines()
     assert lines[1].startswith("- r1_zero: 0.") and lines[2].startswith("- sft_grpo: 0.")

@@ -161,7 +161,8 @@ def test_a_regressed_round_rolls_back_to_the_best_model(tmp_path):
     base_lo = re.search(r"eval/base: computed in [0-9.]+ s: synthetic greedy_accuracy "
                         r"[0-9.]+ \[([0-9.]+),", log).group(1)
     assert float(base_lo) > 0
-    falls = set(re.findall(r"round (\d): synthetic greedy_accuracy fell below the previous CI "
+    falls = set(re.findall(r"round (\d): round_regressed \[warn\]: synthetic greedy_accuracy fell "
+                           r"below the previous CI "
                            r"\(([0-9.]+) < ([0-9.]+)\); rolled back: what follows starts from "
                            r"eval/base's model", log))
     assert {(r, lo) for r, _, lo in falls} == {("1", base_lo), ("2", base_lo)}, log[-3000:]

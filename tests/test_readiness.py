@@ -9,7 +9,7 @@ import pytest
 
 from grpo_core.config import PipelineConfig
 from grpo_core.data.synthetic import generate_problems
-from grpo_core.train.findings import ACTIONS
+from grpo_core.findings import ACTIONS
 from grpo_core.train.readiness import (
     Readiness,
     completion_entropy,

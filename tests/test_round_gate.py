@@ -2,6 +2,7 @@
 starts from, and the findings that say so. The same gate in a real pipeline run:
 tests/test_pipeline.py::test_a_regressed_round_rolls_back_to_the_best_model."""
 from grpo_core.eval.round_gate import Evaluated, gate_round, regressions
+from grpo_core.findings import ACTIONS
 
 M = "avg@4"
 
@@ -17,9 +18,10 @@ BASE = ev("eval/base", 0.10, 0.08)
 def test_a_round_below_the_previous_ci_rolls_back_to_the_best_model():
     gate = gate_round(1, BASE, BASE, ev("eval/round-1", 0.05, 0.03), M, rollback=True)
     assert gate.rolled_back and gate.start == gate.best == BASE
-    assert gate.findings == ["round 1: synthetic avg@4 fell below the previous CI (0.050 < 0.080); "
-                             "rolled back: what follows starts from eval/base's model "
-                             "(rounds.rollback_on_regression)"]
+    assert [f.line() for f in gate.findings] == [
+        "round 1: round_regressed [warn]: synthetic avg@4 fell below the previous CI (0.050 < "
+        "0.080); rolled back: what follows starts from eval/base's model "
+        "(rounds.rollback_on_regression) -> " + ACTIONS["round_regressed"]]
 
 
 def test_the_rollback_goes_to_the_best_model_not_the_round_it_started_from():
@@ -30,7 +32,8 @@ def test_the_rollback_goes_to_the_best_model_not_the_round_it_started_from():
     # round 2 below round 1's CI: back to the base, the best so far
     two = gate_round(2, one.start, one.best, ev("eval/round-2", 0.06, 0.04), M, rollback=True)
     assert two.rolled_back and two.start is BASE and two.best is BASE
-    assert "round 2: synthetic avg@4 fell below the previous CI (0.060 < 0.070)" in two.findings[0]
+    assert "synthetic avg@4 fell below the previous CI (0.060 < 0.070)" in two.findings[0].summary
+    assert two.findings[0].stage == "round 2"
 
 
 def test_a_better_round_becomes_the_best():
@@ -45,9 +48,9 @@ def test_without_rollback_the_finding_only():
     down = ev("eval/round-1", 0.05, 0.03)
     gate = gate_round(1, BASE, BASE, down, M, rollback=False)
     assert not gate.rolled_back and gate.start is down and gate.best is BASE
-    assert gate.findings == ["round 1: synthetic avg@4 fell below the previous CI (0.050 < 0.080); "
-                             "training goes on from this round's model "
-                             "(rounds.rollback_on_regression off)"]
+    assert [(f.stage, f.code, f.summary) for f in gate.findings] == [
+        ("round 1", "round_regressed", "synthetic avg@4 fell below the previous CI (0.050 < "
+         "0.080); training goes on from this round's model (rounds.rollback_on_regression off)")]
 
 
 def test_missing_numbers_never_roll_back():
@@ -61,5 +64,6 @@ def test_missing_numbers_never_roll_back():
 def test_regressions_name_each_benchmark_that_fell():
     before = {"a": {"metrics": {M: {"mean": 0.5, "lo": 0.4}}}, "b": {"metrics": {M: {"mean": 0.5, "lo": 0.4}}}}
     after = {"a": {"metrics": {M: {"mean": 0.3}}}, "b": {"metrics": {M: {"mean": 0.45}}}}
-    assert regressions(1, before, after, M) == [
-        "round 1: a avg@4 fell below the previous CI (0.300 < 0.400)"]
+    fell = regressions(1, before, after, M)
+    assert [(f.stage, f.summary, f.evidence["benchmark"]) for f in fell] == [
+        ("round 1", "a avg@4 fell below the previous CI (0.300 < 0.400)", "a")]

@@ -185,6 +185,7 @@ def test_a_window_too_small_for_the_round_says_how_many_candidates_would_do():
     cfg = _cfg(grpo={"max_steps": 80, "per_device_train_batch_size": 128, "num_generations": 8})
     kept = FilterResult(kept=300, considered=2000, kept_ids=[str(i) for i in range(300)])
     note = window_note(cfg, kept, 2000)  # 1280 draws over 300: 4.3 each, above 4
-    assert note and "1280 prompt draws" in note and "~2134 candidates" in note
+    assert note.code == "prompt_repeats" and note.evidence["need"] == 2134
+    assert "1280 prompt draws" in note.summary and "~2134 candidates" in note.summary
     enough = FilterResult(kept=320, considered=2000, kept_ids=[str(i) for i in range(320)])
     assert window_note(cfg, enough, 2000) is None

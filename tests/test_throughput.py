@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from grpo_core.findings import Finding
 from grpo_core.train import throughput as tp
 
 pytest_plugins = ["fixtures_models"]
@@ -86,7 +87,7 @@ def test_stage_line_carries_the_figures():
     assert summary(FilterResult(kept=0, considered=0)) == "kept 0 of 0"  # no share of nothing
     assert summary(grpo(steps=2)) == "2 steps"
     # the round's findings counted by severity, as on its page and the parent's (issue 27)
-    assert summary(grpo(steps=2, findings=["reward_fn_constant [info] steps 1-2: x"],
+    assert summary(grpo(steps=2, findings=[Finding("reward_fn_constant", "info", [1, 2], {}, "x")],
                                 diagnosis="reward_fn_constant")) == \
         "2 steps; 1 finding (1 info); diagnosis: reward_fn_constant"
 

@@ -24,6 +24,7 @@ from grpo_core.config import PipelineConfig
 from grpo_core.eval.comparison import COMPARE_COLUMNS
 from grpo_core.eval.metric_names import eval_metrics, sanitize_key
 from grpo_core.eval.ui_views import read_view
+from grpo_core.findings import Finding
 from grpo_core.redaction import is_secret_name, redact
 from grpo_core.train.step_points import RUN_SUMMARY
 from tasks import tracking as T
@@ -51,6 +52,10 @@ def store(tmp_path, template_db, monkeypatch):
     cfg.project.name = "trk"
     cfg.project.recipe = "r1_zero"
     return cfg, wd
+
+
+COLLAPSE = Finding.note("collapse", "frac_reward_zero_std > 0.9 for 5 steps (step 3)", "info",
+                       steps=[3])
 
 
 def _parent(cfg, wd, flow_run="flow-1", **kw) -> str:
@@ -373,14 +378,14 @@ def test_finish_pipeline_and_compare_table(store):
         final_res = {"benchmarks": {"synthetic": {"protocol_hash": "P", "metrics": {
             "greedy_accuracy": {"mean": final, "lo": final - 0.1, "hi": final + 0.1}}}}}
         out = finish_pipeline(parent, cfg, _fake_model(wd / f"m-{recipe}", recipe), final_res,
-                                ["collapse at step 3"], wd)
+                                [COLLAPSE], wd)
         results[recipe] = out
         assert out["promoted"] and out["model_name"] == f"recipes-{recipe}"
         assert "synthetic greedy_accuracy" in out["summary"]
     client = T.get_client()
     p = client.get_run(results["r1_zero"]["parent_run"])
     assert p.info.status == "FINISHED" and p.data.metrics["final/synthetic/greedy_accuracy"] == 0.5
-    assert p.data.tags["findings"] == "collapse at step 3"
+    assert p.data.tags["findings"] == COLLAPSE.line()
     # Headline numbers under short names (no base eval here: no base/delta, not 0s) ...
     m = p.data.metrics
     assert m["synthetic/final"] == 0.5 and m["synthetic/final_lo"] == pytest.approx(0.4)

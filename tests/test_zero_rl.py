@@ -169,7 +169,8 @@ def test_a_round_that_starts_collapsed_stops_before_training_on_the_builtin_mode
 
     cfg.diagnosis.stop_on_collapsed_start = False
     prompts, note = _filter_round(cfg, monkeypatch, kept)
-    assert len(prompts) == 40 and "all the round's candidates" in note
+    assert len(prompts) == 40 and "all the round's candidates" in note.summary
+    assert (note.code, note.stage) == ("few_in_band", "round 1")
 
 
 @pytest.mark.integration

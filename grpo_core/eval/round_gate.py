@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from grpo_core.findings import Finding
+
 
 class Evaluated(NamedTuple):
     """A model and its evaluation: the shape of the flow's stage list."""
@@ -30,7 +32,7 @@ class Evaluated(NamedTuple):
 class Gate(NamedTuple):
     start: Evaluated  # what the next round (or the final evaluation) starts from
     best: Evaluated  # the best model evaluated so far
-    findings: list[str]
+    findings: list[Finding]
     rolled_back: bool
 
 
@@ -38,15 +40,17 @@ def _metric(benchmarks: dict, bench: str, primary: str) -> dict:
     return ((benchmarks.get(bench) or {}).get("metrics") or {}).get(primary) or {}
 
 
-def regressions(round_no: int, before: dict, after: dict, primary: str) -> list[str]:
-    """One line per benchmark of `after` ({bench: result}) whose `primary` mean fell below
-    the lower bound of `before`'s CI on it."""
+def regressions(round_no: int, before: dict, after: dict, primary: str,
+                code: str = "round_regressed", then: str = "") -> list[Finding]:
+    """One finding per benchmark of `after` ({bench: result}) whose `primary` mean fell below
+    the lower bound of `before`'s CI on it; `then`: what happens next, said after it."""
     out = []
     for bench in after:
         now, was = _metric(after, bench, primary).get("mean"), _metric(before, bench, primary).get("lo")
         if now is not None and was is not None and now < was:
-            out.append(f"round {round_no}: {bench} {primary} fell below the previous CI "
-                       f"({now:.3f} < {was:.3f})")
+            out.append(Finding.note(
+                code, f"{bench} {primary} fell below the previous CI ({now:.3f} < {was:.3f})"
+                f"{then}", stage=f"round {round_no}", benchmark=bench, mean=now, previous_lo=was))
     return out
 
 
@@ -62,12 +66,11 @@ def gate_round(round_no: int, start: Evaluated, best: Evaluated, after: Evaluate
     """Round `round_no` started from `start` and its model scored `after`; `best` is the
     best model evaluated so far (compared on `after`'s first benchmark: the per-round
     evaluations score the first benchmark only)."""
-    lines = regressions(round_no, start.benchmarks, after.benchmarks, primary)
-    if lines and rollback:
-        lines[-1] += (f"; rolled back: what follows starts from {best.label}'s model "
-                      "(rounds.rollback_on_regression)")
-        return Gate(best, best, lines, True)
-    if lines:
-        lines[-1] += "; training goes on from this round's model (rounds.rollback_on_regression off)"
+    then = (f"; rolled back: what follows starts from {best.label}'s model "
+            "(rounds.rollback_on_regression)" if rollback else
+            "; training goes on from this round's model (rounds.rollback_on_regression off)")
+    fell = regressions(round_no, start.benchmarks, after.benchmarks, primary, then=then)
+    if fell and rollback:
+        return Gate(best, best, fell, True)
     bench = next(iter(after.benchmarks), None)
-    return Gate(after, after if bench and _better(after, best, bench, primary) else best, lines, False)
+    return Gate(after, after if bench and _better(after, best, bench, primary) else best, fell, False)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from grpo_core.findings import Finding
 from grpo_core.train.diagnosis import RoundMonitor, is_step_log
 from grpo_core.train.in_round_eval import BEST_DIR, METRIC, STATE_FILE, BestTracker
 from grpo_core.train.throughput import (
@@ -81,7 +82,7 @@ class Monitor(BoundCallback):
             name, value = self.result.nonfinite_rewards[0]
             self._stop(control, RoundMonitor.reward_stop(name, value, state.global_step))
 
-    def _stop(self, control, finding: str):
+    def _stop(self, control, finding: Finding):
         self.result.findings.append(finding)
         self.result.stopped_early = True
         control.should_training_stop = True
@@ -124,7 +125,7 @@ class InRoundEval(BoundCallback):
     after `patience` falls (grpo_core.train.in_round_eval)."""
 
     def __init__(self, evaluate, every: int, tracker: BestTracker, out: Path, save_dtype,
-                 findings: list[str]):
+                 findings: list[Finding]):
         self.evaluate, self.every, self.tracker = evaluate, every, tracker
         self.best, self.save_dtype, self.findings = out / BEST_DIR, save_dtype, findings
 
@@ -143,9 +144,11 @@ class InRoundEval(BoundCallback):
             self.best.mkdir(parents=True, exist_ok=True)
             (self.best / STATE_FILE).write_text(json.dumps(tracker.to_json()))
         if stop:
-            self.findings.append(f"in-round eval fell {tracker.below} times in a row below step "
-                                 f"{tracker.best_step}'s {tracker.best_score:.3f} "
-                                 f"(in_round_eval.patience): stopped at step {step}")
+            self.findings.append(Finding.note(
+                "in_round_stopped", f"in-round eval fell {tracker.below} times in a row below "
+                f"step {tracker.best_step}'s {tracker.best_score:.3f} (in_round_eval.patience): "
+                f"stopped at step {step}", steps=[step], best_step=tracker.best_step,
+                best_score=tracker.best_score))
             control.should_training_stop = True
 
     def _save_best(self, trainer) -> None:

@@ -3,23 +3,21 @@
 The input is the history TRL logs, one dict per logged step with TRL's keys (`step`,
 `reward`, `reward_std`, `frac_reward_zero_std`, `completions/mean_length`,
 `completions/clipped_ratio`, `kl`, `entropy`, `loss`, `rewards/<fn>/mean`,
-`rewards/<fn>/std`, ...); any key may be missing, and a rule whose keys are missing stays
-silent. Two uses:
+`rewards/<fn>/std`, ...); a rule whose keys are missing stays silent. Three uses:
 
-- `RoundMonitor`: the in-round rules, fed one step at a time by the GRPO Monitor callback
-  (grpo_core/train/grpo.py): the collapse note, and the non-finite and KL-ceiling stops.
+- `RoundMonitor`: the in-round rules, fed one step at a time by the Monitor callback: the
+  collapse note, and the non-finite and KL-ceiling stops (each a `Finding`).
 - `start_collapse(pass_rates, cfg)`: before a round, over its difficulty filter's estimates
   under the round's input model: no problem solved sometimes means every group starts
   collapsed (reward_collapse_zero / _one / no_diversity, a stop with
   diagnosis.stop_on_collapsed_start: the pipeline raises CollapsedStart before training).
 - `diagnose(history, cfg)`: every rule over a finished round, as `Finding`s (a stable
   `code`, a `severity` info|warn|stop, the `steps`, the `evidence` and the `action`;
-  grpo_core/train/findings.py, with how findings are counted and tagged). The GRPO stage
+  grpo_core/findings.py, with how findings are counted and tagged). The GRPO stage
   logs them as diagnosis.json; `grpo diagnose` prints them.
 
-Thresholds are config fields: `diagnosis` (DiagnosisConfig), plus rounds.kl_ceiling,
-which stops a round. Trends are the change of a
-least-squares line fitted over the round's steps (robust to one noisy step)."""
+Thresholds are config fields: `diagnosis` (DiagnosisConfig), plus rounds.kl_ceiling, which
+stops a round. Trends: a least-squares line over the round's steps (robust to one noisy step)."""
 from __future__ import annotations
 
 import json
@@ -27,8 +25,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from grpo_core.config import PipelineConfig
+from grpo_core.findings import Finding
 from grpo_core.train.batch_patterns import SHARE_METRICS
-from grpo_core.train.findings import Finding
 from grpo_core.train.metric_series import (
     fit_change,
     mean_of,
@@ -78,35 +76,43 @@ class RoundMonitor:
         self.g, self.d = cfg.rounds, cfg.diagnosis
         self.collapsed_for = 0
 
-    def observe(self, logs: Mapping, step: int) -> tuple[list[str], str | None]:
-        """(notes, stop reason or None) for one step's logs."""
+    def observe(self, logs: Mapping, step: int) -> tuple[list[Finding], Finding | None]:
+        """(notes, the stop or None) for one step's logs."""
         g, d, notes = self.g, self.d, []
         frac = logs.get("frac_reward_zero_std")
         if frac is not None:
             self.collapsed_for = self.collapsed_for + 1 if frac > d.collapse_threshold else 0
             if self.collapsed_for == d.collapse_patience:
-                notes.append(f"collapse: frac_reward_zero_std > {d.collapse_threshold} for "
-                             f"{d.collapse_patience} steps (step {step}); re-filter difficulty "
-                             "or raise temperature")
+                notes.append(Finding.note(
+                    "collapse", f"frac_reward_zero_std > {d.collapse_threshold} for "
+                    f"{d.collapse_patience} steps (step {step})", "info", steps=[step],
+                    threshold=d.collapse_threshold, patience=d.collapse_patience))
         for key in FINITE_KEYS:
             v = logs.get(key)
             if v is not None and not math.isfinite(v):
-                return notes, f"divergence: {key} is {v} at step {step}"
+                return notes, Finding.note("nonfinite", f"{key} is {v} at step {step}", "stop",
+                                           steps=[step], metric=key, value=str(v))
         kl = logs.get("kl")
         if g.kl_ceiling is not None and kl is not None and kl > g.kl_ceiling:
-            return notes, f"divergence: kl {kl:.4g} above kl_ceiling {g.kl_ceiling} at step {step}"
+            return notes, Finding.note("kl_ceiling", f"kl {kl:.4g} above kl_ceiling {g.kl_ceiling} "
+                                       f"at step {step}", "stop", steps=[step], kl=kl)
         return notes, None
 
     @staticmethod
-    def reward_stop(name: str, value: float, step: int) -> str:
-        """The stop reason for a reward function that returned NaN/inf during `step`."""
-        return f"divergence: reward {name} returned {value} at step {step}"
+    def reward_stop(name: str, value: float, step: int) -> Finding:
+        """The stop for a reward function that returned NaN/inf during `step`."""
+        return Finding.note("nonfinite", f"reward {name} returned {value} at step {step}", "stop",
+                            steps=[step], reward=name, value=str(value))
 
 
 # ------------------------------------------------------------------------ before the round
 
 class CollapsedStart(RuntimeError):
-    """A round refused before its first step: start_collapse's stop finding, in its words."""
+    """A round refused before its first step: start_collapse's stop `finding`, in its words."""
+
+    def __init__(self, message: str, finding: Finding | None = None):
+        super().__init__(message)  # pickled with its __dict__: the finding travels too
+        self.finding = finding or Finding.note("rounds_stopped", message, "stop")
 
 
 def _collapse_code(level: float, margin: float) -> str:

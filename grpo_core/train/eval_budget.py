@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from grpo_core.train.findings import Finding
+from grpo_core.findings import Finding
 
 
 def truncated_share(result: Mapping[str, Any] | None) -> float | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from grpo_core.config import PipelineConfig, generation_batch
 from grpo_core.data.problems import Problem
 from grpo_core.data.stage_split import prompts_per_update
+from grpo_core.findings import Finding
 from grpo_core.modeling.loading import load_for_training
 from grpo_core.prompts import render_prompt, resolve_template, stop_strings
 from grpo_core.train import lora
@@ -35,13 +36,16 @@ class RoundResult:
     output_dir: str  # the trained model (tokenizer included)
     steps: int
     history: list[dict] = field(default_factory=list)  # TRL's logged metrics per step
-    findings: list[str] = field(default_factory=list)  # rules that fired (collapse, NaN, KL)
+    findings: list[Finding] = field(default_factory=list)  # what fired in the round (collapse, NaN, KL)
     stopped_early: bool = False
     train_seconds: float = 0.0  # TRL's train_runtime: the training loop alone
     nonfinite_rewards: list = field(default_factory=list)  # (reward name, value) seen
     best_step: int | None = None  # in_round_eval.every: the step whose model output_dir holds
     in_round_evals: list = field(default_factory=list)  # (step, held-out greedy accuracy)
     in_round_protocol: str | None = None  # the protocol hash of those numbers
+
+    def __post_init__(self):  # read back from a launched stage's JSON (grpo_core.train.saved)
+        self.findings = [Finding.of(f) for f in self.findings]
 
 
 def check_round_size(n_problems: int, cfg: PipelineConfig) -> None:
@@ -99,8 +103,10 @@ def _watch_patterns(trainer, sink: RolloutSink | None, cfg: PipelineConfig,
         for kind, p in (found or {}).items():
             if p.share > d.repeated_pattern_share and kind not in named:
                 named.add(kind)
-                result.findings.append(f"repeated {kind} {p.pattern[:80]!r} under {p.share:.0%} of "
-                                       f"the {p.prompts} prompts of step {step}'s batch")
+                result.findings.append(Finding.note(
+                    "repeated_output", f"repeated {kind} {p.pattern[:80]!r} under {p.share:.0%} "
+                    f"of the {p.prompts} prompts of step {step}'s batch", "info", steps=[step],
+                    kind=kind, share=p.share, prompts=p.prompts))
         if sink is not None:
             sink(step, rows)
 
@@ -216,8 +222,10 @@ def run_grpo_round(
         if result.steps == 0:  # check_round_size should make this impossible: never save it
             raise RuntimeError(f"GRPO round trained 0 steps on {len(problems)} problems; not saved")
         if trainer.skipped_updates:
-            result.findings.append(f"skipped {trainer.skipped_updates} updates: every reward "
-                                   f"below {cfg.rounds.skip_update_below}")
+            result.findings.append(Finding.note(
+                "skipped_updates", f"skipped {trainer.skipped_updates} updates: every reward "
+                f"below {cfg.rounds.skip_update_below}", "info",
+                skipped=trainer.skipped_updates, below=cfg.rounds.skip_update_below))
         _hand_on(trainer, result, tracker, out, model_path, save_dtype, tokenizer)
     finally:  # the colocated engine would outlive the round in this process otherwise
         release_engine(trainer)
@@ -251,7 +259,8 @@ def _hand_on(trainer, result: RoundResult, tracker: BestTracker | None, out: Pat
     best = out / BEST_DIR
     if tracker is not None:
         result.in_round_evals = list(tracker.scores)
-        result.findings.append(tracker.choice(result.steps))
+        result.findings.append(Finding.note("in_round_choice", tracker.choice(result.steps),
+                                            "info", best_step=tracker.best_step))
     if tracker is not None and tracker.best_step not in (None, result.steps) \
             and (best / "config.json").is_file():
         # An earlier evaluation was better than the last one (or the round stopped without

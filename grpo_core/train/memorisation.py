@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo_core.data.problems import Problem
-from grpo_core.train.findings import Finding
+from grpo_core.findings import Finding
 
 
 def _mean(xs: list[float]) -> float:

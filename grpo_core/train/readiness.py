@@ -20,10 +20,10 @@ import math
 from dataclasses import dataclass
 
 from grpo_core.data.problems import Problem
+from grpo_core.findings import Finding
 from grpo_core.generation.rollout import SamplingParams
 from grpo_core.generation.sampling import derive_seed, sample_seeded
 from grpo_core.prompts import render_prompt, resolve_template
-from grpo_core.train.findings import Finding
 from grpo_core.verify.answers import is_correct
 
 LOGITS_BUDGET = 2**25  # logit elements per forward batch (x ~3 fp32 temporaries: ~400 MB)

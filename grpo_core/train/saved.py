@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import TypeVar
 
+from grpo_core.findings import Finding
+
 T = TypeVar("T")
 
 
@@ -21,7 +23,10 @@ class RankInfo:
     pid: int | None = None
     world_size: int = 1
     gpu_peak_gb: float | None = None
-    notes: list[str] = dataclasses.field(default_factory=list)
+    notes: list[Finding] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):  # read back from JSON
+        self.notes = [Finding.of(f) for f in self.notes]
 
 
 @dataclasses.dataclass

@@ -180,7 +180,7 @@ def _grpo(s: dict, rec: dict, use_vllm: bool) -> None:
         "reward_first_last": first_last("reward"), "loss_first_last": first_last("loss"),
         "frac_reward_zero_std_first_last": first_last("frac_reward_zero_std"),
         "completion_len_first_last": first_last("completions/mean_length"),
-        "rollout_rows": len(rows), "findings": result.findings, "output_dir": result.output_dir,
+        "rollout_rows": len(rows), "findings": [f.line() for f in result.findings], "output_dir": result.output_dir,
         "weights": probe.out, **grpo_tokens_per_s(hist, g, result.train_seconds)})
     checks = rec.setdefault("failed_checks", [])
     w = probe.out

@@ -29,8 +29,8 @@ from mlflow.tracking import MlflowClient
 from grpo_core.eval import headline as text
 from grpo_core.eval.comparison import delta_metrics
 from grpo_core.eval.promotion import Decision
+from grpo_core.findings import Finding, count_findings, lines
 from grpo_core.redaction import redact, strip_userinfo
-from grpo_core.train.findings import count_findings
 from grpo_core.versions import environment_snapshot
 from grpo_core.workspace import (
     Workspace,
@@ -141,7 +141,7 @@ def fail_pipeline(parent_id: str, error: str, workspace=None,
 
 
 def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks: Mapping[str, Any],
-                   findings: Sequence[str], workspace, *, deltas: Mapping[str, Any],
+                   findings: Sequence[Finding], workspace, *, deltas: Mapping[str, Any],
                    attribution: Mapping | None, base: Mapping[str, Any] | None,
                    wall_s: float | None, model: str | None, records: Mapping[str, list],
                    champion_records: Sequence[Mapping] | None, over: str = "the base",
@@ -154,9 +154,9 @@ def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks
     primary, bench = cfg.eval.primary_metric, next(iter(cfg.eval.benchmarks), None)
     log_metrics(parent_id, text.final_headline(benchmarks, primary), client=c)
     said = count_findings(findings)  # one count, by severity, as each round's page says it
-    set_tags(parent_id, {"findings": " | ".join(findings) or "none", "findings.count": said}, c)
+    set_tags(parent_id, {"findings": " | ".join(lines(findings)) or "none", "findings.count": said}, c)
     if findings:
-        log_text(parent_id, f"{said}\n\n" + "\n".join(f"- {f}" for f in findings) + "\n",
+        log_text(parent_id, f"{said}\n\n" + "\n".join(f"- {x}" for x in lines(findings)) + "\n",
                  "report/findings.md", c)
     if deltas:
         log_metrics(child_run(parent_id, "eval/final", c), delta_metrics(deltas), client=c)
@@ -208,7 +208,7 @@ def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mappin
 
 
 def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[str, Any] | None,
-                  deltas: Mapping[str, Any], findings: Sequence[str], wall_s: float | None,
+                  deltas: Mapping[str, Any], findings: Sequence[Finding], wall_s: float | None,
                   summary: str, c: MlflowClient, attribution: Mapping | None = None) -> str:
     """The headline metrics and tags on the parent, its description (and the Prefect run's
     address, tag prefect_flow_run_url); returns the headline table. The steps are the

@@ -9,6 +9,7 @@ import time
 from mlflow.tracking import MlflowClient
 from transformers import TrainerCallback
 
+from grpo_core.findings import Finding
 from grpo_core.train.step_points import errors_since, step_points, summary_tags
 from grpo_core.verify.rewards import scorer_error_counts
 from grpo_core.workspace import workdir_of
@@ -57,8 +58,7 @@ class StepLogger(TrainerCallback):
                     set_tags(self.run_id, summary_tags(self.summary), self.client)
         return self.unsent
 
-    def finding(self) -> str | None:
-        if not self.unsent:
-            return None
-        return (f"MLflow unreachable at the end of the stage: {self.unsent} metric "
-                f"points kept in {self.unsent_file}; the next run sends them")
+    def finding(self) -> Finding | None:
+        return Finding.note("mlflow_unsent", f"MLflow unreachable at the end of the stage: "
+                            f"{self.unsent} metric points kept in {self.unsent_file}") \
+            if self.unsent else None
