@@ -274,8 +274,8 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
                                model_fingerprint(result.output_dir), {"grpo_prompt": uses})
             result.findings += repeat_findings(f"grpo/round-{round_no}", uses,
                                                ctx.cfg.probe.max_prompt_repeats)
-            findings, codes = diagnose_round(slot.run, result.history, ctx.cfg,
-                                             [f.at(f"grpo/round-{round_no}") for f in result.findings])
+            findings, codes = diagnose_round(slot.run, result.history, ctx.cfg, result.findings,
+                                             f"grpo/round-{round_no}")
             tracking.log_training_curves(slot.run, result.history, "grpo")
             throughput = round_summary(result.history)  # the stage line's figures
             tags = {"findings": " | ".join(f.line() for f in findings) or "none"}
@@ -295,8 +295,8 @@ def grpo_round(ctx: Ctx, model_path: str, problem_ids: stage_data.Selection,
 
 
 def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig,
-                   in_round: list[Finding] = ()) -> tuple[list[Finding], str]:
-    """The diagnosis rules over a round's history (grpo_core.train.diagnosis): all findings
+                   in_round: list[Finding] = (), stage: str = "") -> tuple[list[Finding], str]:
+    """The diagnosis rules over a round's history (grpo_core.train.diagnosis), said of `stage`: all findings
     as diagnosis.json and their codes as the `diagnosis` tag of `run`. Returns the round's
     findings (the report's): `in_round` (the monitor's notes and stops) then every rule's
     line but the stops (the in-round ones already), info ones too; the run's description
@@ -304,7 +304,8 @@ def diagnose_round(run: str, history: list[dict], cfg: PipelineConfig,
     from grpo_core.findings import codes_tag, count_findings
     from grpo_core.train.diagnosis import diagnose
 
-    found = diagnose(history, cfg)
+    found = [f.at(stage) if stage else f for f in diagnose(history, cfg)]
+    in_round = [f.at(stage) if stage else f for f in in_round]
     tracking.log_json(run, [f.as_dict() for f in found], "diagnosis.json")
     kept = [*in_round, *(f for f in found if f.severity != "stop")]
     note = "\n".join(f"- {f.line()}" for f in [*in_round, *found]) or "- none"

@@ -361,8 +361,10 @@ def test_stage_logs_diagnosis_and_returns_the_findings(monkeypatch):
     assert tags["mlflow.note.content"].startswith("**Diagnosis of this round**: 1 finding (1 warn)")
     info = with_(healthy(), rewards__format__std=lambda s: 0.0, rewards__format__mean=lambda s: -0.5)
     kl = Finding.note("kl_ceiling", "kl 9 above kl_ceiling 0.5 at step 3", "stop", steps=[3])
-    lines, _ = stages.diagnose_round("run-3", info, config_from_dict({}), [kl])
-    assert lines[0] is kl and lines[1].code == "reward_fn_constant" and lines[1].severity == "info"
+    lines, _ = stages.diagnose_round("run-3", info, config_from_dict({}), [kl], "grpo/round-2")
+    assert lines[0] == kl.at("grpo/round-2") and lines[1].code == "reward_fn_constant"
+    assert lines[1].severity == "info" and lines[1].stage == "grpo/round-2"  # said of its round
+    assert "- grpo/round-2: reward_fn_constant [info]" in tags["mlflow.note.content"]
     assert tags["findings.count"] == "2 findings (1 stop, 1 info)"  # severity read, not parsed
     assert stages.diagnose_round("run-2", healthy(), config_from_dict({}))[1] == "none"
     assert logged[("run-2", "diagnosis.json")] == [] and tags["diagnosis"] == "none"
