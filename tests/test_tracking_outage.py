@@ -87,7 +87,7 @@ def test_mlflow_server_killed_mid_round(tiny_model_path, tmp_path):
         logger2 = StepLogger(run2, workspace=wd, close_timeout_s=2)
         _round(tiny_model_path, tmp_path / "r2", [logger2, Outage(server, down=3, up=None)])
         assert logger2.unsent > 0 and logger2.unsent_file.is_file()
-        assert str(logger2.unsent_file) in logger2.finding()
+        assert str(logger2.unsent_file) in logger2.finding().summary
         kept = len(logger2.unsent_file.read_text().splitlines())
         assert kept == logger2.unsent
         server.start().wait_healthy()
