@@ -142,8 +142,8 @@ def grpo_pipeline(config: PipelineConfig, progress: bool = True,
                            reuses=start.label if covered else None)
         findings += scorer_error_findings("eval/final", final)
         findings += eval_budget_findings(cfg, [e for e in evaluated
-                                       if e.label in ("eval/base", "eval/sft")],
-                                 ("eval/final", final.benchmarks))
+                                               if e.label in ("eval/base", "eval/sft")],
+                                         ("eval/final", final.benchmarks))
         evaluated.append(("eval/final", final.benchmarks, model))
         tracking.log_metrics(parent, {f"compute/{k}": v
                                       for k, v in run.compute.model_dump().items()})
@@ -234,7 +234,7 @@ def filter_round(ctx: stages.Ctx, model: str, problem_ids: PoolSlice, round_no: 
     if collapsed is not None and collapsed.severity == "stop":  # diagnosis.stop_on_collapsed_start
         raise CollapsedStart(collapsed.line(), collapsed)
     prompts, note = training_prompts(kept, problem_ids)
-    found = (Finding.note("few_in_band", note, stage=f"round {round_no}") if note else
+    found = (Finding.note("few_in_band", note) if note else
              window_note(ctx.cfg, kept, len(problem_ids)))
     return prompts, (found.at(f"round {round_no}") if found else None)
 

@@ -134,8 +134,10 @@ def observe():
         def recorded(*args, **kwargs):
             out = orig(*args, **kwargs)
             # a cached stage inside a task run returns its result in a `Cached` state
+            from prefect.states import State
+
             rec.stages.append({"stage": name, "args": sig.bind(*args, **kwargs).arguments,
-                               "out": out.result() if hasattr(out, "is_completed") else out})
+                               "out": out.result() if isinstance(out, State) else out})
             return out
         return recorded
 
