@@ -105,7 +105,7 @@ def run(config: CONFIG = None, set_: SET = None, workdir: WORKDIR = None,
 
                 out = grpo_pipeline(configs[0], progress=not quiet, plan=plans[0])
                 for bench, res in out.final.items():
-                    m = res["metrics"].get(configs[0].eval.primary_metric) or {}
+                    m = res.metric(configs[0].eval.primary_metric)
                     typer.echo(f"{bench}: {configs[0].eval.primary_metric} {m.get('mean')} "
                                f"[{m.get('lo')}, {m.get('hi')}]")
                 from grpo_core.findings import count_findings

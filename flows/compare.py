@@ -31,6 +31,7 @@ from grpo_core.eval.comparison import (
     table_row,
 )
 from grpo_core.eval.compute import compute_markdown, match_clause, matching_steps
+from grpo_core.eval.score import metric_of
 from grpo_core.eval.ui_views import ui_base
 from grpo_core.workspace import Workspace
 from tasks import tracking
@@ -51,8 +52,7 @@ def comparison_rows(results: dict[str, PipelineResult], metric: str) -> list[dic
     for recipe, res in results.items():
         deltas = res.registered.get("deltas") or {}
         for bench, final in res.final.items():
-            base = res.base.get(bench, {}).get("metrics", {}).get(metric) or {}
-            now = final["metrics"].get(metric) or {}
+            base, now = metric_of(res.base, bench, metric), final.metric(metric)
             rows.append(_row(recipe, bench, metric, base, now, deltas.get(bench, {}).get(metric)))
     return rows
 
@@ -97,7 +97,7 @@ def _pair_row(cfgs: dict, results: dict, a: str, b: str, bench: str, metric: str
     paired = _paired_finals(cfgs, results, a, b, bench, metric)
     if paired is None:
         return []
-    a_block, b_block = (results[r].final[bench]["metrics"].get(metric) or {} for r in (a, b))
+    a_block, b_block = (results[r].final[bench].metric(metric) for r in (a, b))
     return [_row(pair_label(a, b), bench, metric, b_block, a_block, paired)]
 
 

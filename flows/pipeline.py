@@ -303,8 +303,7 @@ class _Run:
         cfg = self.ctx.cfg
         if not cfg.probe.problems:
             return
-        bench = evaluated.benchmarks[cfg.eval.benchmarks[0]]
-        heldout = (bench["metrics"].get(cfg.eval.primary_metric) or {}).get("mean")
+        heldout = evaluated.benchmarks[cfg.eval.benchmarks[0]].metric(cfg.eval.primary_metric).get("mean")
         unseen = stage_data.unseen_part(cfg, self.pool, self.rl_size)
         self.probes.append(run_stage(self.log, f"probe/{stage.split('/')[-1]}", "probe",
                                      memorisation_probe, self.ctx, start_model, model_dir,

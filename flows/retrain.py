@@ -80,7 +80,7 @@ def decision_files(cfg: PipelineConfig, champion_version, report: dict, out: dic
     rule, the paired delta, champion and challenger on the primary metric -, and
     report/retrain_metrics.json beside it: every metric of both)."""
     bench, primary = cfg.eval.benchmarks[0], cfg.eval.primary_metric
-    champ, chall = out["champion"][bench]["metrics"], out["challenger"][bench]["metrics"]
+    champ, chall = out["champion"][bench].metrics, out["challenger"][bench].metrics
     decision = {
         "decision": (f"promoted v{report.get('version')}" if report.get("promoted")
                      else f"kept champion v{champion_version}"),

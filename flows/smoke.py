@@ -208,8 +208,7 @@ def build_report(real: PipelineConfig, smoke: PipelineConfig, rec: Recorder, out
                            "cached": res.cached, **stage_figures(res)})
         elif s["stage"] == "evaluate_model":
             label = args["label"]
-            evals[label] = {b: {"split": v.get("split"),
-                                "problems": (v.get("metrics") or {}).get("n_problems")}
+            evals[label] = {b: {"split": v.split, "problems": v.metrics.get("n_problems")}
                             for b, v in res.benchmarks.items()}
             stages.append({"stage": label, "cached": res.cached, **stage_figures(res)})
         elif s["stage"] == "difficulty_filter":

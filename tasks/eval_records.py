@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_core.data.records import read_eval_results, read_eval_runs
 from grpo_core.data.store import Store, StoreError
+from grpo_core.eval.score import BenchmarkScore, Scores
 from grpo_core.modeling.loading import model_fingerprint, resolve_model_path
 from grpo_core.workspace import Workspace
 
@@ -51,14 +52,13 @@ def run_records(store: Store | None, run_id: str | None) -> list[dict]:
     return read_eval_results(store, run_id=run_id)
 
 
-def stage_records(store: Store | None, result: Mapping, model_path: str | None) -> list[dict]:
-    """The rows behind one benchmark's stage result ({"metrics", "protocol_hash",
-    "eval_run_id"}) of the model at `model_path`."""
+def stage_records(store: Store | None, result: BenchmarkScore, model_path: str | None) -> list[dict]:
+    """The rows behind one benchmark's score of the model at `model_path`."""
     if store is None:
         return []
-    run_id = result.get("eval_run_id")
+    run_id = result.eval_run_id
     if not run_id and model_path is not None:
-        run_id = find_eval_run(store, result.get("protocol_hash"), model_path)
+        run_id = find_eval_run(store, result.protocol_hash, model_path)
     return run_records(store, run_id)
 
 
@@ -70,25 +70,25 @@ class PipelineRecords:
     final: dict[str, list[dict]] = field(default_factory=dict)
     base: dict[str, list[dict]] = field(default_factory=dict)
     champion: list[dict] | None = None
-    stages: list[tuple[str, Mapping | None, list[dict]]] = field(default_factory=list)
+    stages: list[tuple[str, BenchmarkScore | None, list[dict]]] = field(default_factory=list)
 
 
-def pipeline_records(cfg, workdir, final: Mapping[str, Mapping], model_dir: str, *,
-                     base: Mapping[str, Mapping] | None = None, base_model: str | None = None,
+def pipeline_records(cfg, workdir, final: Scores, model_dir: str, *,
+                     base: Scores | None = None, base_model: str | None = None,
                      champion_run: str | None = None,
-                     stages: Sequence[tuple[str, Mapping, str | None]] = ()) -> PipelineRecords:
+                     stages: Sequence[tuple[str, Scores, str | None]] = ()) -> PipelineRecords:
     """Read the records once. `base`: the base model's stage results (None: the base was
     evaluated under the final eval's protocol, found by that hash and the base model's
     fingerprint; {}: none); `champion_run`: the champion's eval run id (its version's
-    grpo.eval_run_id tag); `stages`: (eval label, {bench: result}, model path)."""
+    grpo.eval_run_id tag); `stages`: (eval label, its scores, model path)."""
     out = PipelineRecords()
     bench = next(iter(cfg.eval.benchmarks), None)
     with records_store(workdir, cfg.data.store_lock_timeout) as store:
         out.final = {b: stage_records(store, r, str(model_dir)) for b, r in final.items()}
         if base is not None or any(out.final.values()):
             if base is None:
-                base = {b: {"protocol_hash": r.get("protocol_hash")} for b, r in final.items()}
-            if base_model is None and not all(r.get("eval_run_id") for r in base.values()):
+                base = {b: BenchmarkScore(protocol_hash=r.protocol_hash) for b, r in final.items()}
+            if base_model is None and not all(r.eval_run_id for r in base.values()):
                 # Only then: resolving the built-in model builds it when it is missing.
                 root = workdir.root if isinstance(workdir, Workspace) else Path(workdir)
                 base_model = resolve_model_path(cfg.model.name_or_path, Workspace(root).models)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from grpo_core.data.pool import PoolRef
 from grpo_core.eval.comparison import ci_text
 from grpo_core.eval.metric_names import eval_metrics
+from grpo_core.eval.score import Scores
 from grpo_core.findings import Finding, count_findings
 from grpo_core.modeling.gpu import GPU_PEAK_METRIC
 from grpo_core.train.memorisation import GapResult
@@ -209,23 +210,22 @@ class GrpoStageResult(TrainResult):
 
 
 class EvalResult(StageResult):
-    """An eval stage: per benchmark, its record as grpo_core.eval and tracking read it
-    ({"metrics", "protocol_hash", "eval_run_id", "split", "problems_hash"})."""
+    """An eval stage: the model's score per benchmark (grpo_core.eval.score)."""
 
     kind: ClassVar[str] = "eval"
-    benchmarks: dict[str, dict[str, Any]]
+    benchmarks: Scores
 
     def metrics(self) -> dict[str, float]:
         return eval_metrics(self.benchmarks)
 
     def key(self, primary: str = "") -> str:
-        return ", ".join(f"{bench} {primary} {_metric_text(v['metrics'].get(primary))}"
+        return ", ".join(f"{bench} {primary} {_metric_text(v.metric(primary))}"
                          for bench, v in self.benchmarks.items())
 
     def scorer_errors(self) -> dict[str, int]:
         """{bench: scorer exceptions} of the benchmarks that had any."""
         return {b: n for b, v in self.benchmarks.items()
-                if (n := (v.get("metrics") or {}).get("scorer_errors"))}
+                if (n := v.metrics.get("scorer_errors"))}
 
 
 class ProbeResult(StageResult):
@@ -293,8 +293,8 @@ class PipelineResult(BaseModel):
 
     parent_run: str
     model_dir: str
-    final: dict[str, dict[str, Any]]
-    base: dict[str, dict[str, Any]] = {}
+    final: Scores
+    base: Scores = {}
     findings: list[Finding] = []
     registered: dict[str, Any] = {}
     memorisation: list[ProbeResult] = []

@@ -343,12 +343,10 @@ def evaluate_model(ctx: Ctx, model_path: str, label: str, benchmarks: list[str],
                 res = evaluate_benchmark(model_path, bench, ctx.cfg, store=store, backend=backend,
                                          tokenizer=tokenizer, progress=ctx.progress,
                                          scorer=scorer)
-                out[bench] = {"metrics": res.metrics, "protocol_hash": res.protocol_hash,
-                              "eval_run_id": res.run_id, "split": res.protocol["split"],
-                              "problems_hash": res.protocol["problems_hash"]}
+                out[bench] = res.score()
                 tracking.log_eval_table(run, res.per_problem, f"eval/{bench}.json")
         out = {b: out[b] for b in benchmarks}
-        tracking.set_tags(run, {f"{b}.{k}": v[k] for b, v in out.items()
+        tracking.set_tags(run, {f"{b}.{k}": getattr(v, k) for b, v in out.items()
                                 for k in ("split", "problems_hash", "eval_run_id")})
         return EvalResult(benchmarks=out)
 

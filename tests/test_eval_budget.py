@@ -5,12 +5,13 @@ budget to re-evaluate at. The two models' results come from the real metrics cod
 (grpo_core.eval.metrics.summarise) over constructed per-problem records: one model cut off
 in half of its completions, the other in none."""
 from grpo_core.eval.metrics import summarise
+from grpo_core.eval.score import BenchmarkScore
 from grpo_core.findings import ACTIONS, count_findings
 from grpo_core.train.eval_budget import budget_findings, truncated_share
 
 
-def _result(cut_every: int, n: int = 20, k: int = 4) -> dict:
-    """{"metrics": summarise(...)} of n problems x k samples; every `cut_every`-th
+def _result(cut_every: int, n: int = 20, k: int = 4) -> BenchmarkScore:
+    """The score (summarise's metrics) of n problems x k samples; every `cut_every`-th
     completion (greedy and samples, in order) cut off at the budget (0: none)."""
     records, i = [], 0
     for p in range(n):
@@ -21,7 +22,7 @@ def _result(cut_every: int, n: int = 20, k: int = 4) -> dict:
         records.append({"greedy_correct": p % 3 == 0, "greedy_truncated": flags[0],
                         "sample_correct": [p % 2 == 0] * k, "sample_answers": ["1"] * k,
                         "sample_truncated": flags[1:]})
-    return {"metrics": summarise(records, n_resamples=20)}
+    return BenchmarkScore(metrics=summarise(records, n_resamples=20))
 
 
 def test_the_finding_fires_when_the_earlier_model_was_cut_off():

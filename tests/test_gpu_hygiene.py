@@ -12,6 +12,7 @@ import types
 
 import pytest
 
+from grpo_core.eval.score import BenchmarkScore
 from grpo_core.generation.rollout import HFBackend, VLLMBackend
 from grpo_core.modeling import gpu
 from tasks.stage_results import EvalResult, GrpoStageResult
@@ -196,7 +197,7 @@ def test_cached_stage_logs_peak_when_measured(monkeypatch, tmp_path):
         rec.peak_gb = 12.345
 
     monkeypatch.setattr(stages, "stage_memory", measured)
-    scored = {"synthetic": {"metrics": {"n": 1}}}
+    scored = {"synthetic": BenchmarkScore(metrics={"n": 1})}
     out = stages.cached_stage(ctx, "k2", "eval/base", EvalResult,
                               lambda run: EvalResult(benchmarks=scored))
     assert out.gpu_peak_gb == 12.345 and not out.cached

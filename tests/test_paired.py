@@ -23,6 +23,7 @@ from grpo_core.eval.comparison import COMPARE_COLUMNS
 from grpo_core.eval.metric_names import eval_metrics
 from grpo_core.eval.metrics import summarise
 from grpo_core.eval.promotion import PAIRED_RULE
+from grpo_core.eval.score import BenchmarkScore, Scores
 from grpo_core.modeling.loading import model_fingerprint
 from grpo_core.workspace import Workspace
 from tasks import eval_records as comparison
@@ -74,27 +75,26 @@ def _records(correct_counts: list[int]) -> list[dict]:
              "sample_answers": ["1"] * c + ["0"] * (K - c)} for i, c in enumerate(correct_counts)]
 
 
-def _evaluate(wd: Path, model: Path, counts: list[int], run_id: str, protocol: str = "P") -> dict:
-    """Store one eval run of `model` (as grpo_core.eval.evaluation does) and return the stage
-    result stages.evaluate_model would hand on for it."""
+def _evaluate(wd: Path, model: Path, counts: list[int], run_id: str, protocol: str = "P") -> Scores:
+    """Store one eval run of `model` (as grpo_core.eval.evaluation does) and return the
+    scores stages.evaluate_model would hand on for it."""
     records = _records(counts)
     metrics = summarise(records)
     with Store.open(Workspace(wd).db_path) as store:
         write_eval(store, {"run_id": run_id, "protocol_hash": protocol, "benchmark": BENCH,
                            "model": str(model), "model_fingerprint": model_fingerprint(str(model)),
                            "metrics": metrics}, records)
-    return {"benchmarks": {BENCH: {"metrics": metrics, "protocol_hash": protocol,
-                                   "eval_run_id": run_id}}}
+    return {BENCH: BenchmarkScore(metrics=metrics, protocol_hash=protocol, eval_run_id=run_id)}
 
 
-def _pipeline(cfg: PipelineConfig, wd: Path, model: Path, final: dict, base: dict | None) -> dict:
+def _pipeline(cfg: PipelineConfig, wd: Path, model: Path, final: Scores, base: Scores | None) -> dict:
     """The end of a pipeline run: eval/base and eval/final child runs, then finish_pipeline."""
     parent = T.start_parent_run(cfg, cfg.hash(), cfg.project.recipe, "abc1234", "flow", wd)
     for label, res in (("eval/base", base), ("eval/final", final)):
         if res is not None:
-            T.log_metrics(T.child_run(parent, label), eval_metrics(res["benchmarks"]))
+            T.log_metrics(T.child_run(parent, label), eval_metrics(res))
     return finish_pipeline(parent, cfg, model, final, [], wd,
-                             base=base["benchmarks"] if base else {})
+                             base=base or {})
 
 
 def _unpaired_promotes(champion: list[int], challenger: list[int]) -> bool:
@@ -111,8 +111,8 @@ def _case(wd: Path, project: str, champion: list[int], challenger: list[int]) ->
     base = _evaluate(wd, m1, champion, f"{project}-e1b")  # the champion again, as eval/base
     final = _evaluate(wd, m2, challenger, f"{project}-e2")
     report = _pipeline(_cfg(wd, project, beta=0.01), wd, m2, final, base)
-    return report, PipelineResult(parent_run=report["parent_run"], base=base["benchmarks"],
-                                  final=final["benchmarks"], registered=report, model_dir=str(m2))
+    return report, PipelineResult(parent_run=report["parent_run"], base=base,
+                                  final=final, registered=report, model_dir=str(m2))
 
 
 def _check_registry(wd: Path, project: str, report: dict, promoted: bool) -> None:
@@ -200,7 +200,7 @@ def test_retrain_passes_the_champion_records(wd):
     _pipeline(_cfg(wd, "retrain"), wd, m1, _evaluate(wd, m1, SPREAD, "r-e1", protocol="OLD"), None)
     again = _evaluate(wd, m1, SPREAD, "r-e1-now")
     with comparison.records_store(wd) as store:
-        champion_records = comparison.stage_records(store, again["benchmarks"][BENCH], str(m1))
+        champion_records = comparison.stage_records(store, again[BENCH], str(m1))
     parent = T.start_parent_run(_cfg(wd, "retrain", beta=0.01), "h-retrain", "r1_zero+retrain",
                                 "abc", "flow", wd)
     report = finish_pipeline(parent, _cfg(wd, "retrain"), m2,
@@ -218,9 +218,9 @@ def test_stage_result_without_run_id_is_found_by_model_fingerprint(wd):
     _evaluate(wd, m1, EVEN, "f-new")
     _evaluate(wd, m2, SPREAD, "f-other-model")
     with comparison.records_store(wd) as store:
-        rows = comparison.stage_records(store, {"protocol_hash": "P"}, str(m1))
+        rows = comparison.stage_records(store, BenchmarkScore(protocol_hash="P"), str(m1))
         assert {r["run_id"] for r in rows} == {"f-new"} and len(rows) == 40
-        assert comparison.stage_records(store, {"protocol_hash": "Q"}, str(m1)) == []
+        assert comparison.stage_records(store, BenchmarkScore(protocol_hash="Q"), str(m1)) == []
     with comparison.records_store(wd.parent / "nowhere") as store:
         assert store is None
 
@@ -232,15 +232,15 @@ def test_recipe_against_recipe_row(wd):
     cfgs = [_cfg(wd, "pair", "r1_zero"), _cfg(wd, "pair", "sft_grpo")]
     m1, m2 = _model(wd, "zero"), _model(wd, "sft")
     results = {"r1_zero": PipelineResult(parent_run="z", model_dir=str(m1),
-                                         final=_evaluate(wd, m1, SPREAD, "z")["benchmarks"]),
+                                         final=_evaluate(wd, m1, SPREAD, "z")),
                "sft_grpo": PipelineResult(parent_run="s", model_dir=str(m2), final=_evaluate(
-                   wd, m2, [c + 1 for c in SPREAD], "s")["benchmarks"])}
+                   wd, m2, [c + 1 for c in SPREAD], "s"))}
     (row,) = recipe_pair_rows(cfgs, results, METRIC)
     assert row["recipe"] == "sft_grpo vs r1_zero" and list(row) == COMPARE_COLUMNS
     assert row["base"] == pytest.approx(summarise(_records(SPREAD))[METRIC]["mean"])
     assert row["delta"] == pytest.approx(0.05) and row["delta_lo"] == pytest.approx(0.05)
     # Other problems: no row rather than an unpaired delta.
-    results["sft_grpo"].final = _evaluate(wd, m2, [20] * 10, "s10")["benchmarks"]
+    results["sft_grpo"].final = _evaluate(wd, m2, [20] * 10, "s10")
     assert recipe_pair_rows(cfgs, results, METRIC) == []
 
 
@@ -277,13 +277,13 @@ def _stage_pipeline(wd: Path, recipe: str, stages: list[tuple[str, list[int]]]) 
     evaluated = []
     for label, counts in stages:
         m = _model(wd, f"{recipe}-{label.replace('/', '-')}")
-        evaluated.append((label, _evaluate(wd, m, counts, f"{recipe}-{label}")["benchmarks"], str(m)))
+        evaluated.append((label, _evaluate(wd, m, counts, f"{recipe}-{label}"), str(m)))
     evaluated.append(("eval/final", *evaluated[-1][1:]))
     parent = T.start_parent_run(cfg, cfg.hash(), recipe, "abc1234", "flow", wd)
     final, model = evaluated[-1][1], evaluated[-1][2]
     for label, res, _ in (evaluated[0], evaluated[-1]):
         T.log_metrics(T.child_run(parent, label), eval_metrics(res))
-    report = finish_pipeline(parent, cfg, model, {"benchmarks": final}, [], wd,
+    report = finish_pipeline(parent, cfg, model, final, [], wd,
                                base=evaluated[0][1], stages=evaluated)
     return PipelineResult(parent_run=parent, final=final, base=evaluated[0][1], model_dir=model,
                           registered=report)

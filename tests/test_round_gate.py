@@ -2,14 +2,15 @@
 starts from, and the findings that say so. The same gate in a real pipeline run:
 tests/test_pipeline.py::test_a_regressed_round_rolls_back_to_the_best_model."""
 from grpo_core.eval.round_gate import Evaluated, gate_round, regressions
+from grpo_core.eval.score import BenchmarkScore
 from grpo_core.findings import ACTIONS
 
 M = "avg@4"
 
 
 def ev(label: str, mean: float, lo: float, bench: str = "synthetic") -> Evaluated:
-    return Evaluated(label, {bench: {"metrics": {M: {"mean": mean, "lo": lo, "hi": mean + (mean - lo)}}}},
-                     f"/models/{label}")
+    block = {"mean": mean, "lo": lo, "hi": mean + (mean - lo)}
+    return Evaluated(label, {bench: BenchmarkScore(metrics={M: block})}, f"/models/{label}")
 
 
 BASE = ev("eval/base", 0.10, 0.08)
@@ -54,7 +55,7 @@ def test_without_rollback_the_finding_only():
 
 
 def test_missing_numbers_never_roll_back():
-    no_metric = Evaluated("eval/round-1", {"synthetic": {"metrics": {}}}, "/m")
+    no_metric = Evaluated("eval/round-1", {"synthetic": BenchmarkScore()}, "/m")
     assert not gate_round(1, BASE, BASE, no_metric, M, rollback=True).rolled_back
     other_bench = ev("eval/round-1", 0.0, 0.0, bench="gsm8k")  # the base never scored it
     assert regressions(1, BASE.benchmarks, other_bench.benchmarks, M) == []
@@ -62,8 +63,9 @@ def test_missing_numbers_never_roll_back():
 
 
 def test_regressions_name_each_benchmark_that_fell():
-    before = {"a": {"metrics": {M: {"mean": 0.5, "lo": 0.4}}}, "b": {"metrics": {M: {"mean": 0.5, "lo": 0.4}}}}
-    after = {"a": {"metrics": {M: {"mean": 0.3}}}, "b": {"metrics": {M: {"mean": 0.45}}}}
+    before = {b: BenchmarkScore(metrics={M: {"mean": 0.5, "lo": 0.4}}) for b in "ab"}
+    after = {"a": BenchmarkScore(metrics={M: {"mean": 0.3}}),
+             "b": BenchmarkScore(metrics={M: {"mean": 0.45}})}
     fell = regressions(1, before, after, M)
     assert [(f.stage, f.summary, f.evidence["benchmark"]) for f in fell] == [
         ("round 1", "a avg@4 fell below the previous CI (0.300 < 0.400)", "a")]

@@ -23,6 +23,7 @@ from grpo_core import workspace
 from grpo_core.config import PipelineConfig
 from grpo_core.eval.comparison import COMPARE_COLUMNS
 from grpo_core.eval.metric_names import eval_metrics, sanitize_key
+from grpo_core.eval.score import BenchmarkScore
 from grpo_core.eval.ui_views import read_view
 from grpo_core.findings import Finding
 from grpo_core.redaction import is_secret_name, redact
@@ -196,7 +197,7 @@ def test_parent_and_children_reused_on_resume(store):
     # A finished config run again is a cache hit: still the same parent.
     with pytest.raises(ValueError, match="contains the artifact store"):
         T.register_model(parent, wd, "m")  # the workdir itself: would copy into itself
-    finish_pipeline(parent, cfg, _fake_model(wd / "model", "x"), {"benchmarks": {}}, [], wd)
+    finish_pipeline(parent, cfg, _fake_model(wd / "model", "x"), {}, [], wd)
     assert client.get_run(parent).info.status == "FINISHED"
     assert all(client.get_run(k).info.status == "FINISHED" for k in kids.values())
     assert json.loads((wd / "runs" / f"{cfg.hash()}.json").read_text())["status"] == "FINISHED"
@@ -255,11 +256,9 @@ def test_metrics_sanitised_skipped_and_batched(store):
 
 
 def test_eval_metrics_flatten_for_compare():
-    flat = eval_metrics({"gsm8k": {"metrics": {"greedy_accuracy": {"mean": 0.5, "lo": 0.4,
-                                                                     "hi": 0.6, "n": 10},
-                                                 "pass@4": {"mean": 0.7, "lo": 0.6, "hi": 0.8},
-                                                 "ks": [1, 2, 4], "k": 4},
-                                     "protocol_hash": "abc"}})
+    flat = eval_metrics({"gsm8k": BenchmarkScore(protocol_hash="abc", metrics={
+        "greedy_accuracy": {"mean": 0.5, "lo": 0.4, "hi": 0.6, "n": 10},
+        "pass@4": {"mean": 0.7, "lo": 0.6, "hi": 0.8}, "ks": [1, 2, 4], "k": 4})})
     assert flat["gsm8k/greedy_accuracy"] == 0.5 and flat["gsm8k/greedy_accuracy_ci_hi"] == 0.6
     assert flat["gsm8k/pass_at_4_ci_lo"] == 0.6 and flat["gsm8k/k"] == 4
     assert "gsm8k/ks" not in flat
@@ -373,10 +372,10 @@ def test_finish_pipeline_and_compare_table(store):
         parent = _parent(cfg, wd)
         for label, acc in (("eval/base", base), ("eval/final", final)):
             run = T.child_run(parent, label)
-            T.log_metrics(run, eval_metrics({"synthetic": {"metrics": {
-                "greedy_accuracy": {"mean": acc, "lo": acc - 0.1, "hi": acc + 0.1, "n": 50}}}}))
-        final_res = {"benchmarks": {"synthetic": {"protocol_hash": "P", "metrics": {
-            "greedy_accuracy": {"mean": final, "lo": final - 0.1, "hi": final + 0.1}}}}}
+            T.log_metrics(run, eval_metrics({"synthetic": BenchmarkScore(metrics={
+                "greedy_accuracy": {"mean": acc, "lo": acc - 0.1, "hi": acc + 0.1, "n": 50}})}))
+        final_res = {"synthetic": BenchmarkScore(protocol_hash="P", metrics={
+            "greedy_accuracy": {"mean": final, "lo": final - 0.1, "hi": final + 0.1}})}
         out = finish_pipeline(parent, cfg, _fake_model(wd / f"m-{recipe}", recipe), final_res,
                                 [COLLAPSE], wd)
         results[recipe] = out

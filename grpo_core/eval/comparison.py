@@ -26,6 +26,7 @@ from grpo_core.eval.metric_names import (
     shown,
 )
 from grpo_core.eval.paired import paired_delta, paired_metric
+from grpo_core.eval.score import BenchmarkScore, Scores
 
 COMPARE_COLUMNS = ["recipe", "benchmark", "metric", "base", "base_lo", "base_hi", "final",
                    "final_lo", "final_hi", "delta", "delta_lo", "delta_hi"]
@@ -54,13 +55,13 @@ def paired_deltas(a: list[dict], b: list[dict], names: Iterable[str],
     return out
 
 
-def final_vs_base(final: Mapping[str, Mapping], mine: Mapping[str, list], before: Mapping[str, list],
+def final_vs_base(final: Scores, mine: Mapping[str, list], before: Mapping[str, list],
                   n_resamples: int = 1000, seed: int = 0) -> dict[str, dict]:
     """{bench: paired_deltas(final rows, base rows)} over every metric of each benchmark's
     final result; a benchmark with nothing paired is left out."""
     out = {}
     for bench, res in final.items():
-        names = list((res.get("metrics") or {}) if isinstance(res, Mapping) else [])
+        names = list(res.metrics)
         found = paired_deltas(mine.get(bench) or [], before.get(bench) or [], names,
                               n_resamples=n_resamples, seed=seed)
         if found:
@@ -78,7 +79,7 @@ def delta_metrics(deltas: Mapping[str, Mapping[str, Mapping]]) -> dict[str, floa
     return out
 
 
-def stage_attribution(stages: Sequence[tuple[str, Mapping | None, list[dict]]], benchmark: str | None,
+def stage_attribution(stages: Sequence[tuple[str, BenchmarkScore | None, list[dict]]], benchmark: str | None,
                       metric: str, n_resamples: int = 1000, seed: int = 0) -> dict:
     """Which stage earned the gain, on `benchmark` and `metric`: {"benchmark", "metric",
     "stages": stage_gains (each with the stage's and the previous stage's metric block),
@@ -88,11 +89,11 @@ def stage_attribution(stages: Sequence[tuple[str, Mapping | None, list[dict]]], 
     round's model: one cached eval) adds nothing and is dropped."""
     kept, blocks, last_run = [], {}, None
     for label, res, rows in stages:
-        if not res or (res.get("eval_run_id") and res.get("eval_run_id") == last_run):
+        if not res or (res.eval_run_id and res.eval_run_id == last_run):
             continue
-        last_run = res.get("eval_run_id")
+        last_run = res.eval_run_id
         kept.append((label, rows))
-        blocks[label] = ci_triple((res.get("metrics") or {}).get(metric))
+        blocks[label] = ci_triple(res.metric(metric))
     kw = {"n_resamples": n_resamples, "seed": seed}
     gains = [{**g, "value": blocks[g["stage"]], "before": blocks[g["over"]]}
              for g in stage_gains(kept, metric, **kw)]

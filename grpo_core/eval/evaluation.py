@@ -43,6 +43,7 @@ from grpo_core.data.records import problem_key, write_eval
 from grpo_core.data.source import SourceError
 from grpo_core.eval.metric_names import metric_name, parse_metric
 from grpo_core.eval.metrics import bootstrap_ci, summarise
+from grpo_core.eval.score import BenchmarkScore
 from grpo_core.generation.rollout import SamplingParams
 from grpo_core.generation.sampling import derive_seed, sample_seeded
 from grpo_core.prompts import render_prompt, resolve_template, template_hash
@@ -116,6 +117,12 @@ class EvalResult:
     model_fingerprint: str = ""
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+
+    def score(self) -> BenchmarkScore:
+        """What the pipeline keeps of this evaluation past the eval stage."""
+        return BenchmarkScore(metrics=self.metrics, protocol_hash=self.protocol_hash,
+                              eval_run_id=self.run_id, split=self.protocol.get("split"),
+                              problems_hash=self.protocol.get("problems_hash"))
 
     def to_json(self) -> dict:
         return {"benchmark": self.benchmark, "model": self.model,

@@ -31,20 +31,20 @@ from grpo_core.eval.metric_names import (
     sanitize_key,
     shown,
 )
+from grpo_core.eval.score import Scores, metric_of
 
 
-def headline_metrics(benchmarks: Sequence[str], metric: str, base: Mapping[str, Any],
-                     final: Mapping[str, Any], deltas: Mapping[str, Any], *, grpo_steps: int,
+def headline_metrics(benchmarks: Sequence[str], metric: str, base: Scores,
+                     final: Scores, deltas: Mapping[str, Any], *, grpo_steps: int,
                      sft_steps: int, wall_s: float, findings: int) -> dict[str, float]:
-    """`base`/`final`: {bench: {"metrics": {metric: {"mean", "lo", "hi"}}}} (stage results);
+    """`base`/`final`: the two evaluations' scores;
     `deltas`: {bench: {metric: {"delta", "lo", "hi"}}} (the paired deltas). A number that
     does not exist (no base evaluation of a benchmark, an unpaired delta) is left out
     rather than logged as 0."""
     out: dict[str, float] = {}
     for bench in benchmarks:
         b = sanitize_key(bench)
-        m_base = ((base.get(bench) or {}).get("metrics") or {}).get(metric) or {}
-        m_final = ((final.get(bench) or {}).get("metrics") or {}).get(metric) or {}
+        m_base, m_final = metric_of(base, bench, metric), metric_of(final, bench, metric)
         d = (deltas.get(bench) or {}).get(metric) or {}
         blocks = {"base": (m_base.get("mean"), m_base.get("lo"), m_base.get("hi")),
                   "final": (m_final.get("mean"), m_final.get("lo"), m_final.get("hi")),
@@ -166,7 +166,7 @@ def comparison_description(said: str, rows: Iterable[Mapping], markdown: str, li
     return "\n".join([*filter(None, lines), "", markdown, "", links])
 
 
-def final_headline(benchmarks: Mapping[str, Any], primary: str) -> dict[str, float]:
+def final_headline(benchmarks: Scores, primary: str) -> dict[str, float]:
     """The parent run's copy of the final evaluation: the primary metric's block per
     benchmark (final/<bench>/<metric>, _ci_lo, _ci_hi, _n). Every other metric stays on
     the eval/final run: a parent holding all of them buries the headline in its list."""

@@ -27,6 +27,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from grpo_core.eval.score import Scores
+
 EXTRACTIONS = ("strict", "flexible")
 GREEDY = "greedy_accuracy"
 # G-Pass@k's thresholds tau (the share of k samples that must be right), as lighteval
@@ -213,11 +215,11 @@ def flatten(tree: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
     return out
 
 
-def eval_metrics(benchmarks: Mapping) -> dict[str, float]:
-    """{bench: {"metrics": {...}}} (an eval stage's output) -> "<bench>/<metric>" numbers,
-    e.g. synthetic/greedy_accuracy, synthetic/greedy_accuracy_ci_lo, synthetic/pass_at_4."""
+def eval_metrics(benchmarks: Scores) -> dict[str, float]:
+    """An evaluation's scores -> "<bench>/<metric>" numbers, e.g. synthetic/greedy_accuracy,
+    synthetic/greedy_accuracy_ci_lo, synthetic/pass_at_4."""
     out: dict[str, float] = {}
-    for bench, res in benchmarks.items():
-        m = res.get("metrics", res) if isinstance(res, Mapping) else {}
+    for bench, score in benchmarks.items():
+        m = score.metrics
         out.update({sanitize_key(k): v for k, v in flatten_metrics(m, str(bench)).items()})
     return out

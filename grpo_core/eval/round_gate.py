@@ -8,7 +8,7 @@ round, the final evaluation, the model registered) starts from the best model ev
 so far instead of the regressed one; without it the round's model goes on, and the
 finding says so either way.
 
-    start = best = Evaluated("eval/base", base["benchmarks"], base_model)
+    start = best = Evaluated("eval/base", base.benchmarks, base_model)
     for each round r:
         gate = gate_round(r, start, best, Evaluated(f"eval/round-{r}", ..., round_model),
                           primary, rollback)
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from grpo_core.eval.score import Scores, metric_of
 from grpo_core.findings import Finding
 
 
@@ -25,7 +26,7 @@ class Evaluated(NamedTuple):
     """A model and its evaluation: the shape of the flow's stage list."""
 
     label: str  # the eval stage: "eval/base", "eval/round-2"
-    benchmarks: dict  # {bench: {"metrics": {metric: {"mean", "lo", "hi", ...}}}}
+    benchmarks: Scores  # {bench: its score}
     model: str  # the model's folder
 
 
@@ -36,17 +37,13 @@ class Gate(NamedTuple):
     rolled_back: bool
 
 
-def _metric(benchmarks: dict, bench: str, primary: str) -> dict:
-    return ((benchmarks.get(bench) or {}).get("metrics") or {}).get(primary) or {}
-
-
-def regressions(round_no: int, before: dict, after: dict, primary: str,
+def regressions(round_no: int, before: Scores, after: Scores, primary: str,
                 code: str = "round_regressed", then: str = "") -> list[Finding]:
-    """One finding per benchmark of `after` ({bench: result}) whose `primary` mean fell below
+    """One finding per benchmark of `after` whose `primary` mean fell below
     the lower bound of `before`'s CI on it; `then`: what happens next, said after it."""
     out = []
     for bench in after:
-        now, was = _metric(after, bench, primary).get("mean"), _metric(before, bench, primary).get("lo")
+        now, was = metric_of(after, bench, primary).get("mean"), metric_of(before, bench, primary).get("lo")
         if now is not None and was is not None and now < was:
             out.append(Finding.note(
                 code, f"{bench} {primary} fell below the previous CI ({now:.3f} < {was:.3f})"
@@ -56,8 +53,8 @@ def regressions(round_no: int, before: dict, after: dict, primary: str,
 
 def _better(a: Evaluated, b: Evaluated, bench: str, primary: str) -> bool:
     """a's primary mean on `bench` above b's (a tie keeps b, the earlier model)."""
-    x = _metric(a.benchmarks, bench, primary).get("mean")
-    y = _metric(b.benchmarks, bench, primary).get("mean")
+    x = metric_of(a.benchmarks, bench, primary).get("mean")
+    y = metric_of(b.benchmarks, bench, primary).get("mean")
     return x is not None and (y is None or x > y)
 
 

@@ -9,23 +9,20 @@ them: greedy and samples) and more than the later one, naming the budget to re-e
 at. Pure: the caller passes the two evaluations' results."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from grpo_core.eval.score import BenchmarkScore, Scores
 from grpo_core.findings import Finding
 
 
-def truncated_share(result: Mapping[str, Any] | None) -> float | None:
+def truncated_share(score: BenchmarkScore | None) -> float | None:
     """The share of an evaluation's completions cut off at the budget (greedy and samples)
-    on one benchmark (`result`: {"metrics": {..., "truncation_rate": {"all": x}}})."""
-    rate = ((result or {}).get("metrics") or {}).get("truncation_rate") or {}
-    return rate.get("all")
+    on one benchmark (its metric truncation_rate's "all")."""
+    return score.metric("truncation_rate").get("all") if score else None
 
 
-def budget_findings(earlier: tuple[str, Mapping[str, Any]], later: tuple[str, Mapping[str, Any]],
+def budget_findings(earlier: tuple[str, Scores], later: tuple[str, Scores],
                     max_new_tokens: int, max_truncated: float) -> list[Finding]:
     """One `eval_budget_truncates` (warn) per benchmark of `later` whose `earlier` model
-    (label, {bench: result}) was cut off in more than `max_truncated` of its completions
+    (label, scores) was cut off in more than `max_truncated` of its completions
     and more often than the later one."""
     (was_label, was), (now_label, now) = earlier, later
     out = []

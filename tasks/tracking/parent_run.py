@@ -29,6 +29,7 @@ from mlflow.tracking import MlflowClient
 from grpo_core.eval import headline as text
 from grpo_core.eval.comparison import delta_metrics
 from grpo_core.eval.promotion import Decision
+from grpo_core.eval.score import BenchmarkScore, Scores
 from grpo_core.findings import Finding, count_findings, lines
 from grpo_core.redaction import redact, strip_userinfo
 from grpo_core.versions import environment_snapshot
@@ -140,9 +141,9 @@ def fail_pipeline(parent_id: str, error: str, workspace=None,
     _set_state_status(workspace, parent_id, "FAILED", c)
 
 
-def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks: Mapping[str, Any],
+def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks: Scores,
                    findings: Sequence[Finding], workspace, *, deltas: Mapping[str, Any],
-                   attribution: Mapping | None, base: Mapping[str, Any] | None,
+                   attribution: Mapping | None, base: Scores | None,
                    wall_s: float | None, model: str | None, records: Mapping[str, list],
                    champion_records: Sequence[Mapping] | None, over: str = "the base",
                    client: MlflowClient | None = None) -> dict:
@@ -160,8 +161,8 @@ def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks
                  "report/findings.md", c)
     if deltas:
         log_metrics(child_run(parent_id, "eval/final", c), delta_metrics(deltas), client=c)
-    res = benchmarks.get(bench, {}) if bench else {}
-    block = (res.get("metrics") or {}).get(primary) or {}
+    res = benchmarks.get(bench) if bench else None
+    block = res.metric(primary) if res else {}
     out: dict[str, Any] = {"parent_run": parent_id, "benchmark": bench, "metric": primary,
                            "value": block.get("mean"), "ci_lo": block.get("lo"),
                            "ci_hi": block.get("hi"), "deltas": dict(deltas)}
@@ -181,12 +182,11 @@ def close_pipeline(parent_id: str, cfg, model_dir: str | os.PathLike, benchmarks
     return out
 
 
-def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mapping[str, Any],
+def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: BenchmarkScore | None,
                           block: Mapping[str, Any], records: list[dict],
                           champion_records: Sequence[Mapping] | None, c: MlflowClient) -> dict:
-    """Register the model and record the promotion rule's decision, tagged on the parent
-    too; the final eval's run id (of `records`) is tagged on the version, for the next
-    challenger to pair with."""
+    """Register the model and record the promotion rule's decision, tagged on the parent too;
+    the final eval's run id (of `records`) is tagged on the version, for the next challenger."""
     primary = cfg.eval.primary_metric
     version = register_model(parent_id, model_dir, name,
                              tags={"recipe": cfg.project.recipe, "config_hash": cfg.hash()}, client=c)
@@ -197,7 +197,7 @@ def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mappin
         d = Decision(False, f"no {primary} on {bench}; not compared", "", "none")
     else:
         d = promote(c, name, version, primary, block["mean"], block.get("lo"), ci_hi=block.get("hi"),
-                    protocol_hash=res.get("protocol_hash"), records=records,
+                    protocol_hash=res.protocol_hash, records=records,
                     champion_records=champion_records,
                     eval_run_id=records[0]["run_id"] if records else None,
                     n_resamples=cfg.eval.bootstrap, seed=cfg.project.seed)
@@ -207,7 +207,7 @@ def _register_and_promote(parent_id: str, cfg, model_dir, name: str, res: Mappin
             "rule": None if d.rule == "none" else d.rule, "paired": d.paired}
 
 
-def _log_headline(parent_id: str, cfg, final: Mapping[str, Any], base: Mapping[str, Any] | None,
+def _log_headline(parent_id: str, cfg, final: Scores, base: Scores | None,
                   deltas: Mapping[str, Any], findings: Sequence[Finding], wall_s: float | None,
                   summary: str, c: MlflowClient, attribution: Mapping | None = None) -> str:
     """The headline metrics and tags on the parent, its description (and the Prefect run's
