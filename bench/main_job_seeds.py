@@ -69,6 +69,11 @@ def stage_records(ws: str, recipe: str, earlier: str, later: str,
                 model_records(store, model_of(store.con, recipe, earlier), bench))
 
 
+def cut_off(records: list[dict]) -> float:
+    """The share of a model's greedy answers cut off at eval.max_new_tokens."""
+    return sum(bool(r.get("greedy_truncated")) for r in records) / max(len(records), 1)
+
+
 def verdict_of(ws: str) -> str:
     text = (Path(ws) / "cell.log").read_text(errors="replace")
     return next((line[len(VERDICT):] for line in text.splitlines()
@@ -115,6 +120,11 @@ def main(argv=None) -> int:
                        for p in phases})
         rows += [[f"{p} ({m})", *[ci(s["phases"][f"{p} ({m})"]) for s in seeds],
                   ci(pooled[f"{p} ({m})"])] for p in phases]
+    for s in seeds:  # the eval budget must not decide a delta: the cut-off shares beside it
+        s["cut_off"] = {p: [cut_off(r) for r in s["records"][p][::-1]] for p in phases}
+    rows += [[f"{p}: greedy answers cut off, before -> after",
+              *[" -> ".join(f"{x:.1%}" for x in s["cut_off"][p]) for s in seeds], ""]
+             for p in phases]
     print("\n" + markdown_table(
         [f"phase (paired, {len(seeds)} seeds)", *[f"seed {s['seed']}" for s in seeds], "pooled"],
         rows))
