@@ -100,3 +100,27 @@ def test_thread_candidates():
     assert threads.candidates(6) == [1, 2, 4, 6]
     best, times = threads.choose_threads(2)
     assert best in (1, 2) and set(times) == {1, 2} and all(t > 0 for t in times.values())
+
+
+def test_sft_trains_at_the_configured_tile_whatever_an_earlier_stage_left(
+        tiny_model_path, tmp_path, restore_tile):
+    """The main job's order bug: a GRPO round set TRL's tile for the process and never put it
+    back, so an SFT run after another recipe's rounds trained at their tile (the head's float
+    sums in another order: weights different in the last bits, and every stage after SFT
+    with them). Each trainer now sets the configured tile for its train() alone: the same
+    SFT after two different leftover tiles saves the same weights, and the tile left before
+    it is there again after it."""
+    from grpo_core.data.synthetic import generate_problems
+    from grpo_core.modeling.loading import model_fingerprint
+    from grpo_core.train.sft import run_sft
+
+    cfg = config_from_dict({"sft": {"max_steps": 2, "per_device_train_batch_size": 4,
+                                    "learning_rate": 1e-3}})
+    saved = []
+    for left in ((7, 130), (4096, 32768)):
+        set_logprob_tile(*left)
+        out = run_sft(tiny_model_path, generate_problems("train", 8), cfg,
+                      tmp_path / f"sft-{left[0]}", "r1_zero")
+        assert current_tile() == left
+        saved.append(model_fingerprint(out.output_dir))
+    assert saved[0] == saved[1]

@@ -367,10 +367,10 @@ class TrainConfig(Section):
     """The server's share of each of its GPUs (it has them to itself, unlike the filter's and
     eval's engine, rollout.gpu_memory_utilization)."""
     logprob_chunk_tokens: int | None = Field(default=None, ge=1)
-    """Positions per tile of TRL's fused log-prob head (the LM head is projected a tile at a
-    time, never batch x sequence x vocabulary at once). None: TRL's 4096 on GPU (its Triton
-    kernel), 512 on CPU, where TRL's torch fallback keeps ~33 bytes per tile element in
-    backward (4.4 GB at TRL's tile; 0.14 GB at 512 x 8192). Memory only: no result changes."""
+    """Positions per tile of TRL's fused log-prob head (projected a tile at a time). None:
+    TRL's 4096 on GPU (Triton), 512 on CPU, where TRL's torch fallback keeps ~33 bytes per
+    tile element in backward (4.4 GB at TRL's tile; 0.14 GB at 512 x 8192). Set for each
+    train() alone: the tile orders the head's float sums (weights differ in the last bits)."""
     logprob_chunk_vocab: int | None = Field(default=None, ge=1)
     """Vocabulary columns per tile of that head. None: TRL's 32768 on GPU, 8192 on CPU."""
     peak_tflops: float | None = Field(default=None, gt=0)

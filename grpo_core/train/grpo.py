@@ -166,12 +166,12 @@ def run_grpo_round(
     from grpo_core.train.algorithms import ALGORITHMS
     from grpo_core.train.callbacks import attach_trainer, round_callbacks
     from grpo_core.train.dynamic_sampling import dynamic_sampler
-    from grpo_core.train.trainer_internals import set_logprob_tile
+    from grpo_core.train.trainer_internals import logprob_tile_set
     from grpo_core.train.trainer_setup import quiet_trainer, stop_at_text
     from grpo_core.train.vllm_engine import release_engine, seeded_engines
 
     threads = configure_threads()
-    set_logprob_tile(*logprob_tile(cfg, cpu=not torch.cuda.is_available()))
+    tile = logprob_tile(cfg, cpu=not torch.cuda.is_available())  # set for train() alone
     held_out: list[Problem] = []
     if cfg.in_round_eval.every:  # the in-round eval's slice is never trained on
         problems, held_out = split_held_out(problems, cfg.in_round_eval.problems, cfg.project.seed)
@@ -216,7 +216,8 @@ def run_grpo_round(
     if trainer_hook is not None:
         trainer_hook(trainer)
     try:
-        train_out = trainer.train(resume_from_checkpoint=ckpt)
+        with logprob_tile_set(*tile):
+            train_out = trainer.train(resume_from_checkpoint=ckpt)
         result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
         result.steps = trainer.state.global_step
         if result.steps == 0:  # check_round_size should make this impossible: never save it

@@ -16,7 +16,8 @@ scans the project for others); PRIVATE here lists what these functions touch, tr
 PRIVATE what its overrides do."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 from accelerate.state import GradientState
@@ -149,3 +150,17 @@ def set_logprob_tile(tokens: int, vocab: int) -> None:
     tests/test_trl_contract.py); the setting is per process, as the trainer is."""
     trl_chunked_logprob.TOKEN_CHUNK_SIZE = int(tokens)
     trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = int(vocab)
+
+
+@contextlib.contextmanager
+def logprob_tile_set(tokens: int, vocab: int) -> Iterator[None]:
+    """set_logprob_tile for one trainer's work, the tile before restored on exit. The tile
+    changes the order of the head's float sums (the weights differ in the last bits), so
+    each training stage sets its own and none leaves it to the next stage of the process
+    (an SFT after another recipe's GRPO round trained at that round's tile)."""
+    before = logprob_tile()
+    set_logprob_tile(tokens, vocab)
+    try:
+        yield
+    finally:
+        set_logprob_tile(*before)
