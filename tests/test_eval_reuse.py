@@ -40,7 +40,7 @@ def test_final_eval_reads_back_the_benchmark_the_round_scored(tracked_config, sh
     assert generated == ["synthetic", "gsm8k"]  # gsm8k only: synthetic read back
     assert final.cached is False and list(final.benchmarks) == ["synthetic", "gsm8k"]
     assert final.benchmarks["synthetic"] == round_.benchmarks["synthetic"]
-    assert final.benchmarks["gsm8k"]["metrics"]["n_problems"] == 3
+    assert final.benchmarks["gsm8k"].metrics["n_problems"] == 3
     # The final eval's run shows both per-problem tables, the reused one copied over.
     client = MlflowClient(tracking_uri=workspace.tracking_uri(cfg, wd))
     names = {a.path for a in client.list_artifacts(final.mlflow_run, "eval")}
