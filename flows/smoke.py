@@ -114,6 +114,8 @@ class Recorder:
 def observe():
     """Wrap tasks.stages' stage functions and load_for_training (module attributes the
     flow looks up at call time) to record them; restored on exit."""
+    from prefect.states import State
+
     import grpo_core.train.grpo
     import grpo_core.train.sft
     from tasks import stages
@@ -134,8 +136,6 @@ def observe():
         def recorded(*args, **kwargs):
             out = orig(*args, **kwargs)
             # a cached stage inside a task run returns its result in a `Cached` state
-            from prefect.states import State
-
             rec.stages.append({"stage": name, "args": sig.bind(*args, **kwargs).arguments,
                                "out": out.result() if isinstance(out, State) else out})
             return out

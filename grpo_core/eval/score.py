@@ -16,7 +16,7 @@ class BenchmarkScore(BaseModel):
     # the names are grpo_core.eval.metric_names's.
     metrics: dict[str, Any] = {}
     protocol_hash: str | None = None  # the eval protocol's hash: scores compare only within one
-    eval_run_id: str | None = None  # the MLflow run holding the per-problem records
+    eval_run_id: str | None = None  # the store's eval run holding the per-problem records
     split: str | None = None
     problems_hash: str | None = None
 

@@ -158,20 +158,17 @@ def run_grpo_round(
     (grpo_core.train.algorithms). extra_rewards: (TRL reward function or reward-model
     path, weight) pairs scored after cfg.rewards'; trainer_hook(trainer) runs once the
     trainer is built (benchmarks: memory accounting)."""
-    import torch
 
     from grpo_core.modeling.loading import load_tokenizer
-    from grpo_core.modeling.memory_plan import logprob_tile
     from grpo_core.modeling.threads import configure_threads
     from grpo_core.train.algorithms import ALGORITHMS
     from grpo_core.train.callbacks import attach_trainer, round_callbacks
     from grpo_core.train.dynamic_sampling import dynamic_sampler
-    from grpo_core.train.trainer_internals import logprob_tile_set
+    from grpo_core.train.trainer_internals import configured_logprob_tile
     from grpo_core.train.trainer_setup import quiet_trainer, stop_at_text
     from grpo_core.train.vllm_engine import release_engine, seeded_engines
 
     threads = configure_threads()
-    tile = logprob_tile(cfg, cpu=not torch.cuda.is_available())  # set for train() alone
     held_out: list[Problem] = []
     if cfg.in_round_eval.every:  # the in-round eval's slice is never trained on
         problems, held_out = split_held_out(problems, cfg.in_round_eval.problems, cfg.project.seed)
@@ -216,7 +213,7 @@ def run_grpo_round(
     if trainer_hook is not None:
         trainer_hook(trainer)
     try:
-        with logprob_tile_set(*tile):
+        with configured_logprob_tile(cfg):  # for train() alone
             train_out = trainer.train(resume_from_checkpoint=ckpt)
         result.train_seconds = float(train_out.metrics.get("train_runtime", 0.0))
         result.steps = trainer.state.global_step

@@ -87,14 +87,11 @@ def run_sft(
 ) -> SFTResult:
     """Fine-tune on traces (loss on the completion only); the model lands in output_dir/final.
     `template`: model.template ("auto" is resolved here, with the tokenizer loaded here)."""
-    import torch
-
     from grpo_core.modeling.loading import load_tokenizer
-    from grpo_core.modeling.memory_plan import logprob_tile
     from grpo_core.modeling.threads import configure_threads
     from grpo_core.train.callbacks import LossHistory
     from grpo_core.train.trainer import PipelineSFTTrainer
-    from grpo_core.train.trainer_internals import logprob_tile_set
+    from grpo_core.train.trainer_internals import configured_logprob_tile
     from grpo_core.train.trainer_setup import quiet_trainer
 
     configure_threads()
@@ -120,7 +117,7 @@ def run_sft(
     quiet_trainer(trainer)
     # TRL's fused log-prob head at the configured tile, as the GRPO rounds (not whatever an
     # earlier stage of this process left set: the float sums, so the weights, depend on it)
-    with logprob_tile_set(*logprob_tile(cfg, cpu=not torch.cuda.is_available())):
+    with configured_logprob_tile(cfg):
         trainer.train()
     result.steps = trainer.state.global_step
     result.total_flos = float(trainer.state.total_flos or 0.0)

@@ -153,13 +153,16 @@ def set_logprob_tile(tokens: int, vocab: int) -> None:
 
 
 @contextlib.contextmanager
-def logprob_tile_set(tokens: int, vocab: int) -> Iterator[None]:
-    """set_logprob_tile for one trainer's work, the tile before restored on exit. The tile
-    changes the order of the head's float sums (the weights differ in the last bits), so
-    each training stage sets its own and none leaves it to the next stage of the process
-    (an SFT after another recipe's GRPO round trained at that round's tile)."""
+def configured_logprob_tile(cfg) -> Iterator[None]:
+    """cfg's tile (grpo_core.modeling.memory_plan.logprob_tile, on this device) for one
+    trainer's work, the tile before restored on exit. The tile changes the order of the
+    head's float sums (the weights differ in the last bits), so each training stage sets
+    its own and none leaves it to the next stage of the process (an SFT after another
+    recipe's GRPO round trained at that round's tile)."""
+    from grpo_core.modeling.memory_plan import logprob_tile as configured
+
     before = logprob_tile()
-    set_logprob_tile(tokens, vocab)
+    set_logprob_tile(*configured(cfg, cpu=not torch.cuda.is_available()))
     try:
         yield
     finally:
