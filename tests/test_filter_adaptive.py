@@ -98,6 +98,38 @@ def test_stop_rule_on_constructed_counts():
     assert budget(16) == 16 and budget(16, Evidence(1.0, 2.5)) == 14
 
 
+def test_exact_rule_stops_only_when_no_later_sample_changes_the_class():
+    wide = StopPlan(start=2, step=2, z=None, band=(0.125, 0.875))  # k 8: 1-7 successes
+    assert wide.decided(1, 2, 6) and wide.decided(1, 4, 4)  # one of each: in band for good
+    assert not wide.decided(0, 2, 6) and not wide.decided(2, 2, 6) and not wide.decided(0, 6, 2)
+    assert wide.decided(0, 8, 0) and not wide.decided(0, 0, 8)
+    plan = StopPlan(start=2, step=2, z=None, band=BAND)  # k 8: 3-5 successes of 8
+    assert plan.decided(0, 6, 2) and plan.decided(6, 6, 2)  # at most 2/8, at least 6/8
+    assert plan.decided(3, 6, 2)  # 3/8 .. 5/8: in band whatever comes
+    assert not plan.decided(2, 6, 2) and not plan.decided(0, 4, 4)
+    # With a prior: 2 of 4 pseudo-counts plus 1 of 2 fresh, 2 left: 3/8 .. 5/8; 5 left: 3/11 ..
+    assert plan.decided(1 + 2.0, 2 + 4.0, 2) and not plan.decided(1 + 2.0, 2 + 4.0, 5)
+
+
+def test_exact_keeps_what_fixed_k_keeps_with_fewer_samples():
+    problems = generate_problems("train", 10, seed=0)  # levels 1..5 twice
+    for band in (BAND, (1 / 16, 15 / 16)):
+        fixed_backend = PatternBackend(problems)
+        fixed = filter_problems(fixed_backend, problems, "fp",
+                                _cfg(adaptive_on=False, band=band), "r1_zero")
+        exact = filter_problems(PatternBackend(problems), problems, "fp",
+                                _cfg(adaptive_on="exact", band=band, adaptive_start=2,
+                                     adaptive_step=2), "r1_zero")
+        assert [p.id for p in exact.kept] == [p.id for p in fixed.kept]
+        assert exact.counts == fixed.counts and exact.summary()["adaptive"] == "exact"
+        for f, e in zip(fixed.estimates, exact.estimates):
+            assert f["outcomes"].startswith(e["outcomes"]) and e["samples"] <= 16
+        assert exact.sampled < fixed.sampled == fixed_backend.drawn == 160
+    # The wide band: levels 2-4 mix right and wrong within their first 2-4 samples.
+    assert {p.level: e["samples"] for p, e in zip(problems, exact.estimates)} == \
+        {1: 16, 2: 4, 3: 2, 4: 4, 5: 16}
+
+
 def test_wilson_takes_fractional_counts():
     lo, hi = wilson_interval(2.5, 6.5)
     assert wilson_interval(2, 6)[0] < lo < hi < wilson_interval(3, 7)[1]
@@ -130,8 +162,8 @@ def test_sampling_keys_tell_adaptive_from_fixed_and_reuse_by_rule(tmp_path):
     assert "adaptive" not in sampling_spec(fixed_cfg, "r1_zero")  # old keys stay valid
     keys = {sampling_key(c, "r1_zero") for c in (
         fixed_cfg, _cfg(), _cfg(adaptive_start=2), _cfg(adaptive_step=2),
-        _cfg(adaptive_confidence=0.9), _cfg(band=(0.2, 0.8)))}
-    assert len(keys) == 6
+        _cfg(adaptive_confidence=0.9), _cfg(band=(0.2, 0.8)), _cfg(adaptive_on="exact"))}
+    assert len(keys) == 7
     # A fixed-k key ignores the adaptive settings while they are off.
     assert sampling_key(_cfg(adaptive_on=False, adaptive_start=2), "r1_zero") == \
         sampling_key(fixed_cfg, "r1_zero")

@@ -179,10 +179,10 @@ class FilterConfig(Section):
     shard_runner: Literal["process", "ray", "dask"] = "process"
     """Where shards run when shards > 1: a local process pool, or a Ray / Dask cluster
     (extras grpo-pipeline[ray] / [dask]; workers need the model path and a shared folder)."""
-    adaptive: bool = False
-    """Sample in rounds and stop a problem once its interval lies wholly outside or wholly
-    inside the band (grpo_core/eval/adaptive.py); k is the cap. Its samples are the first
-    ones of the fixed-k estimate (same seeds)."""
+    adaptive: bool | Literal["exact"] = False
+    """Sample in rounds (k the cap; the fixed-k estimate's first samples) and stop a problem once
+    its interval lies wholly outside or inside the band (true), or once no later sample could
+    change its class ("exact": fixed k's kept set, fewer samples; grpo_core/eval/adaptive.py)."""
     adaptive_start: int = Field(default=4, ge=1)
     """Samples every problem draws in the first round of an adaptive estimate."""
     adaptive_step: int = Field(default=4, ge=1)

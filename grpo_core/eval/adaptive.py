@@ -11,6 +11,12 @@ samples say) or wholly inside it, or when its budget (k) is spent. The band deci
 then the same rule as for a fixed estimate, the point estimate (inside every Wilson
 interval) against the band; the stored interval stays the 95% one.
 
+Exact (`filter.adaptive: exact`): a problem stops once the point estimate after all k
+samples falls in the same class whatever the rest turn out to be (with band [1/8, 7/8]
+and k 8: as soon as it has one success and one failure). The kept set is the fixed-k
+filter's, always; only problems' stored counts are shorter (4-36% fewer samples in the
+main job's filters: docs/benchmarks.md).
+
 Sample j of a problem is drawn from its own seed and j (grpo_core.generation.sampling,
 `start`), so an adaptive estimate's samples are the first n of the fixed-k estimate's,
 whatever the rounds, chunks or shards: the adaptive filter decides exactly as the
@@ -29,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from grpo_core.eval.passrate import wilson_interval, z_for
+from grpo_core.eval.passrate import classify, wilson_interval, z_for
 from grpo_core.generation.rollout import Completion, SamplingParams
 from grpo_core.generation.sampling import sample_seeded
 
@@ -52,7 +58,7 @@ class StopPlan:
 
     start: int
     step: int
-    z: float
+    z: float | None  # None: the exact rule
     band: tuple[float, float]
 
     @classmethod
@@ -60,15 +66,20 @@ class StopPlan:
         f = cfg.filter
         if not f.adaptive:
             return None
-        return cls(f.adaptive_start, f.adaptive_step, z_for(f.adaptive_confidence),
-                   tuple(f.band))
+        z = None if f.adaptive == "exact" else z_for(f.adaptive_confidence)
+        return cls(f.adaptive_start, f.adaptive_step, z, tuple(f.band))
 
-    def decided(self, successes: float, n: float) -> bool:
-        """True when the interval of successes/n lies wholly outside the band or wholly
-        inside it: more samples could still move the estimate, not (at this confidence)
-        its class."""
+    def decided(self, successes: float, n: float, remaining: float = 0.0) -> bool:
+        """Interval rule: True when the interval of successes/n lies wholly outside the band
+        or wholly inside it: more samples could still move the estimate, not (at this
+        confidence) its class. Exact rule: True when every outcome of the `remaining`
+        samples leaves the final estimate in one class."""
         if n <= 0:
             return False
+        if self.z is None:
+            total = n + remaining
+            return (classify(successes / total, self.band)
+                    == classify((successes + remaining) / total, self.band))
         lo, hi = wilson_interval(successes, n, self.z)
         blo, bhi = self.band
         return hi < blo - _TOL or lo > bhi + _TOL or (lo >= blo - _TOL and hi <= bhi + _TOL)
@@ -121,5 +132,6 @@ def draw_estimates(backend, prompts: list[str], seeds: list[int], params: Sampli
                 draws[i].outcomes += [bool(c) for c in correct(i, comps)]
         active = [i for i in active if len(draws[i].outcomes) < budgets[i] and not (
             plan is not None and plan.decided(draws[i].successes + priors[i].successes,
-                                              len(draws[i].outcomes) + priors[i].samples))]
+                                              len(draws[i].outcomes) + priors[i].samples,
+                                              budgets[i] - len(draws[i].outcomes)))]
     return draws

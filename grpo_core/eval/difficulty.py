@@ -54,8 +54,10 @@ def sampling_spec(cfg, template: str) -> dict:
     if cfg.rewards.extraction != "strict":  # the success the reward counts (strict: as always)
         spec["extraction"] = cfg.rewards.extraction
     if f.adaptive:
+        rule = ({"rule": "exact"} if f.adaptive == "exact"
+                else {"confidence": f.adaptive_confidence})
         spec["adaptive"] = {"start": f.adaptive_start, "step": f.adaptive_step,
-                            "confidence": f.adaptive_confidence, "band": list(f.band)}
+                            "band": list(f.band), **rule}
     return spec
 
 
@@ -198,7 +200,7 @@ class FilterReport:
     estimated: int  # estimates sampled now
     sampled: int = 0  # fresh completions drawn for the estimates sampled now
     with_evidence: int = 0  # estimates with a rollout prior (grpo_core.eval.evidence)
-    adaptive: bool = False
+    adaptive: bool | str = False  # filter.adaptive: False, True or "exact"
     estimates: list[dict] = field(default_factory=list)  # one row per considered problem
     considered: int = 0  # problems estimated (after filter.max_problems)
     unverifiable: int = 0  # problems left out because their gold does not parse
