@@ -104,9 +104,13 @@ def test_exact_rule_stops_only_when_no_later_sample_changes_the_class():
     assert not wide.decided(0, 2, 6) and not wide.decided(2, 2, 6) and not wide.decided(0, 6, 2)
     assert wide.decided(0, 8, 0) and not wide.decided(0, 0, 8)
     plan = StopPlan(start=2, step=2, z=None, band=BAND)  # k 8: 3-5 successes of 8
-    assert plan.decided(0, 6, 2) and plan.decided(6, 6, 2)  # at most 2/8, at least 6/8
     assert plan.decided(3, 6, 2)  # 3/8 .. 5/8: in band whatever comes
+    assert not plan.decided(1, 6, 2)  # 1/8 .. 3/8: two classes
     assert not plan.decided(2, 6, 2) and not plan.decided(0, 4, 4)
+    # Too hard for good (at most 2/8), but a success would still put it among the problems
+    # solved only sometimes, the fallback when the band keeps too few: not decided.
+    assert not plan.decided(0, 6, 2) and not plan.decided(6, 6, 2)
+    assert plan.decided(0, 8, 0) and plan.decided(1, 6, 1)  # 1/7 .. 2/7: too hard, in (0, 1)
     # With a prior: 2 of 4 pseudo-counts plus 1 of 2 fresh, 2 left: 3/8 .. 5/8; 5 left: 3/11 ..
     assert plan.decided(1 + 2.0, 2 + 4.0, 2) and not plan.decided(1 + 2.0, 2 + 4.0, 5)
 
@@ -122,12 +126,31 @@ def test_exact_keeps_what_fixed_k_keeps_with_fewer_samples():
                                      adaptive_step=2), "r1_zero")
         assert [p.id for p in exact.kept] == [p.id for p in fixed.kept]
         assert exact.counts == fixed.counts and exact.summary()["adaptive"] == "exact"
+        # and the problems solved only sometimes, the round's fallback (tasks.stages)
+        assert [0 < e["pass_rate"] < 1 for e in exact.estimates] == \
+            [0 < f["pass_rate"] < 1 for f in fixed.estimates]
         for f, e in zip(fixed.estimates, exact.estimates):
             assert f["outcomes"].startswith(e["outcomes"]) and e["samples"] <= 16
         assert exact.sampled < fixed.sampled == fixed_backend.drawn == 160
     # The wide band: levels 2-4 mix right and wrong within their first 2-4 samples.
     assert {p.level: e["samples"] for p, e in zip(problems, exact.estimates)} == \
         {1: 16, 2: 4, 3: 2, 4: 4, 5: 16}
+
+
+def test_exact_draws_on_while_a_success_could_still_come(monkeypatch):
+    """Level 5 solved once, at its last sample: too hard from sample 12 on, but fixed k
+    counts it among the problems solved only sometimes, and so must the exact rule."""
+    monkeypatch.setitem(PATTERNS, 5, "0" * 15 + "1")
+    problems = generate_problems("train", 10, seed=0)
+    fixed = filter_problems(PatternBackend(problems), problems, "fp", _cfg(adaptive_on=False),
+                            "r1_zero")
+    exact = filter_problems(PatternBackend(problems), problems, "fp",
+                            _cfg(adaptive_on="exact"), "r1_zero")
+    level5 = [e for p, e in zip(problems, exact.estimates) if p.level == 5]
+    assert [e["outcomes"] for e in level5] == ["0" * 15 + "1"] * 2
+    assert [0 < e["pass_rate"] < 1 for e in exact.estimates] == \
+        [0 < f["pass_rate"] < 1 for f in fixed.estimates]
+    assert exact.counts == fixed.counts
 
 
 def test_wilson_takes_fractional_counts():

@@ -182,7 +182,7 @@ class FilterConfig(Section):
     adaptive: bool | Literal["exact"] = False
     """Sample in rounds (k the cap; the fixed-k estimate's first samples) and stop a problem once
     its interval lies wholly outside or inside the band (true), or once no later sample could
-    change its class ("exact": fixed k's kept set, fewer samples; grpo_core/eval/adaptive.py)."""
+    change its class or (0, 1) ("exact": fixed k's result, fewer samples; eval/adaptive.py)."""
     adaptive_start: int = Field(default=4, ge=1)
     """Samples every problem draws in the first round of an adaptive estimate."""
     adaptive_step: int = Field(default=4, ge=1)

@@ -11,11 +11,12 @@ samples say) or wholly inside it, or when its budget (k) is spent. The band deci
 then the same rule as for a fixed estimate, the point estimate (inside every Wilson
 interval) against the band; the stored interval stays the 95% one.
 
-Exact (`filter.adaptive: exact`): a problem stops once the point estimate after all k
-samples falls in the same class whatever the rest turn out to be (with band [1/8, 7/8]
-and k 8: as soon as it has one success and one failure). The kept set is the fixed-k
-filter's, always; only problems' stored counts are shorter (4-36% fewer samples in the
-main job's filters: docs/benchmarks.md).
+Exact (`filter.adaptive: exact`): a problem stops once it has been solved and failed and
+its point estimate after all k samples falls in the same class whatever the rest turn out
+to be (with band [1/8, 7/8] and k 8: at its first success and first failure). What the
+filter hands on, the kept set and the problems solved only sometimes, is the fixed-k
+filter's, always; only stored counts are shorter (4-36% fewer samples in the main job's
+filters: docs/benchmarks.md).
 
 Sample j of a problem is drawn from its own seed and j (grpo_core.generation.sampling,
 `start`), so an adaptive estimate's samples are the first n of the fixed-k estimate's,
@@ -73,13 +74,16 @@ class StopPlan:
         """Interval rule: True when the interval of successes/n lies wholly outside the band
         or wholly inside it: more samples could still move the estimate, not (at this
         confidence) its class. Exact rule: True when every outcome of the `remaining`
-        samples leaves the final estimate in one class."""
+        samples leaves the final estimate in one class, and in (0, 1) (the problems the
+        policy sometimes solves: the round's fallback when the band keeps too few)."""
         if n <= 0:
             return False
         if self.z is None:
             total = n + remaining
-            return (classify(successes / total, self.band)
-                    == classify((successes + remaining) / total, self.band))
+            signal = 0 < successes < n  # solved and failed already: in (0, 1) for good
+            return (remaining <= 0 or signal) and (
+                classify(successes / total, self.band)
+                == classify((successes + remaining) / total, self.band))
         lo, hi = wilson_interval(successes, n, self.z)
         blo, bhi = self.band
         return hi < blo - _TOL or lo > bhi + _TOL or (lo >= blo - _TOL and hi <= bhi + _TOL)
